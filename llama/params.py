@@ -1,0 +1,114 @@
+"""Where each parameter lives in the one flat parameter buffer, and how it is initialized.
+
+Both backends keep all parameters in one contiguous buffer (and the gradients in another of the
+same layout), so that AdamW, the grad norm and checkpoints see one array. Tensors carry Meta's
+names. Inside a layer wq, wk, wv are adjacent, so together they form one (q+k+v, dim) matrix that
+a single matmul applies (`wqkv`); w1 (gate) and w3 (up) are adjacent in the same way (`w13`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import LlamaConfig
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+def parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter, in layer order. Linear weights are (out, in)."""
+    c, hd, f = config.dim, config.head_dim, config.ffn_hidden_dim
+    shapes = [("tok_embeddings.weight", (config.vocab_size, c))]
+    for i in range(config.n_layers):
+        p = f"layers.{i}."
+        shapes += [
+            (p + "attention_norm.weight", (c,)),
+            (p + "attention.wq.weight", (config.n_heads * hd, c)),
+            (p + "attention.wk.weight", (config.n_kv_heads * hd, c)),
+            (p + "attention.wv.weight", (config.n_kv_heads * hd, c)),
+            (p + "attention.wo.weight", (c, config.n_heads * hd)),
+            (p + "ffn_norm.weight", (c,)),
+            (p + "feed_forward.w1.weight", (f, c)),
+            (p + "feed_forward.w3.weight", (f, c)),
+            (p + "feed_forward.w2.weight", (c, f)),
+        ]
+    shapes.append(("norm.weight", (c,)))
+    if not config.tie_embeddings:
+        shapes.append(("output.weight", (config.vocab_size, c)))
+    return shapes
+
+
+class ParameterLayout:
+    """Offsets of the named tensors inside the flat buffer."""
+
+    def __init__(self, config: LlamaConfig):
+        self.config = config
+        self.tensors: dict[str, Tensor] = {}
+        offset = 0
+        for name, shape in parameter_shapes(config):
+            self.tensors[name] = Tensor(name, shape, offset)
+            offset += self.tensors[name].size
+        self.size = offset
+
+    def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Named numpy views into a flat host array."""
+        return {t.name: flat[t.offset:t.offset + t.size].reshape(t.shape) for t in self.tensors.values()}
+
+    def fused(self, layer: int, first: str, last: str) -> Tensor:
+        """The adjacent tensors first..last of one layer as one matrix (e.g. wq..wv -> wqkv)."""
+        a = self.tensors[f"layers.{layer}.{first}.weight"]
+        b = self.tensors[f"layers.{layer}.{last}.weight"]
+        cols = a.shape[1]
+        return Tensor(f"layers.{layer}.{first}..{last}", ((b.offset + b.size - a.offset) // cols, cols), a.offset)
+
+    def wqkv(self, layer: int) -> Tensor:
+        return self.fused(layer, "attention.wq", "attention.wv")
+
+    def w13(self, layer: int) -> Tensor:
+        return self.fused(layer, "feed_forward.w1", "feed_forward.w3")
+
+    def output(self) -> Tensor:
+        """The output head: its own matrix, or the token embeddings when tied."""
+        return self.tensors["tok_embeddings.weight" if self.config.tie_embeddings else "output.weight"]
+
+    def decay_mask(self) -> np.ndarray:
+        """uint8 per parameter: 1 where AdamW applies weight decay (2D weights), 0 for norms."""
+        mask = np.zeros(self.size, dtype=np.uint8)
+        for t in self.tensors.values():
+            if len(t.shape) == 2:
+                mask[t.offset:t.offset + t.size] = 1
+        return mask
+
+
+def count_parameters(config: LlamaConfig) -> int:
+    return sum(int(np.prod(shape)) for _, shape in parameter_shapes(config))
+
+
+def init_parameters(config: LlamaConfig, seed: int = 0, dtype=np.float32) -> np.ndarray:
+    """A flat array of freshly initialized parameters.
+
+    Norm weights are 1. Matrices are N(0, 0.02), and the two projections that write into the
+    residual stream (wo, w2) are scaled down by 1/sqrt(2 * n_layers), as in GPT-2 and llm.c.
+    """
+    layout = ParameterLayout(config)
+    flat = np.empty(layout.size, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    residual_std = 0.02 / np.sqrt(2 * config.n_layers)
+    for name, view in layout.views(flat).items():
+        if view.ndim == 1:
+            view[...] = 1.0
+        else:
+            std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            view[...] = rng.standard_normal(view.shape, dtype=np.float32) * std
+    return flat

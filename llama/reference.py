@@ -1,0 +1,326 @@
+"""Llama 3.1 in numpy: every layer's exact forward and backward, and the whole model.
+
+This is the oracle that every CUDA kernel is tested against, and the CPU backend of the trainer.
+Each layer is a pair `<layer>_forward` / `<layer>_backward` named like the kernel in
+kernels/<layer>.cu and its launcher in llama/ops.py, with the same layouts, so the three can be
+read side by side. Functions compute in the dtype of their inputs (float32 or float64).
+
+Layouts (B batch, T time, C dim, H query heads, KV key/value heads, D head_dim, F ffn hidden):
+  residual stream (B, T, C); fused q|k|v projection (B, T, (H + 2*KV) * D);
+  q (B, H, T, D) and k, v (B, KV, T, D), head-major; attention probabilities (B, H, T, T);
+  fused gate|up projection (B, T, 2F); logits (B*T, V).
+Query head h reads key/value head h // (H // KV): the H // KV query heads of one kv head are
+adjacent, so in the head-major layout they stack into one (H // KV * T, D) matrix per kv head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import LlamaConfig
+from .optim import AdamWConfig, adamw_update, clip_scale, global_norm
+from .params import ParameterLayout, init_parameters
+
+# ----------------------------------------------------------------------------------------------
+# RoPE frequencies (Llama 3.1 scaling)
+
+
+def apply_rope_scaling(freqs: np.ndarray, factor: float, low_freq_factor: float,
+                       high_freq_factor: float, original_context: int) -> np.ndarray:
+    """Llama 3.1's frequency scaling: keep high frequencies, divide low ones by `factor`,
+    blend smoothly in between (Meta's apply_scaling)."""
+    low_freq_wavelen = original_context / low_freq_factor
+    high_freq_wavelen = original_context / high_freq_factor
+    wavelen = 2 * np.pi / freqs
+    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * freqs / factor + smooth * freqs
+    return np.where(wavelen < high_freq_wavelen, freqs,
+                    np.where(wavelen > low_freq_wavelen, freqs / factor, blended))
+
+
+def rope_frequencies(config: LlamaConfig) -> np.ndarray:
+    """(D/2,) rotation frequency of each pair (2i, 2i+1) of a head, float64."""
+    d = config.head_dim
+    freqs = 1.0 / config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    if config.use_scaled_rope:
+        freqs = apply_rope_scaling(freqs, config.rope_scale_factor, config.rope_low_freq_factor,
+                                   config.rope_high_freq_factor, config.rope_original_context)
+    return freqs
+
+
+def rope_cos_sin(config: LlamaConfig, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of t * freq for t < seq_len, each (seq_len, D/2), float64."""
+    angles = np.outer(np.arange(seq_len, dtype=np.float64), rope_frequencies(config))
+    return np.cos(angles), np.sin(angles)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+
+def embedding_forward(tokens: np.ndarray, wte: np.ndarray) -> np.ndarray:
+    """(B, T) token ids -> (B, T, C) rows of the embedding table."""
+    return wte[tokens]
+
+
+def embedding_backward(dout: np.ndarray, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Gradient of the (V, C) table: each position's dout added to its token's row."""
+    dwte = np.zeros((vocab_size, dout.shape[-1]), dtype=dout.dtype)
+    np.add.at(dwte, tokens.ravel(), dout.reshape(-1, dout.shape[-1]))
+    return dwte
+
+
+def rmsnorm_forward(x: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis; also returns rstd (...,)."""
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1) + x.dtype.type(eps))
+    return x * rstd[..., None] * weight, rstd
+
+
+def rmsnorm_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray,
+                     rstd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """dx = rstd * (g - x * rstd^2 * mean(g * x)) with g = dout * weight; dweight summed over rows."""
+    r = rstd[..., None]
+    g = dout * weight
+    dx = r * (g - x * (r * r) * np.mean(g * x, axis=-1, keepdims=True))
+    dweight = np.sum((dout * x * r).reshape(-1, x.shape[-1]), axis=0)
+    return dx, dweight
+
+
+def matmul_forward(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """(..., IC) @ (OC, IC)^T -> (..., OC), a bias-free linear layer."""
+    return x @ weight.T
+
+
+def matmul_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """dx = dout @ weight (..., IC); dweight = dout^T @ x (OC, IC)."""
+    dweight = dout.reshape(-1, dout.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+    return dout @ weight, dweight
+
+
+def _rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each pair (2i, 2i+1) of the last axis by the angle whose cos/sin are given (T, D/2)."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * cos - x1 * sin
+    out[..., 1::2] = x0 * sin + x1 * cos
+    return out
+
+
+def rope_forward(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
+                 n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split the fused (B, T, (H + 2KV) * D) projection into head-major q (B, H, T, D),
+    k and v (B, KV, T, D), rotating q and k by RoPE (Meta's interleaved pairs)."""
+    B, T, _ = qkv.shape
+    heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
+    cos, sin = cos[:T].astype(qkv.dtype), sin[:T].astype(qkv.dtype)
+    q = _rotate_pairs(heads[:, :n_heads], cos, sin)
+    k = _rotate_pairs(heads[:, n_heads:n_heads + n_kv_heads], cos, sin)
+    v = np.ascontiguousarray(heads[:, n_heads + n_kv_heads:])
+    return q, k, v
+
+
+def rope_backward(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, cos: np.ndarray,
+                  sin: np.ndarray) -> np.ndarray:
+    """Rotate dq, dk back by the negative angle and interleave into (B, T, (H + 2KV) * D)."""
+    B, _, T, D = dq.shape
+    cos, sin = cos[:T].astype(dq.dtype), sin[:T].astype(dq.dtype)
+    heads = np.concatenate([_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv], axis=1)
+    return heads.transpose(0, 2, 1, 3).reshape(B, T, -1)
+
+
+def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Causal grouped-query attention. q (B, H, T, D), k, v (B, KV, T, D) ->
+    out (B, T, H * D) and the softmax probabilities (B, H, T, T)."""
+    B, H, T, D = q.shape
+    KV = k.shape[1]
+    q_stacked = q.reshape(B, KV, H // KV * T, D)  # the query heads that share one kv head
+    scores = (q_stacked @ k.swapaxes(-1, -2)).reshape(B, H, T, T) * q.dtype.type(1 / np.sqrt(D))
+    scores = np.where(np.triu(np.ones((T, T), dtype=bool), 1), -np.inf, scores)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = (probs.reshape(B, KV, H // KV * T, T) @ v).reshape(B, H, T, D)
+    return out.transpose(0, 2, 1, 3).reshape(B, T, H * D), probs
+
+
+def attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                       probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of q (B, H, T, D), k and v (B, KV, T, D) from dout (B, T, H * D)."""
+    B, H, T, D = q.shape
+    KV = k.shape[1]
+    rows = H // KV * T
+    dout_stacked = dout.reshape(B, T, H, D).transpose(0, 2, 1, 3).reshape(B, KV, rows, D)
+    probs_stacked = probs.reshape(B, KV, rows, T)
+    dv = probs_stacked.swapaxes(-1, -2) @ dout_stacked
+    dprobs = dout_stacked @ v.swapaxes(-1, -2)
+    dscores = probs_stacked * (dprobs - np.sum(dprobs * probs_stacked, axis=-1, keepdims=True))
+    dscores *= q.dtype.type(1 / np.sqrt(D))
+    dq = (dscores @ k).reshape(B, H, T, D)
+    dk = dscores.swapaxes(-1, -2) @ q.reshape(B, KV, rows, D)
+    return dq, dk, dv
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def swiglu_forward(gate_up: np.ndarray) -> np.ndarray:
+    """(..., 2F) = [gate | up] -> silu(gate) * up (..., F)."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    return gate * _sigmoid(gate) * up
+
+
+def swiglu_backward(dout: np.ndarray, gate_up: np.ndarray) -> np.ndarray:
+    """Gradient of [gate | up] (..., 2F)."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    s = _sigmoid(gate)
+    return np.concatenate([dout * up * s * (1 + gate * (1 - s)), dout * gate * s], axis=-1)
+
+
+def residual_forward(x: np.ndarray, branch: np.ndarray) -> np.ndarray:
+    """x + branch; its backward passes the gradient to both unchanged."""
+    return x + branch
+
+
+def fused_classifier(logits: np.ndarray, targets: np.ndarray, dloss: float) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax cross-entropy of (N, V) logits: per-row losses (N,) and
+    dlogits = (softmax - onehot(target)) * dloss, the gradient of dloss * sum(losses)."""
+    rows = np.arange(logits.shape[0])
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exps = np.exp(shifted)
+    sums = exps.sum(axis=-1)
+    losses = np.log(sums) - shifted[rows, targets]
+    dlogits = exps / sums[:, None]
+    dlogits[rows, targets] -= 1
+    return losses, dlogits * logits.dtype.type(dloss)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+class ReferenceModel:
+    """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW."""
+
+    def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0):
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        self.layout = ParameterLayout(config)
+        if params is None:
+            params = init_parameters(config, seed)
+        if params.shape != (self.layout.size,):
+            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
+        self.params = params.astype(self.dtype, copy=True)
+        self.grads = np.zeros_like(self.params)
+        self.adam_m = np.zeros_like(self.params)
+        self.adam_v = np.zeros_like(self.params)
+        self.decay_mask = self.layout.decay_mask()
+        self.p = self.layout.views(self.params)
+        self.g = self.layout.views(self.grads)
+        self.rope_cos, self.rope_sin = rope_cos_sin(config, config.max_seq_len)
+        self.acts = None
+
+    def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
+        return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
+
+    def check_batch(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        c = self.config
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (B, T), got shape {tokens.shape}")
+        if tokens.shape[1] > c.max_seq_len:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len {c.max_seq_len}")
+        for name, ids in (("tokens", tokens), ("targets", targets)):
+            if ids is None:
+                continue
+            if ids.shape != tokens.shape:
+                raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
+            if ids.size and (ids.min() < 0 or ids.max() >= c.vocab_size):
+                raise ValueError(f"{name} hold ids outside [0, {c.vocab_size})")
+
+    def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None) -> float | None:
+        """Run the model on (B, T) tokens. With targets, returns the mean cross-entropy loss and
+        keeps dlogits for backward(); the logits are kept either way (read_logits)."""
+        self.check_batch(tokens, targets)
+        c, p, L = self.config, self.p, self.layout
+        B, T = tokens.shape
+        x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
+        layers = []
+        for i in range(c.n_layers):
+            pre = f"layers.{i}."
+            a = {"x": x}
+            a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
+            qkv = matmul_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
+            a["q"], a["k"], a["v"] = rope_forward(qkv, self.rope_cos, self.rope_sin, c.n_heads, c.n_kv_heads)
+            a["att"], a["probs"] = attention_forward(a["q"], a["k"], a["v"])
+            a["h"] = residual_forward(x, matmul_forward(a["att"], p[pre + "attention.wo.weight"]))
+            a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
+            a["gate_up"] = matmul_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
+            a["ffn"] = swiglu_forward(a["gate_up"])
+            x = residual_forward(a["h"], matmul_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
+            layers.append(a)
+        lnf, rstdf = rmsnorm_forward(x, p["norm.weight"], c.norm_eps)
+        logits = matmul_forward(lnf, self._matrix(self.params, L.output())).reshape(B * T, -1)
+        self.acts = {"tokens": tokens, "layers": layers, "x": x, "lnf": lnf, "rstdf": rstdf, "logits": logits}
+        if targets is None:
+            return None
+        losses, self.acts["dlogits"] = fused_classifier(logits, targets.ravel(), 1.0 / (B * T))
+        return float(np.mean(losses, dtype=np.float64))
+
+    def read_logits(self) -> np.ndarray:
+        """(B, T, V) logits of the last forward."""
+        tokens = self.acts["tokens"]
+        return self.acts["logits"].reshape(*tokens.shape, -1)
+
+    def zero_grad(self) -> None:
+        self.grads[:] = 0
+
+    def backward(self, loss_scale: float = 1.0) -> None:
+        """Add the gradient of loss_scale * (mean loss of the last forward) into self.grads."""
+        if self.acts is None or "dlogits" not in self.acts:
+            raise RuntimeError("backward() needs a forward() with targets first")
+        c, p, g, L, acts = self.config, self.p, self.g, self.layout, self.acts
+        tokens = acts["tokens"]
+        B, T = tokens.shape
+        dlogits = acts["dlogits"] * self.dtype.type(loss_scale)
+        dlnf, dw = matmul_backward(dlogits, acts["lnf"].reshape(B * T, -1), self._matrix(self.params, L.output()))
+        self._matrix(self.grads, L.output())[...] += dw
+        dx, dw = rmsnorm_backward(dlnf.reshape(B, T, -1), acts["x"], p["norm.weight"], acts["rstdf"])
+        g["norm.weight"] += dw
+        for i in reversed(range(c.n_layers)):
+            pre, a = f"layers.{i}.", acts["layers"][i]
+            dffn, dw = matmul_backward(dx, a["ffn"], p[pre + "feed_forward.w2.weight"])
+            g[pre + "feed_forward.w2.weight"] += dw
+            dgate_up = swiglu_backward(dffn, a["gate_up"])
+            dln2, dw = matmul_backward(dgate_up, a["ln2"], self._matrix(self.params, L.w13(i)))
+            self._matrix(self.grads, L.w13(i))[...] += dw
+            dh, dw = rmsnorm_backward(dln2, a["h"], p[pre + "ffn_norm.weight"], a["rstd2"])
+            g[pre + "ffn_norm.weight"] += dw
+            dx = dx + dh
+            datt, dw = matmul_backward(dx, a["att"], p[pre + "attention.wo.weight"])
+            g[pre + "attention.wo.weight"] += dw
+            dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["probs"])
+            dqkv = rope_backward(dq, dk, dv, self.rope_cos, self.rope_sin)
+            dln1, dw = matmul_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
+            self._matrix(self.grads, L.wqkv(i))[...] += dw
+            dxn, dw = rmsnorm_backward(dln1, a["x"], p[pre + "attention_norm.weight"], a["rstd1"])
+            g[pre + "attention_norm.weight"] += dw
+            dx = dx + dxn
+        g["tok_embeddings.weight"] += embedding_backward(dx, tokens, c.vocab_size)
+
+    def optimizer_step(self, lr: float, step: int, opt: AdamWConfig) -> float:
+        """Clip by global norm and take one AdamW step (step counts from 1); returns the norm."""
+        norm = global_norm(self.grads)
+        adamw_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, step, lr,
+                     opt, grad_scale=clip_scale(norm, opt.grad_clip))
+        return norm
+
+    # state for checkpoints (same method names on the GPU model)
+    def get_params(self) -> np.ndarray:
+        return self.params.astype(np.float32, copy=True)
+
+    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.adam_m.copy(), self.adam_v.copy()
+
+    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
+        self.params[:] = params
+        self.adam_m[:] = 0 if adam_m is None else adam_m
+        self.adam_v[:] = 0 if adam_v is None else adam_v
