@@ -73,6 +73,9 @@ def test_logits_and_gradients_match_transformers(tied):
     model.backward()
 
     hf = hf_model(config)
+    # HF computes RoPE frequencies and angles, RMSNorm and softmax in float32 even in a float64
+    # model, so agreement stops near 1e-7: the tolerances below sit just above that floor
+    np.testing.assert_allclose(hf.model.rotary_emb.inv_freq.numpy(), ref.rope_frequencies(config), rtol=1e-6)
     state = {}
     for name, w in model.p.items():
         if "wq" in name:
@@ -89,8 +92,8 @@ def test_logits_and_gradients_match_transformers(tied):
 
     logit_err = rel_error(logits, hf_logits.detach().numpy())
     print(f"\ntied={tied} loss {loss:.12f} vs {hf_loss.item():.12f}; logits rel err {logit_err:.2e}")
-    assert abs(loss - hf_loss.item()) < 1e-10
-    assert logit_err < 1e-10
+    assert abs(loss - hf_loss.item()) < 1e-6
+    assert logit_err < 1e-6
     worst = 0.0
     for name, g in model.g.items():
         hg = params[hf_name(name)].grad.numpy()
@@ -99,5 +102,5 @@ def test_logits_and_gradients_match_transformers(tied):
         elif "wk" in name:
             hg = hf_to_meta(hg, config.n_kv_heads)
         worst = max(worst, rel_error(g, hg))
-        assert rel_error(g, hg) < 1e-9, name
+        assert rel_error(g, hg) < 1e-5, name
     print(f"worst gradient rel err over {len(model.g)} tensors: {worst:.2e}")

@@ -1,0 +1,1 @@
+"""Dataset preparation scripts; prepared shards land in subfolders here by default."""

@@ -1,0 +1,95 @@
+"""A streaming, resumable data loader over token shards.
+
+Each shard of N tokens is cut into (N - 1) // T rows: row r is tokens [r*T, r*T + T + 1), inputs
+its first T and targets its last T. Rows are taken in global batches of B * world_size rows, and
+rank r gets rows [r*B, (r+1)*B) of each; rows left over at the end of a shard are skipped. With
+shuffle on, every epoch visits the shards and each shard's rows in an order drawn from
+(seed, epoch), so the state (epoch, shard, batch) is all a checkpoint needs to resume exactly.
+Only the current shard is open, as a memmap: memory does not grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import numpy as np
+
+from .shards import ShardError, open_shard, read_header
+
+
+class DataLoader:
+    def __init__(self, pattern: str, B: int, T: int, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, seed: int = 0, vocab_size: int | None = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.files = sorted(glob.glob(str(pattern)))
+        if not self.files:
+            raise ShardError(f"no shard files match {pattern}")
+        self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
+        self.shuffle, self.seed, self.vocab_size = shuffle, seed, vocab_size
+        rows_per_batch = B * world_size
+        self.batches_per_shard = [max(0, (read_header(f).num_tokens - 1) // T) // rows_per_batch for f in self.files]
+        if sum(self.batches_per_shard) == 0:
+            raise ShardError(f"{pattern}: no shard holds one batch of {rows_per_batch} x {T + 1} tokens")
+        self.epoch, self.shard_pos, self.batch_pos = 0, 0, 0
+        self._open = None  # (shard index, tokens, row order) of the shard in use
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return sum(self.batches_per_shard)
+
+    def _shard_order(self) -> np.ndarray:
+        order = np.arange(len(self.files))
+        if self.shuffle:
+            np.random.default_rng([self.seed, self.epoch]).shuffle(order)
+        return order
+
+    def _row_order(self, shard: int, num_rows: int) -> np.ndarray:
+        order = np.arange(num_rows)
+        if self.shuffle:
+            np.random.default_rng([self.seed, self.epoch, shard]).shuffle(order)
+        return order
+
+    def _skip_empty_shards(self) -> None:
+        while True:
+            if self.shard_pos == len(self.files):
+                self.epoch, self.shard_pos = self.epoch + 1, 0
+            shard = int(self._shard_order()[self.shard_pos])
+            if self.batch_pos < self.batches_per_shard[shard]:
+                return
+            self.shard_pos, self.batch_pos = self.shard_pos + 1, 0
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets), each (B, T) int32."""
+        self._skip_empty_shards()
+        shard = int(self._shard_order()[self.shard_pos])
+        key = (self.epoch, shard)
+        if self._open is None or self._open[0] != key:
+            tokens = open_shard(self.files[shard], self.vocab_size)
+            num_rows = self.batches_per_shard[shard] * self.B * self.world_size
+            self._open = (key, tokens, self._row_order(shard, num_rows))
+        _, tokens, rows = self._open
+        first = (self.batch_pos * self.world_size + self.rank) * self.B
+        starts = rows[first:first + self.B] * self.T
+        windows = np.stack([tokens[s:s + self.T + 1] for s in starts]).astype(np.int32)
+        self.batch_pos += 1
+        return windows[:, :-1], windows[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "shard_pos": self.shard_pos, "batch_pos": self.batch_pos, "seed": self.seed,
+                "files": [Path(f).name for f in self.files], "B": self.B, "T": self.T, "rank": self.rank,
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for key in ("seed", "files", "B", "T", "rank", "world_size"):
+            if state[key] != mine[key]:
+                raise ValueError(f"data loader state does not fit this loader: {key} was {state[key]!r}, "
+                                 f"is {mine[key]!r}")
+        self.epoch, self.shard_pos, self.batch_pos = state["epoch"], state["shard_pos"], state["batch_pos"]
+        self._open = None
+
+    def reset(self) -> None:
+        """Back to the first batch of epoch 0 (for a fixed validation pass)."""
+        self.epoch, self.shard_pos, self.batch_pos = 0, 0, 0

@@ -1,0 +1,117 @@
+"""Turning text into token shards: tinyshakespeare, TinyStories, and the built-in corpus.
+
+Every document starts with the tokenizer's <|begin_of_text|>, as in llm.c's data scripts.
+The built-in corpus is the Python standard library's own .py sources on this machine (no
+site-packages): real text that is always there, so training works offline out of the box.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+import tarfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from tqdm import tqdm
+
+from .shards import write_shard
+
+TINYSHAKESPEARE_VAL_TOKENS = 32768
+
+
+def encode_documents(texts: Iterable[str | bytes], tokenizer, desc: str = "tokenizing") -> np.ndarray:
+    """All documents as one uint32 array, each preceded by <|begin_of_text|>."""
+    pieces = []
+    for text in tqdm(texts, desc=desc, unit="doc", leave=False):
+        if isinstance(text, bytes):
+            ids = tokenizer.encode_bytes(text) if hasattr(tokenizer, "encode_bytes") else \
+                np.asarray(tokenizer.encode(text.decode("utf-8", errors="replace")), np.uint32)
+        else:
+            ids = np.asarray(tokenizer.encode(text), np.uint32)
+        pieces += [np.array([tokenizer.bos_id], np.uint32), ids.astype(np.uint32)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)
+
+
+def prepare_tinyshakespeare(text_path: str | Path, out_dir: str | Path, tokenizer) -> tuple[Path, Path]:
+    """llm.c's split: sections between blank lines are documents; the first 32,768 tokens are val."""
+    text = Path(text_path).read_text(encoding="utf-8")
+    sections = text.split("\n\n")
+    docs = [s + "\n\n" if i < len(sections) - 1 else s for i, s in enumerate(sections)]
+    tokens = encode_documents(docs, tokenizer, "tinyshakespeare")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    val, train = out / "tiny_shakespeare_val.bin", out / "tiny_shakespeare_train.bin"
+    write_shard(val, tokens[:TINYSHAKESPEARE_VAL_TOKENS], tokenizer.vocab_size)
+    write_shard(train, tokens[TINYSHAKESPEARE_VAL_TOKENS:], tokenizer.vocab_size)
+    return train, val
+
+
+def _tinystories_files(source: Path) -> list[tuple[str, bytes]]:
+    """(name, JSON bytes) of each data*.json file, from a folder or the TinyStories_all_data tarball."""
+    if source.is_dir():
+        return [(p.name, p.read_bytes()) for p in sorted(source.glob("*.json"))]
+    with tarfile.open(source) as tar:
+        members = sorted((m for m in tar.getmembers() if m.name.endswith(".json")), key=lambda m: m.name)
+        return [(Path(m.name).name, tar.extractfile(m).read()) for m in members]
+
+
+def prepare_tinystories(source: str | Path, out_dir: str | Path, tokenizer,
+                        shard_tokens: int = 100_000_000) -> list[Path]:
+    """The first JSON file is val, the rest train; shards of at most shard_tokens tokens."""
+    files = _tinystories_files(Path(source))
+    if not files:
+        raise FileNotFoundError(f"no TinyStories .json files in {source}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    train_buffer, train_count = [], 0
+
+    def flush_train():
+        nonlocal train_buffer, train_count
+        path = out / f"TinyStories_train_{len(written):06d}.bin"
+        write_shard(path, np.concatenate(train_buffer), tokenizer.vocab_size)
+        written.append(path)
+        train_buffer, train_count = [], 0
+
+    for i, (name, raw) in enumerate(files):
+        stories = [entry["story"].strip() for entry in json.loads(raw)]
+        tokens = encode_documents(stories, tokenizer, name)
+        if i == 0:
+            path = out / "TinyStories_val.bin"
+            write_shard(path, tokens, tokenizer.vocab_size)
+            written.append(path)
+            continue
+        train_buffer.append(tokens)
+        train_count += tokens.size
+        if train_count >= shard_tokens:
+            flush_train()
+    if train_buffer:
+        flush_train()
+    return written
+
+
+def stdlib_sources() -> list[Path]:
+    """The standard library's .py files on this machine, without site-packages, sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py")
+                  if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts))
+
+
+def prepare_builtin_corpus(out_dir: str | Path, tokenizer, val_every: int = 50) -> tuple[Path, Path]:
+    """Shards of the stdlib sources (every val_every-th file goes to val). Reuses shards made earlier
+    for the same vocabulary."""
+    out = Path(out_dir)
+    train, val = out / f"stdlib_v{tokenizer.vocab_size}_train.bin", out / f"stdlib_v{tokenizer.vocab_size}_val.bin"
+    if train.exists() and val.exists():
+        return train, val
+    files = stdlib_sources()
+    if len(files) < 2:
+        raise FileNotFoundError("no Python standard library sources found on this machine")
+    out.mkdir(parents=True, exist_ok=True)
+    docs = [p.read_bytes() for p in files]
+    write_shard(val, encode_documents(docs[::val_every], tokenizer, "stdlib val"), tokenizer.vocab_size)
+    train_docs = [d for i, d in enumerate(docs) if i % val_every]
+    write_shard(train, encode_documents(train_docs, tokenizer, "stdlib train"), tokenizer.vocab_size)
+    return train, val

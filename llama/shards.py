@@ -1,0 +1,97 @@
+"""Token shards in llm.c's formats: an int32[256] header, then the tokens.
+
+header[0] magic, [1] version, [2] number of tokens, and, our addition in a spare field,
+[3] the vocabulary size of the tokenizer that wrote the shard (0 when unknown, as in llm.c's own).
+  Llama 3: magic 20240801, version 7, uint32 tokens.
+  GPT-2:   magic 20240520, version 1, uint16 tokens (read only).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+FORMATS = {  # magic -> (name, version, token dtype)
+    20240801: ("llama3", 7, np.dtype(np.uint32)),
+    20240520: ("gpt2", 1, np.dtype(np.uint16)),
+}
+LLAMA3_MAGIC = 20240801
+
+
+class ShardError(ValueError):
+    """A shard file that is not a valid token shard, or does not fit the model."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: Path
+    format: str
+    num_tokens: int
+    vocab_size: int  # of the tokenizer that wrote it; 0 if the writer did not record it
+    dtype: np.dtype
+
+
+def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
+    """Write tokens as a Llama 3 shard, atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    tokens = np.asarray(tokens)
+    if tokens.size >= 2 ** 31:
+        raise ShardError(f"a shard holds fewer than 2^31 tokens, got {tokens.size}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ShardError(f"tokens outside the vocabulary [0, {vocab_size})")
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:4] = [LLAMA3_MAGIC, 7, tokens.size, vocab_size]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint32).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_header(path: str | Path) -> ShardInfo:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+        size = path.stat().st_size
+    except OSError as e:
+        raise ShardError(f"cannot read shard {path}: {e.strerror}") from None
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(f"{path}: too short for a shard header ({len(raw)} bytes)")
+    header = np.frombuffer(raw, dtype=np.int32)
+    magic, version, num_tokens = (int(x) for x in header[:3])
+    if magic not in FORMATS:
+        raise ShardError(f"{path}: bad magic number {magic} (expected {' or '.join(map(str, FORMATS))})")
+    name, expected_version, dtype = FORMATS[magic]
+    if version != expected_version:
+        raise ShardError(f"{path}: unsupported {name} shard version {version} (expected {expected_version})")
+    expected = HEADER_BYTES + num_tokens * dtype.itemsize
+    if num_tokens < 0 or size != expected:
+        raise ShardError(f"{path}: file is {size} bytes but its header promises {num_tokens} tokens "
+                         f"({expected} bytes); the file is truncated or corrupt")
+    vocab = int(header[3]) if name == "llama3" else 0
+    return ShardInfo(path, name, num_tokens, vocab, dtype)
+
+
+def open_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
+    """The shard's tokens as a read-only memmap, after checking the header, the file size and, when
+    vocab_size is given, that the writer's vocabulary and every token fit the model."""
+    info = read_header(path)
+    if vocab_size is not None and info.vocab_size and info.vocab_size != vocab_size:
+        raise ShardError(f"{info.path}: written by a tokenizer with vocab {info.vocab_size}, "
+                         f"but the model's vocab is {vocab_size}")
+    if info.num_tokens == 0:
+        return np.zeros(0, dtype=info.dtype)
+    tokens = np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.num_tokens,))
+    if vocab_size is not None:
+        top = int(tokens.max())
+        if top >= vocab_size:
+            raise ShardError(f"{info.path}: token id {top} is outside the model's vocabulary [0, {vocab_size})")
+    return tokens

@@ -1,0 +1,70 @@
+"""The starter pack: the Llama 3 tokenizer (gated, needs a Hugging Face token) and tinyshakespeare,
+downloaded and tokenized into shards under --dest. Run it as scripts/download_starter_pack.py."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .datasets import prepare_tinyshakespeare
+from .download import GATED_HELP, DownloadError, download
+from .shards import ShardError, read_header
+from .tokenizer import ByteTokenizer, Llama3Tokenizer
+
+TOKENIZER = dict(base="https://huggingface.co", path="meta-llama/Llama-3.1-8B/resolve/main/original/tokenizer.model",
+                 dest="tokenizer/tokenizer.model", size=2_183_982,
+                 sha256="82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55")
+TINYSHAKESPEARE = dict(base="https://raw.githubusercontent.com",
+                       path="karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+                       dest="tinyshakespeare/input.txt", size=1_115_394, sha256=None)
+
+
+def fetch(spec: dict, args, **kwargs) -> Path:
+    url = f"{(args.base_url or spec['base']).rstrip('/')}/{spec['path']}"
+    return download(url, Path(args.dest) / spec["dest"], size=spec["size"], sha256=spec["sha256"],
+                    retries=args.retries, timeout=args.timeout, **kwargs)
+
+
+def shards_match(paths, vocab_size: int) -> bool:
+    try:
+        return all(read_header(p).vocab_size == vocab_size for p in paths)
+    except ShardError:
+        return False
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hf-token", default=os.environ.get("HF_TOKEN"),
+                        help="Hugging Face access token for the gated tokenizer (default: $HF_TOKEN)")
+    parser.add_argument("--base-url", default=None,
+                        help="a mirror that serves every file under the same path as its origin")
+    parser.add_argument("--dest", default="data", help="download and output folder (default: data)")
+    parser.add_argument("--retries", type=int, default=5, help="retries per file on network errors")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a stalled request fails")
+    args = parser.parse_args(argv)
+    dest = Path(args.dest)
+    try:
+        tokenizer_path = dest / TOKENIZER["dest"]
+        if args.hf_token:
+            fetch(TOKENIZER, args, headers={"Authorization": f"Bearer {args.hf_token}"}, gated=True)
+        elif not tokenizer_path.exists():
+            print("skipping the Llama 3 tokenizer: no Hugging Face token given. " + GATED_HELP +
+                  "\nThe data is tokenized with the byte-level tokenizer instead.", file=sys.stderr)
+        text = fetch(TINYSHAKESPEARE, args)
+        tokenizer = Llama3Tokenizer(tokenizer_path) if tokenizer_path.exists() else ByteTokenizer()
+        out = dest / "tinyshakespeare"
+        shards = [out / "tiny_shakespeare_train.bin", out / "tiny_shakespeare_val.bin"]
+        if shards_match(shards, tokenizer.vocab_size):
+            print(f"shards in {out} are up to date (vocab {tokenizer.vocab_size})")
+        else:
+            prepare_tinyshakespeare(text, out, tokenizer)
+            print(f"wrote {shards[0]} and {shards[1]} (vocab {tokenizer.vocab_size})")
+    except DownloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

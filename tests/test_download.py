@@ -1,0 +1,140 @@
+import errno
+import hashlib
+
+import numpy as np
+import pytest
+
+import llama.download as dl
+from llama import starter_pack
+from llama.shards import read_header
+from tests.httpserver import Route, Server
+
+BODY = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+SHA = hashlib.sha256(BODY).hexdigest()
+FAST = dict(retries=3, backoff=0.01, timeout=5.0, progress=False)
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+def test_complete_file_and_rerun_skips(server, tmp_path):
+    route = server.routes["/f.bin"] = Route(BODY)
+    dest = dl.download(server.url + "/f.bin", tmp_path / "f.bin", size=len(BODY), sha256=SHA, **FAST)
+    assert dest.read_bytes() == BODY
+    assert not (tmp_path / "f.bin.part").exists()
+    dl.download(server.url + "/f.bin", dest, size=len(BODY), sha256=SHA, **FAST)
+    assert len(route.requests) == 1  # the verified file was not fetched again
+
+
+def test_dropped_connection_resumes_to_identical_file(server, tmp_path):
+    route = server.routes["/f.bin"] = Route(BODY, drop_first_after=100_000)
+    dest = dl.download(server.url + "/f.bin", tmp_path / "f.bin", size=len(BODY), sha256=SHA, **FAST)
+    assert dest.read_bytes() == BODY
+    assert route.requests[0] is None and route.requests[1].startswith("bytes=")
+    assert int(route.requests[1].split("=")[1].rstrip("-")) > 0
+
+
+def test_server_ignoring_range_restarts_from_zero(server, tmp_path):
+    server.routes["/f.bin"] = Route(BODY, honor_range=False)
+    (tmp_path / "f.bin.part").write_bytes(b"x" * 5000)  # a stale partial download
+    dest = dl.download(server.url + "/f.bin", tmp_path / "f.bin", size=len(BODY), sha256=SHA, **FAST)
+    assert dest.read_bytes() == BODY
+
+
+def test_5xx_is_retried(server, tmp_path):
+    route = server.routes["/f.bin"] = Route(BODY, fail_first=2)
+    assert dl.download(server.url + "/f.bin", tmp_path / "f.bin", **FAST).read_bytes() == BODY
+    assert len(route.requests) == 3
+
+
+def test_401_explains_gated_model(server, tmp_path):
+    server.routes["/f.bin"] = Route(status=401)
+    with pytest.raises(dl.DownloadError, match="access refused.*accept the license"):
+        dl.download(server.url + "/f.bin", tmp_path / "f.bin", gated=True, **FAST)
+    assert not (tmp_path / "f.bin").exists()
+
+
+def test_404(server, tmp_path):
+    with pytest.raises(dl.DownloadError, match="not found"):
+        dl.download(server.url + "/nothing", tmp_path / "f.bin", **FAST)
+
+
+def test_checksum_mismatch_leaves_no_file(server, tmp_path):
+    server.routes["/f.bin"] = Route(BODY)
+    with pytest.raises(dl.DownloadError, match="does not match"):
+        dl.download(server.url + "/f.bin", tmp_path / "f.bin", sha256="0" * 64, **FAST)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_network(tmp_path):
+    with pytest.raises(dl.DownloadError, match="giving up after 2 tries.*network"):
+        dl.download("http://127.0.0.1:9/f.bin", tmp_path / "f.bin", retries=1, backoff=0.01, timeout=2, progress=False)
+    assert not (tmp_path / "f.bin").exists()
+
+
+def test_disk_full(server, tmp_path, monkeypatch):
+    server.routes["/f.bin"] = Route(BODY)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dl, "open", full_disk, raising=False)
+    with pytest.raises(dl.DownloadError, match="disk full"):
+        dl.download(server.url + "/f.bin", tmp_path / "f.bin", **FAST)
+    assert not (tmp_path / "f.bin").exists()
+
+
+# ---- the starter pack against a local mirror
+
+
+def ranks_file_bytes():
+    import base64
+    tokens = [bytes([i]) for i in range(256)] + [b"th", b"the", b" the", b"ll", b"in"]
+    return b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(tokens))
+
+
+SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 3000
+
+
+@pytest.fixture
+def mirror(server, monkeypatch):
+    model = ranks_file_bytes()
+    text = SHAKESPEARE.encode()
+    monkeypatch.setattr(starter_pack, "TOKENIZER", {**starter_pack.TOKENIZER, "size": len(model),
+                                                    "sha256": hashlib.sha256(model).hexdigest()})
+    monkeypatch.setattr(starter_pack, "TINYSHAKESPEARE", {**starter_pack.TINYSHAKESPEARE, "size": len(text)})
+    server.routes["/" + starter_pack.TOKENIZER["path"]] = Route(model)
+    server.routes["/" + starter_pack.TINYSHAKESPEARE["path"]] = Route(text)
+    return server
+
+
+def run_pack(mirror, tmp_path, *extra):
+    return starter_pack.main(["--base-url", mirror.url, "--dest", str(tmp_path), "--retries", "1", *extra])
+
+
+def test_starter_pack_without_token_uses_byte_tokenizer(mirror, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert run_pack(mirror, tmp_path) == 0
+    assert "no Hugging Face token" in capsys.readouterr().err
+    assert read_header(tmp_path / "tinyshakespeare" / "tiny_shakespeare_train.bin").vocab_size == 258
+    assert not (tmp_path / "tokenizer" / "tokenizer.model").exists()
+
+
+def test_starter_pack_with_token(mirror, tmp_path):
+    assert run_pack(mirror, tmp_path, "--hf-token", "hf_test") == 0
+    route = mirror.routes["/" + starter_pack.TOKENIZER["path"]]
+    assert route.requests == [None]
+    val = read_header(tmp_path / "tinyshakespeare" / "tiny_shakespeare_val.bin")
+    assert val.vocab_size == 261 + 256 and val.num_tokens == 32768
+
+
+def test_starter_pack_refused_token(mirror, tmp_path, capsys):
+    mirror.routes["/" + starter_pack.TOKENIZER["path"]].status = 403
+    assert run_pack(mirror, tmp_path, "--hf-token", "hf_bad") == 1
+    err = capsys.readouterr().err
+    assert "access refused (403)" in err and "HF_TOKEN" in err
+    assert not (tmp_path / "tokenizer" / "tokenizer.model").exists()
