@@ -22,3 +22,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.gpu_helpers import ERRORS
+    if not ERRORS:
+        return
+    worst = {}
+    for name, err in ERRORS:
+        kernel = name.split("[")[0]
+        worst[kernel] = max(worst.get(kernel, 0.0), err)
+    terminalreporter.write_sep("-", "GPU: worst ||out - ref|| / ||ref|| per check (float64 reference)")
+    for kernel, err in worst.items():
+        terminalreporter.write_line(f"{kernel:<40s} {err:.2e}")

@@ -1,0 +1,53 @@
+// Causal grouped-query attention, the kernels beside the batched matmuls (llama/ops.py strings them).
+// Layouts: q (B, H, T, D), k and v (B, KV, T, D), probabilities att (B, H, T, T), out (B, T, H * D).
+// The H / KV query heads of one kv head are adjacent, so per kv head they form one (H/KV * T, D)
+// matrix and every product is a plain strided-batched matmul over B * KV, with no copy of K or V.
+//
+// causal_softmax_forward:  in place on rows of att (already scaled by 1/sqrt(D)): row r is time
+//                          t = r % T; softmax over columns <= t, zeros above the diagonal. One warp per row.
+// causal_softmax_backward: in place on datt: datt = att * (datt - sum(att * datt)), zero above the diagonal.
+// merge_heads:             (B, H, T, D) -> (B, T, H * D).
+// split_heads:             (B, T, H * D) -> (B, H, T, D).
+#include "common.cuh"
+
+extern "C" __global__ void causal_softmax_forward(float* att, int rows, int T) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int t = row % T;
+    float* x = att + (long long)row * T;
+    float m = -INFINITY;
+    for (int j = lane; j <= t; j += 32) m = fmaxf(m, x[j]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int j = lane; j <= t; j += 32) sum += expf(x[j] - m);
+    const float inv = 1.0f / warp_sum(sum);
+    for (int j = lane; j < T; j += 32) x[j] = j <= t ? expf(x[j] - m) * inv : 0.0f;
+}
+
+extern "C" __global__ void causal_softmax_backward(float* datt, const float* att, int rows, int T) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int t = row % T;
+    float* d = datt + (long long)row * T;
+    const float* p = att + (long long)row * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += 32) dot += p[j] * d[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += 32) d[j] = j <= t ? p[j] * (d[j] - dot) : 0.0f;
+}
+
+extern "C" __global__ void merge_heads(float* out, const float* heads, int B, int H, int T, int D) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // over out (B, T, H, D)
+    if (idx >= (long long)B * T * H * D) return;
+    const int d = idx % D, h = (idx / D) % H, t = (idx / ((long long)D * H)) % T;
+    const long long b = idx / ((long long)D * H * T);
+    out[idx] = heads[((b * H + h) * T + t) * D + d];
+}
+
+extern "C" __global__ void split_heads(float* heads, const float* inp, int B, int H, int T, int D) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // over heads (B, H, T, D)
+    if (idx >= (long long)B * H * T * D) return;
+    const int d = idx % D, t = (idx / D) % T, h = (idx / ((long long)D * T)) % H;
+    const long long b = idx / ((long long)D * T * H);
+    heads[idx] = inp[((b * T + t) * H + h) * D + d];
+}

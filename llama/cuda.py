@@ -1,0 +1,146 @@
+"""The small PyCUDA runtime: primary context, compile-and-cache of kernels/*.cu, device arrays.
+
+Kernels are compiled once per process for the GPU's own architecture (sm_90a on Hopper, so that
+Hopper-only instructions are available) and cached on disk by PyCUDA. Launches go through
+prepared calls on the default stream; nothing here synchronizes except explicit downloads.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def kernel_dir() -> Path:
+    """kernels/ of a source checkout, or llama/kernels/ inside an installed wheel."""
+    for candidate in (PACKAGE_DIR / "kernels", PACKAGE_DIR.parent / "kernels"):
+        if (candidate / "common.cuh").exists():
+            return candidate
+    raise FileNotFoundError(f"CUDA kernel sources not found next to {PACKAGE_DIR}")
+
+
+def gpu_target(compute_capability: tuple[int, int]) -> tuple[str, str]:
+    """(arch, code) for nvcc: the 'a' variant on Hopper, the plain one elsewhere."""
+    major, minor = compute_capability
+    suffix = "a" if (major, minor) == (9, 0) else ""
+    return f"compute_{major}{minor}{suffix}", f"sm_{major}{minor}{suffix}"
+
+
+class Runtime:
+    def __init__(self):
+        import pycuda.autoprimaryctx  # noqa: F401  (retains and pushes the device's primary context)
+        import pycuda.driver as drv
+
+        self.drv = drv
+        self.device = drv.Context.get_device()
+        self.name = self.device.name()
+        self.num_sms = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.arch, self.code = gpu_target(self.device.compute_capability())
+        self.modules = {}
+
+    def module(self, name: str):
+        if name not in self.modules:
+            from pycuda.compiler import SourceModule
+            directory = kernel_dir()
+            source = (directory / f"{name}.cu").read_text()
+            self.modules[name] = SourceModule(source, no_extern_c=True, arch=self.arch, code=self.code,
+                                              include_dirs=[str(directory)], options=["-std=c++17"])
+        return self.modules[name]
+
+    def kernel(self, module: str, name: str, signature: str) -> "Kernel":
+        """A prepared kernel; signature in PyCUDA's struct letters (P pointer, i int, q int64, f float)."""
+        function = self.module(module).get_function(name)
+        function.prepare(signature)
+        return Kernel(function)
+
+    def synchronize(self) -> None:
+        self.drv.Context.synchronize()
+
+
+class Kernel:
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, grid, block: int, *args):
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.function.prepared_async_call(grid, (int(block), 1, 1), None, *args)
+
+
+@functools.cache
+def runtime() -> Runtime:
+    return Runtime()
+
+
+class DeviceArray:
+    """A typed, shaped view of device memory; `base` keeps the allocation alive."""
+
+    def __init__(self, ptr: int, shape, dtype, base):
+        self.ptr, self.shape, self.dtype, self.base = int(ptr), tuple(int(s) for s in shape), np.dtype(dtype), base
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def view(self, offset: int, shape) -> "DeviceArray":
+        """Elements [offset, offset + prod(shape)) as a new shape."""
+        size = int(np.prod(shape))
+        if offset < 0 or offset + size > self.size:
+            raise ValueError(f"view [{offset}, {offset + size}) outside an array of {self.size}")
+        return DeviceArray(self.ptr + offset * self.dtype.itemsize, shape, self.dtype, self.base)
+
+    def reshape(self, *shape) -> "DeviceArray":
+        shape = list(shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+        if -1 in shape:
+            known = int(np.prod([s for s in shape if s != -1]))
+            shape[shape.index(-1)] = self.size // known if known else 0
+        if int(np.prod(shape)) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return DeviceArray(self.ptr, shape, self.dtype, self.base)
+
+    def prefix(self, *shape) -> "DeviceArray":
+        """The first prod(shape) elements as shape (activations of a smaller batch)."""
+        return self.view(0, shape)
+
+    def upload(self, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host, dtype=self.dtype)
+        if host.size != self.size:
+            raise ValueError(f"upload of {host.size} values into an array of {self.size}")
+        runtime().drv.memcpy_htod(self.ptr, host)
+
+    def download(self) -> np.ndarray:
+        host = np.empty(self.shape, dtype=self.dtype)
+        runtime().drv.memcpy_dtoh(host, self.ptr)
+        return host
+
+    def fill_zero(self) -> None:
+        runtime().drv.memset_d8(self.ptr, 0, self.nbytes)
+
+    def __repr__(self):
+        return f"DeviceArray({self.shape}, {self.dtype})"
+
+
+def empty(shape, dtype=np.float32) -> DeviceArray:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    allocation = runtime().drv.mem_alloc(nbytes)
+    return DeviceArray(int(allocation), shape, dtype, allocation)
+
+
+def zeros(shape, dtype=np.float32) -> DeviceArray:
+    array = empty(shape, dtype)
+    array.fill_zero()
+    return array
+
+
+def to_device(host: np.ndarray) -> DeviceArray:
+    array = empty(host.shape, host.dtype)
+    array.upload(host)
+    return array

@@ -1,0 +1,219 @@
+"""Llama 3.1 on the GPU, built from the kernels in kernels/ through the launchers in llama/ops.py.
+
+It mirrors llama/reference.py layer by layer, with the same names: read the two side by side.
+Parameters live in one flat device buffer and gradients in another (layout from llama/params.py);
+activations are allocated once for the largest batch (B, T), and a smaller (b, t) uses a prefix of
+each buffer. Within a step nothing is allocated, copied to the host or synchronized, except when the
+loss or the grad norm is read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ops
+from .config import LlamaConfig
+from .cuda import DeviceArray, empty, runtime, to_device, zeros
+from .optim import AdamWConfig
+from .params import ParameterLayout, init_parameters
+from .reference import rope_cos_sin
+
+LAYER_ACTIVATIONS = ("x", "ln1", "rstd1", "q", "k", "v", "att", "probs", "h", "ln2", "rstd2", "gate_up", "ffn")
+
+
+class GPUModel:
+    def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0):
+        if T > config.max_seq_len:
+            raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
+        self.rt = runtime()
+        self.config, self.B, self.T = config, B, T
+        self.layout = ParameterLayout(config)
+        if params is None:
+            params = init_parameters(config, seed)
+        if params.shape != (self.layout.size,):
+            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
+        n = self.layout.size
+        self.params = to_device(params.astype(np.float32))
+        self.grads, self.adam_m, self.adam_v = zeros(n), zeros(n), zeros(n)
+        self.decay_mask = to_device(self.layout.decay_mask())
+        cos, sin = rope_cos_sin(config, T)
+        self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
+        self._allocate_activations()
+        self.shape = None  # (b, t) of the last forward
+        self.has_dlogits = False
+
+    # ---- buffers
+
+    def _allocate_activations(self) -> None:
+        c, B, T = self.config, self.B, self.T
+        N, C, D, H, KV, F, L = B * T, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim, c.n_layers
+        per_layer = {"x": N * C, "ln1": N * C, "rstd1": N, "q": N * H * D, "k": N * KV * D, "v": N * KV * D,
+                     "att": N * H * D, "probs": B * H * T * T, "h": N * C, "ln2": N * C, "rstd2": N,
+                     "gate_up": N * 2 * F, "ffn": N * F}
+        self.layer_buffers = [{name: empty(size) for name, size in per_layer.items()} for _ in range(L)]
+        sizes = {"residual": N * C, "lnf": N * C, "rstdf": N, "logits": N * c.vocab_size, "losses": N,
+                 "qkv": N * (H + 2 * KV) * D, "heads": N * H * D,
+                 # backward
+                 "dresidual": N * C, "dln": N * C, "dffn": N * F, "dgate_up": N * 2 * F, "datt": N * H * D,
+                 "dq": N * H * D, "dk": N * KV * D, "dv": N * KV * D, "dqkv": N * (H + 2 * KV) * D,
+                 "dprobs": B * H * T * T, "dheads": N * H * D, "rms_scratch": ops.RMSNORM_PARTS * C,
+                 "norm_partial": ops.NORM_BLOCKS, "norm_squared": 1}
+        self.buffers = {name: empty(size) for name, size in sizes.items()}
+        self.tokens, self.targets = empty(N, np.int32), empty(N, np.int32)
+        self.token_order, self.token_starts, self.token_unique = empty(N, np.int32), empty(N + 1, np.int32), empty(N, np.int32)
+        self.num_unique = 0
+
+    def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
+        """Activations for a (b, t) batch, shaped as in the reference."""
+        c = self.config
+        N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
+        layer_shapes = {"x": (N, C), "ln1": (N, C), "rstd1": (N,), "q": (b, H, t, D), "k": (b, KV, t, D),
+                        "v": (b, KV, t, D), "att": (b, t, H * D), "probs": (b, H, t, t), "h": (N, C),
+                        "ln2": (N, C), "rstd2": (N,), "gate_up": (N, 2 * F), "ffn": (N, F)}
+        shapes = {"residual": (N, C), "lnf": (N, C), "rstdf": (N,), "logits": (N, c.vocab_size), "losses": (N,),
+                  "qkv": (b, t, (H + 2 * KV) * D), "heads": (b, H, t, D), "dresidual": (N, C), "dln": (N, C),
+                  "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D), "dq": (b, H, t, D),
+                  "dk": (b, KV, t, D), "dv": (b, KV, t, D), "dqkv": (b, t, (H + 2 * KV) * D),
+                  "dprobs": (b, H, t, t), "dheads": (b, H, t, D), "rms_scratch": (ops.RMSNORM_PARTS * C,),
+                  "norm_partial": (ops.NORM_BLOCKS,), "norm_squared": (1,)}
+        layers = [{name: buffers[name].prefix(*layer_shapes[name]) for name in LAYER_ACTIVATIONS}
+                  for buffers in self.layer_buffers]
+        return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shapes.items()}
+
+    def param(self, name: str) -> DeviceArray:
+        t = self.layout.tensors[name]
+        return self.params.view(t.offset, t.shape)
+
+    def _matrix(self, flat: DeviceArray, tensor) -> DeviceArray:
+        return flat.view(tensor.offset, tensor.shape)
+
+    # ---- forward and backward
+
+    def check_batch(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        if tokens.ndim != 2 or tokens.shape[0] > self.B or tokens.shape[1] > self.T:
+            raise ValueError(f"tokens must be (b, t) with b <= {self.B}, t <= {self.T}; got shape {tokens.shape}")
+        for name, ids in (("tokens", tokens), ("targets", targets)):
+            if ids is None:
+                continue
+            if ids.shape != tokens.shape:
+                raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
+            if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+                raise ValueError(f"{name} hold ids outside [0, {self.config.vocab_size})")
+
+    def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, return_loss: bool = True) -> float | None:
+        """Run the model on (b, t) tokens. With targets, the fused classifier turns the logits into
+        dlogits for backward() and the mean loss is returned (reading it is the step's one sync;
+        return_loss=False skips it). Without targets the logits are kept (read_logits)."""
+        self.check_batch(tokens, targets)
+        c, L = self.config, self.layout
+        b, t = tokens.shape
+        N = b * t
+        self.shape = (b, t)
+        # uploads first, while the GPU is idle (a host-to-device copy waits for earlier kernels)
+        self.tokens.prefix(N).upload(tokens.ravel())
+        if targets is not None:
+            self.targets.prefix(N).upload(targets.ravel())
+            order, starts, unique = ops.sort_tokens(tokens)
+            self.token_order.prefix(N).upload(order)
+            self.token_starts.prefix(len(starts)).upload(starts)
+            self.token_unique.prefix(len(unique)).upload(unique)
+            self.num_unique = len(unique)
+        layers, s = self._views(b, t)
+        tokens_d = self.tokens.prefix(N).reshape(b, t)
+
+        ops.embedding_forward(layers[0]["x"], tokens_d, self.param("tok_embeddings.weight"))
+        for i, a in enumerate(layers):
+            pre = f"layers.{i}."
+            x_next = layers[i + 1]["x"] if i + 1 < c.n_layers else s["residual"]
+            ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
+            ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"],
+                               self._matrix(self.params, L.wqkv(i)))
+            ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
+            ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
+            ops.matmul_forward(a["h"], a["att"].reshape(N, -1),
+                               self.param(pre + "attention.wo.weight"))
+            ops.residual_forward(a["h"], a["x"], a["h"])
+            ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
+            ops.matmul_forward(a["gate_up"], a["ln2"], self._matrix(self.params, L.w13(i)))
+            ops.swiglu_forward(a["ffn"], a["gate_up"])
+            ops.matmul_forward(x_next, a["ffn"], self.param(pre + "feed_forward.w2.weight"))
+            ops.residual_forward(x_next, a["h"], x_next)
+        ops.rmsnorm_forward(s["lnf"], s["rstdf"], s["residual"], self.param("norm.weight"), c.norm_eps)
+        ops.matmul_forward(s["logits"], s["lnf"], self._matrix(self.params, L.output()))
+        self.has_dlogits = targets is not None
+        if targets is None:
+            return None
+        ops.fused_classifier(s["logits"], s["losses"], self.targets.prefix(N), 1.0 / N)
+        if not return_loss:
+            return None
+        return float(np.mean(s["losses"].download(), dtype=np.float64))
+
+    def read_logits(self) -> np.ndarray:
+        """(b, t, V) logits of the last forward without targets."""
+        if self.shape is None or self.has_dlogits:
+            raise RuntimeError("read_logits() needs a forward() without targets first")
+        b, t = self.shape
+        return self.buffers["logits"].prefix(b, t, self.config.vocab_size).download()
+
+    def zero_grad(self) -> None:
+        self.grads.fill_zero()
+
+    def backward(self, loss_scale: float = 1.0) -> None:
+        """Add the gradient of loss_scale * (mean loss of the last forward) into self.grads."""
+        if not self.has_dlogits:
+            raise RuntimeError("backward() needs a forward() with targets first")
+        c, L = self.config, self.layout
+        b, t = self.shape
+        N = b * t
+        layers, s = self._views(b, t)
+        grad = lambda name: self.grads.view(L.tensors[name].offset, L.tensors[name].shape)
+        dx = s["dresidual"]
+        ops.matmul_backward(s["dln"], self._matrix(self.grads, L.output()), s["logits"], s["lnf"],
+                            self._matrix(self.params, L.output()), alpha=loss_scale)
+        dx.fill_zero()
+        ops.rmsnorm_backward(dx, grad("norm.weight"), s["rms_scratch"], s["dln"], s["residual"],
+                             self.param("norm.weight"), s["rstdf"])
+        for i in reversed(range(c.n_layers)):
+            pre, a = f"layers.{i}.", layers[i]
+            ops.matmul_backward(s["dffn"], grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
+                                self.param(pre + "feed_forward.w2.weight"))
+            ops.swiglu_backward(s["dgate_up"], s["dffn"], a["gate_up"])
+            ops.matmul_backward(s["dln"], self._matrix(self.grads, L.w13(i)), s["dgate_up"], a["ln2"],
+                                self._matrix(self.params, L.w13(i)))
+            ops.rmsnorm_backward(dx, grad(pre + "ffn_norm.weight"), s["rms_scratch"], s["dln"], a["h"],
+                                 self.param(pre + "ffn_norm.weight"), a["rstd2"])
+            ops.matmul_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
+                                a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
+            ops.attention_backward(s["dq"], s["dk"], s["dv"], s["dprobs"], s["dheads"], s["datt"], a["q"], a["k"],
+                                   a["v"], a["probs"])
+            ops.rope_backward(s["dqkv"], s["dq"], s["dk"], s["dv"], self.rope_cos, self.rope_sin)
+            ops.matmul_backward(s["dln"], self._matrix(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1),
+                                a["ln1"], self._matrix(self.params, L.wqkv(i)))
+            ops.rmsnorm_backward(dx, grad(pre + "attention_norm.weight"), s["rms_scratch"], s["dln"], a["x"],
+                                 self.param(pre + "attention_norm.weight"), a["rstd1"])
+        ops.embedding_backward(grad("tok_embeddings.weight"), dx, self.token_order.prefix(N), self.token_starts,
+                               self.token_unique, self.num_unique)
+
+    def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
+        """Clip by global norm and take one AdamW step (step counts from 1); returns the norm
+        (reading it synchronizes; return_norm=False skips that)."""
+        s = self.buffers
+        ops.global_norm_squared(s["norm_squared"], s["norm_partial"], self.grads)
+        ops.adamw_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, s["norm_squared"],
+                         step, lr, opt)
+        return float(np.sqrt(s["norm_squared"].download()[0])) if return_norm else None
+
+    # state for checkpoints (same method names on the reference model)
+    def get_params(self) -> np.ndarray:
+        return self.params.download()
+
+    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.adam_m.download(), self.adam_v.download()
+
+    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
+        self.params.upload(params)
+        for buffer, host in ((self.adam_m, adam_m), (self.adam_v, adam_v)):
+            if host is None:
+                buffer.fill_zero()
+            else:
+                buffer.upload(host)

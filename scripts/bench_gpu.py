@@ -1,0 +1,153 @@
+"""GPU timings, each against a PyTorch reference measured in the same run:
+  1. our fp32 matmul vs torch.matmul (fp32, TF32 off) on the model's projection shapes;
+  2. one training step (forward, backward, AdamW) of a preset vs the same model as
+     transformers.LlamaForCausalLM in fp32 (TF32 off, SDPA attention, fused AdamW).
+
+    python scripts/bench_gpu.py [--preset d12] [--B 8] [--T 1024] [--steps 5] [--json out.json]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from llama import ops
+from llama.config import get_preset
+from llama.cuda import empty, runtime, to_device
+from llama.gpu_model import GPUModel
+from llama.optim import AdamWConfig
+from llama.params import count_parameters
+
+
+def time_device(fn, repeats: int = 10) -> float:
+    """Median milliseconds of fn() between CUDA events, after one warm-up."""
+    drv = runtime().drv
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = drv.Event(), drv.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.time_till(end))
+    return statistics.median(times)
+
+
+def bench_matmuls(config, M: int) -> list[dict]:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    c, d = config, config.head_dim
+    shapes = {"qkv": ((c.n_heads + 2 * c.n_kv_heads) * d, c.dim), "attn out": (c.dim, c.n_heads * d),
+              "gate+up": (2 * c.ffn_hidden_dim, c.dim), "down": (c.dim, c.ffn_hidden_dim),
+              "head": (c.vocab_size, c.dim)}
+    rows = []
+    for name, (N, K) in shapes.items():
+        rng = np.random.default_rng(0)
+        x, w = to_device(rng.standard_normal((M, K), dtype=np.float32)), to_device(rng.standard_normal((N, K), dtype=np.float32))
+        out = empty((M, N))
+        ours = time_device(lambda: ops.matmul_forward(out, x, w))
+        tx, tw = torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda")
+        theirs = time_device(lambda: torch.matmul(tx, tw.T))
+        flops = 2 * M * N * K
+        rows.append({"shape": f"{name} ({M},{N},{K})", "ours_ms": ours, "torch_ms": theirs,
+                     "ours_tflops": flops / ours / 1e9, "torch_tflops": flops / theirs / 1e9})
+        del x, w, out, tx, tw
+    return rows
+
+
+def bench_our_step(config, B: int, T: int, steps: int) -> dict:
+    model = GPUModel(config, B, T, seed=0)
+    rng = np.random.default_rng(0)
+    tokens, targets = rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T))
+    opt = AdamWConfig()
+    drv = runtime().drv
+    walls, parts = [], []
+    for step in range(1, steps + 3):
+        runtime().synchronize()
+        t0 = time.perf_counter()
+        events = [drv.Event() for _ in range(4)]
+        events[0].record()
+        model.zero_grad()
+        model.forward(tokens, targets, return_loss=False)
+        events[1].record()
+        model.backward()
+        events[2].record()
+        model.optimizer_step(1e-4, step, opt, return_norm=False)
+        events[3].record()
+        loss = float(np.mean(model.buffers["losses"].download()))  # the step's one sync
+        walls.append((time.perf_counter() - t0) * 1000)
+        parts.append([events[i].time_till(events[i + 1]) for i in range(3)])
+    walls, parts = walls[2:], parts[2:]  # drop compilation and warm-up
+    del model
+    return {"ms": statistics.median(walls), "forward_ms": statistics.median(p[0] for p in parts),
+            "backward_ms": statistics.median(p[1] for p in parts), "adamw_ms": statistics.median(p[2] for p in parts),
+            "last_loss": loss}
+
+
+def bench_torch_step(config, B: int, T: int, steps: int) -> dict:
+    import torch
+    import transformers
+    from llama.hf import transformers_config
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = transformers.LlamaForCausalLM(transformers_config(config, "sdpa")).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    tokens = torch.randint(0, config.vocab_size, (B, T), device="cuda")
+    targets = torch.randint(0, config.vocab_size, (B, T), device="cuda")
+    walls = []
+    for _ in range(steps + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(tokens).logits
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, config.vocab_size), targets.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        loss.item()
+        walls.append((time.perf_counter() - t0) * 1000)
+    del model, optimizer
+    torch.cuda.empty_cache()
+    return {"ms": statistics.median(walls[2:])}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="d12")
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--B", type=int, default=8)
+    parser.add_argument("--T", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--skip-torch-step", action="store_true")
+    parser.add_argument("--json", default=None, help="also write the numbers here")
+    args = parser.parse_args()
+    config = get_preset(args.preset).replace(vocab_size=args.vocab)
+    rt = runtime()
+    tokens = args.B * args.T
+    report = {"device": rt.name, "preset": args.preset, "B": args.B, "T": args.T,
+              "params": count_parameters(config), "matmul": bench_matmuls(config, tokens),
+              "ours": bench_our_step(config, args.B, args.T, args.steps)}
+    if not args.skip_torch_step:
+        report["torch"] = bench_torch_step(config, args.B, args.T, args.steps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+    print(f"\n{rt.name}: {args.preset}, {report['params'] / 1e6:.1f}M params, B={args.B} T={args.T}")
+    print(f"{'matmul (M,N,K)':<34}{'ours TFLOP/s':>14}{'torch fp32':>12}{'ratio':>8}")
+    for row in report["matmul"]:
+        print(f"{row['shape']:<34}{row['ours_tflops']:>14.1f}{row['torch_tflops']:>12.1f}"
+              f"{row['ours_tflops'] / row['torch_tflops']:>8.2f}")
+    ours = report["ours"]
+    print(f"our step: {ours['ms']:.1f} ms ({tokens / ours['ms'] * 1000:,.0f} tok/s); forward {ours['forward_ms']:.1f}, "
+          f"backward {ours['backward_ms']:.1f}, adamw {ours['adamw_ms']:.1f} ms")
+    if "torch" in report:
+        t = report["torch"]["ms"]
+        print(f"torch fp32 step: {t:.1f} ms ({tokens / t * 1000:,.0f} tok/s); ours / torch time = {ours['ms'] / t:.2f}")
+
+
+if __name__ == "__main__":
+    main()
