@@ -29,7 +29,12 @@ class DataLoader:
         self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
         self.shuffle, self.seed, self.vocab_size = shuffle, seed, vocab_size
         rows_per_batch = B * world_size
-        self.batches_per_shard = [max(0, (read_header(f).num_tokens - 1) // T) // rows_per_batch for f in self.files]
+        headers = [read_header(f) for f in self.files]
+        for h in headers:
+            if vocab_size is not None and h.vocab_size and h.vocab_size != vocab_size:
+                raise ShardError(f"{h.path}: written by a tokenizer with vocab {h.vocab_size}, "
+                                 f"but the model's vocab is {vocab_size}")
+        self.batches_per_shard = [max(0, (h.num_tokens - 1) // T) // rows_per_batch for h in headers]
         if sum(self.batches_per_shard) == 0:
             raise ShardError(f"{pattern}: no shard holds one batch of {rows_per_batch} x {T + 1} tokens")
         self.epoch, self.shard_pos, self.batch_pos = 0, 0, 0

@@ -148,12 +148,15 @@ class GPUModel:
             return None
         return float(np.mean(s["losses"].download(), dtype=np.float64))
 
-    def read_logits(self) -> np.ndarray:
-        """(b, t, V) logits of the last forward without targets."""
+    def read_logits(self, position: int | None = None) -> np.ndarray:
+        """(b, t, V) logits of the last forward without targets, or (b, V) at one position."""
         if self.shape is None or self.has_dlogits:
             raise RuntimeError("read_logits() needs a forward() without targets first")
-        b, t = self.shape
-        return self.buffers["logits"].prefix(b, t, self.config.vocab_size).download()
+        (b, t), V = self.shape, self.config.vocab_size
+        logits = self.buffers["logits"]
+        if position is None:
+            return logits.prefix(b, t, V).download()
+        return np.stack([logits.view((row * t + position % t) * V, (V,)).download() for row in range(b)])
 
     def zero_grad(self) -> None:
         self.grads.fill_zero()

@@ -265,10 +265,10 @@ class ReferenceModel:
         losses, self.acts["dlogits"] = fused_classifier(logits, targets.ravel(), 1.0 / (B * T))
         return float(np.mean(losses, dtype=np.float64))
 
-    def read_logits(self) -> np.ndarray:
-        """(B, T, V) logits of the last forward."""
-        tokens = self.acts["tokens"]
-        return self.acts["logits"].reshape(*tokens.shape, -1)
+    def read_logits(self, position: int | None = None) -> np.ndarray:
+        """(B, T, V) logits of the last forward, or (B, V) at one position."""
+        logits = self.acts["logits"].reshape(*self.acts["tokens"].shape, -1)
+        return logits if position is None else logits[:, position]
 
     def zero_grad(self) -> None:
         self.grads[:] = 0

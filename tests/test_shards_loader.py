@@ -112,9 +112,8 @@ def test_loader_errors(tmp_path):
     pattern = make_shards(tmp_path, [5])
     with pytest.raises(ShardError, match="no shard holds one batch"):
         DataLoader(pattern, 2, 4)
-    loader = DataLoader(make_shards(tmp_path, [100]), 2, 4, vocab_size=50)
     with pytest.raises(ShardError, match="written by a tokenizer with vocab 1000000"):
-        loader.next_batch()
+        DataLoader(make_shards(tmp_path, [100]), 2, 4, vocab_size=50)
     gpt2_shard(tmp_path / "g.bin", np.arange(100))  # no vocab in the header: the tokens are checked
     with pytest.raises(ShardError, match="token id 99 is outside the model's vocabulary"):
         DataLoader(str(tmp_path / "g.bin"), 2, 4, vocab_size=50).next_batch()

@@ -1,0 +1,62 @@
+"""Plot train and val loss from an llm.c-style main.log into a PNG (needs matplotlib: pip install -e ".[plot]").
+
+    python scripts/plot_log.py out/main.log [-o loss.png]
+
+A resumed run appends to main.log; for a step logged twice the later line wins.
+"""
+
+import argparse
+import re
+import sys
+
+LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
+
+
+def read_log(path: str) -> tuple[dict, dict]:
+    """{step: train loss}, {step: val loss}."""
+    train, val = {}, {}
+    with open(path) as f:
+        for line in f:
+            m = LINE.match(line)
+            if m:
+                (train if m[2] == "trl" else val)[int(m[1])] = float(m[3])
+    return train, val
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", help="path to main.log")
+    parser.add_argument("-o", "--output", default=None, help="PNG path (default: next to the log)")
+    args = parser.parse_args(argv)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('error: plotting needs matplotlib: pip install -e ".[plot]"', file=sys.stderr)
+        return 2
+    try:
+        train, val = read_log(args.log)
+    except OSError as e:
+        print(f"error: cannot read {args.log}: {e.strerror}", file=sys.stderr)
+        return 2
+    if not train and not val:
+        print(f"error: {args.log} has no s:<step> trl:/tel: lines", file=sys.stderr)
+        return 2
+    output = args.output or args.log.rsplit(".", 1)[0] + ".png"
+    fig, ax = plt.subplots(figsize=(8, 5))
+    if train:
+        ax.plot(sorted(train), [train[s] for s in sorted(train)], label="train", linewidth=1)
+    if val:
+        ax.plot(sorted(val), [val[s] for s in sorted(val)], "o-", label="val")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(output, dpi=120, bbox_inches="tight")
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
