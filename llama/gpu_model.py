@@ -16,7 +16,7 @@ from .config import LlamaConfig
 from .cuda import DeviceArray, empty, runtime, to_device, zeros
 from .optim import AdamWConfig
 from .params import ParameterLayout, init_parameters
-from .reference import rope_cos_sin
+from .reference import check_batch, rope_cos_sin
 
 LAYER_ACTIVATIONS = ("x", "ln1", "rstd1", "q", "k", "v", "att", "probs", "h", "ln2", "rstd2", "gate_up", "ffn")
 
@@ -89,22 +89,11 @@ class GPUModel:
 
     # ---- forward and backward
 
-    def check_batch(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
-        if tokens.ndim != 2 or tokens.shape[0] > self.B or tokens.shape[1] > self.T:
-            raise ValueError(f"tokens must be (b, t) with b <= {self.B}, t <= {self.T}; got shape {tokens.shape}")
-        for name, ids in (("tokens", tokens), ("targets", targets)):
-            if ids is None:
-                continue
-            if ids.shape != tokens.shape:
-                raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
-            if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-                raise ValueError(f"{name} hold ids outside [0, {self.config.vocab_size})")
-
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, return_loss: bool = True) -> float | None:
         """Run the model on (b, t) tokens. With targets, the fused classifier turns the logits into
         dlogits for backward() and the mean loss is returned (reading it is the step's one sync;
         return_loss=False skips it). Without targets the logits are kept (read_logits)."""
-        self.check_batch(tokens, targets)
+        check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         c, L = self.config, self.layout
         b, t = tokens.shape
         N = b * t

@@ -198,6 +198,21 @@ def fused_classifier(logits: np.ndarray, targets: np.ndarray, dloss: float) -> t
 # The model
 
 
+def check_batch(tokens: np.ndarray, targets: np.ndarray | None, vocab_size: int, max_b: int | None,
+                max_t: int) -> None:
+    """A (b, t) batch of ids that fits the model (both backends check inputs with this)."""
+    if tokens.ndim != 2 or (max_b is not None and tokens.shape[0] > max_b) or tokens.shape[1] > max_t:
+        limit = f"b <= {max_b}, t <= {max_t}" if max_b is not None else f"t <= max_seq_len {max_t}"
+        raise ValueError(f"tokens must be (b, t) with {limit}; got shape {tokens.shape}")
+    for name, ids in (("tokens", tokens), ("targets", targets)):
+        if ids is None:
+            continue
+        if ids.shape != tokens.shape:
+            raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"{name} hold ids outside [0, {vocab_size})")
+
+
 class ReferenceModel:
     """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW."""
 
@@ -222,24 +237,10 @@ class ReferenceModel:
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
 
-    def check_batch(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
-        c = self.config
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be (B, T), got shape {tokens.shape}")
-        if tokens.shape[1] > c.max_seq_len:
-            raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len {c.max_seq_len}")
-        for name, ids in (("tokens", tokens), ("targets", targets)):
-            if ids is None:
-                continue
-            if ids.shape != tokens.shape:
-                raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
-            if ids.size and (ids.min() < 0 or ids.max() >= c.vocab_size):
-                raise ValueError(f"{name} hold ids outside [0, {c.vocab_size})")
-
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None) -> float | None:
         """Run the model on (B, T) tokens. With targets, returns the mean cross-entropy loss and
         keeps dlogits for backward(); the logits are kept either way (read_logits)."""
-        self.check_batch(tokens, targets)
+        check_batch(tokens, targets, self.config.vocab_size, None, self.config.max_seq_len)
         c, p, L = self.config, self.p, self.layout
         B, T = tokens.shape
         x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)

@@ -148,3 +148,18 @@ def test_builtin_corpus(tmp_path):
     mtime = train.stat().st_mtime_ns
     assert prepare_builtin_corpus(tmp_path, ByteTokenizer()) == (train, val)
     assert train.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+def test_prepare_tinystories_from_tarball(tmp_path):
+    import io
+    import json
+    import tarfile
+    with tarfile.open(tmp_path / "TinyStories_all_data.tar.gz", "w:gz") as tar:
+        for i in range(2):
+            raw = json.dumps([{"story": f"tale {i}"}]).encode()
+            info = tarfile.TarInfo(f"data{i:02d}.json")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    shards = prepare_tinystories(tmp_path / "TinyStories_all_data.tar.gz", tmp_path / "out", ByteTokenizer())
+    assert [ByteTokenizer().decode(open_shard(p)) for p in shards] == ["<|begin_of_text|>tale 0",
+                                                                        "<|begin_of_text|>tale 1"]

@@ -1,0 +1,25 @@
+"""The kernel sources travel as package data: a built wheel carries them, and the runtime finds
+them in an installed copy (not only in a source checkout)."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_carries_kernels_and_runtime_finds_them(tmp_path):
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    wheel = next(tmp_path.glob("llama_cuda-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    kernels = {Path(n).name for n in names if n.startswith("llama/kernels/")}
+    assert kernels == {p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh")}
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs by unpacking
+    found = subprocess.run([sys.executable, "-c", "import llama.cuda; print(llama.cuda.kernel_dir())"],
+                           capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(site)}, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()) == site / "llama" / "kernels"
