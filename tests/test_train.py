@@ -1,5 +1,6 @@
 """train_llama.py end to end on a tiny model and a tiny corpus (CPU)."""
 
+import math
 import shutil
 
 import numpy as np
@@ -81,6 +82,7 @@ def test_keeps_the_last_k_checkpoints(corpus, tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").glob("ckpt_*")) == ["ckpt_00000004", "ckpt_00000006"]
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy reports the overflow we provoke
 def test_divergence_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "4", "-n", "4", "-o", "out") == 0
     assert run(*BASE[:6], "-l", "1e38", "-u", "0", "-s", "0", "-v", "0", *corpus, "-x", "20", "-n", "1",
@@ -126,3 +128,10 @@ def test_defaults_use_the_builtin_corpus(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "built-in corpus" in err and "download_starter_pack" in err and "byte-level tokenizer" in err
     assert len(log_lines(tmp_path / "out")) == 3
+
+
+def test_epochs_set_the_number_of_steps(corpus, tmp_path):
+    from llama.dataloader import DataLoader
+    batches = DataLoader(corpus[1], 4, 32).batches_per_epoch
+    assert run(*BASE, *corpus, "--epochs", "0.1", "-d", "256", "-v", "0", "-o", "out") == 0
+    assert len(log_lines(tmp_path / "out")) == math.ceil(0.1 * batches / 2)  # 2 micro-batches per step
