@@ -38,7 +38,6 @@ class Runtime:
         self.drv = drv
         self.device = drv.Context.get_device()
         self.name = self.device.name()
-        self.num_sms = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.arch, self.code = gpu_target(self.device.compute_capability())
         self.modules = {}
 

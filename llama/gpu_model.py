@@ -13,19 +13,15 @@ import numpy as np
 
 from . import ops
 from .config import LlamaConfig
-from .cuda import DeviceArray, empty, runtime, to_device, zeros
+from .cuda import DeviceArray, empty, to_device, zeros
 from .optim import AdamWConfig
 from .params import ParameterLayout, init_parameters
 from .reference import check_batch, rope_cos_sin
-
-LAYER_ACTIVATIONS = ("x", "ln1", "rstd1", "q", "k", "v", "att", "probs", "h", "ln2", "rstd2", "gate_up", "ffn")
-
 
 class GPUModel:
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0):
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
-        self.rt = runtime()
         self.config, self.B, self.T = config, B, T
         self.layout = ParameterLayout(config)
         if params is None:
@@ -44,48 +40,45 @@ class GPUModel:
 
     # ---- buffers
 
+    def _shapes(self, b: int, t: int) -> tuple[dict, dict]:
+        """Shapes of each layer's saved activations, and of the shared buffers, for a (b, t) batch."""
+        c = self.config
+        N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
+        layer = {"x": (N, C), "ln1": (N, C), "rstd1": (N,), "q": (b, H, t, D), "k": (b, KV, t, D),
+                 "v": (b, KV, t, D), "att": (b, t, H * D), "probs": (b, H, t, t), "h": (N, C), "ln2": (N, C),
+                 "rstd2": (N,), "gate_up": (N, 2 * F), "ffn": (N, F)}
+        shared = {"residual": (N, C), "lnf": (N, C), "rstdf": (N,), "logits": (N, c.vocab_size), "losses": (N,),
+                  "qkv": (b, t, (H + 2 * KV) * D), "heads": (b, H, t, D),
+                  # backward
+                  "dresidual": (N, C), "dln": (N, C), "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D),
+                  "dq": (b, H, t, D), "dk": (b, KV, t, D), "dv": (b, KV, t, D), "dqkv": (b, t, (H + 2 * KV) * D),
+                  "dprobs": (b, H, t, t), "dheads": (b, H, t, D), "rms_scratch": (ops.RMSNORM_PARTS * C,),
+                  "norm_partial": (ops.NORM_BLOCKS,), "norm_squared": (1,)}
+        return layer, shared
+
     def _allocate_activations(self) -> None:
-        c, B, T = self.config, self.B, self.T
-        N, C, D, H, KV, F, L = B * T, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim, c.n_layers
-        per_layer = {"x": N * C, "ln1": N * C, "rstd1": N, "q": N * H * D, "k": N * KV * D, "v": N * KV * D,
-                     "att": N * H * D, "probs": B * H * T * T, "h": N * C, "ln2": N * C, "rstd2": N,
-                     "gate_up": N * 2 * F, "ffn": N * F}
-        self.layer_buffers = [{name: empty(size) for name, size in per_layer.items()} for _ in range(L)]
-        sizes = {"residual": N * C, "lnf": N * C, "rstdf": N, "logits": N * c.vocab_size, "losses": N,
-                 "qkv": N * (H + 2 * KV) * D, "heads": N * H * D,
-                 # backward
-                 "dresidual": N * C, "dln": N * C, "dffn": N * F, "dgate_up": N * 2 * F, "datt": N * H * D,
-                 "dq": N * H * D, "dk": N * KV * D, "dv": N * KV * D, "dqkv": N * (H + 2 * KV) * D,
-                 "dprobs": B * H * T * T, "dheads": N * H * D, "rms_scratch": ops.RMSNORM_PARTS * C,
-                 "norm_partial": ops.NORM_BLOCKS, "norm_squared": 1}
-        self.buffers = {name: empty(size) for name, size in sizes.items()}
+        layer, shared = self._shapes(self.B, self.T)
+        self.layer_buffers = [{name: empty(shape) for name, shape in layer.items()} for _ in range(self.config.n_layers)]
+        self.buffers = {name: empty(shape) for name, shape in shared.items()}
+        N = self.B * self.T
         self.tokens, self.targets = empty(N, np.int32), empty(N, np.int32)
         self.token_order, self.token_starts, self.token_unique = empty(N, np.int32), empty(N + 1, np.int32), empty(N, np.int32)
         self.num_unique = 0
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
-        """Activations for a (b, t) batch, shaped as in the reference."""
-        c = self.config
-        N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
-        layer_shapes = {"x": (N, C), "ln1": (N, C), "rstd1": (N,), "q": (b, H, t, D), "k": (b, KV, t, D),
-                        "v": (b, KV, t, D), "att": (b, t, H * D), "probs": (b, H, t, t), "h": (N, C),
-                        "ln2": (N, C), "rstd2": (N,), "gate_up": (N, 2 * F), "ffn": (N, F)}
-        shapes = {"residual": (N, C), "lnf": (N, C), "rstdf": (N,), "logits": (N, c.vocab_size), "losses": (N,),
-                  "qkv": (b, t, (H + 2 * KV) * D), "heads": (b, H, t, D), "dresidual": (N, C), "dln": (N, C),
-                  "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D), "dq": (b, H, t, D),
-                  "dk": (b, KV, t, D), "dv": (b, KV, t, D), "dqkv": (b, t, (H + 2 * KV) * D),
-                  "dprobs": (b, H, t, t), "dheads": (b, H, t, D), "rms_scratch": (ops.RMSNORM_PARTS * C,),
-                  "norm_partial": (ops.NORM_BLOCKS,), "norm_squared": (1,)}
-        layers = [{name: buffers[name].prefix(*layer_shapes[name]) for name in LAYER_ACTIVATIONS}
-                  for buffers in self.layer_buffers]
-        return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shapes.items()}
-
-    def param(self, name: str) -> DeviceArray:
-        t = self.layout.tensors[name]
-        return self.params.view(t.offset, t.shape)
+        """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
+        layer, shared = self._shapes(b, t)
+        layers = [{name: buffers[name].prefix(*shape) for name, shape in layer.items()} for buffers in self.layer_buffers]
+        return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shared.items()}
 
     def _matrix(self, flat: DeviceArray, tensor) -> DeviceArray:
         return flat.view(tensor.offset, tensor.shape)
+
+    def param(self, name: str) -> DeviceArray:
+        return self._matrix(self.params, self.layout.tensors[name])
+
+    def grad(self, name: str) -> DeviceArray:
+        return self._matrix(self.grads, self.layout.tensors[name])
 
     # ---- forward and backward
 
@@ -115,12 +108,10 @@ class GPUModel:
             pre = f"layers.{i}."
             x_next = layers[i + 1]["x"] if i + 1 < c.n_layers else s["residual"]
             ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
-            ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"],
-                               self._matrix(self.params, L.wqkv(i)))
+            ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self._matrix(self.params, L.wqkv(i)))
             ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
             ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
-            ops.matmul_forward(a["h"], a["att"].reshape(N, -1),
-                               self.param(pre + "attention.wo.weight"))
+            ops.matmul_forward(a["h"], a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
             ops.residual_forward(a["h"], a["x"], a["h"])
             ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
             ops.matmul_forward(a["gate_up"], a["ln2"], self._matrix(self.params, L.w13(i)))
@@ -158,7 +149,7 @@ class GPUModel:
         b, t = self.shape
         N = b * t
         layers, s = self._views(b, t)
-        grad = lambda name: self.grads.view(L.tensors[name].offset, L.tensors[name].shape)
+        grad = self.grad
         dx = s["dresidual"]
         ops.matmul_backward(s["dln"], self._matrix(self.grads, L.output()), s["logits"], s["lnf"],
                             self._matrix(self.params, L.output()), alpha=loss_scale)
