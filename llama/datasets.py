@@ -25,11 +25,7 @@ def encode_documents(texts: Iterable[str | bytes], tokenizer, desc: str = "token
     """All documents as one uint32 array, each preceded by <|begin_of_text|>."""
     pieces = []
     for text in tqdm(texts, desc=desc, unit="doc", leave=False):
-        if isinstance(text, bytes):
-            ids = tokenizer.encode_bytes(text) if hasattr(tokenizer, "encode_bytes") else \
-                np.asarray(tokenizer.encode(text.decode("utf-8", errors="replace")), np.uint32)
-        else:
-            ids = np.asarray(tokenizer.encode(text), np.uint32)
+        ids = tokenizer.encode_bytes(text) if isinstance(text, bytes) else np.asarray(tokenizer.encode(text))
         pieces += [np.array([tokenizer.bos_id], np.uint32), ids.astype(np.uint32)]
     return np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)
 

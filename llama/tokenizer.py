@@ -59,6 +59,10 @@ class Llama3Tokenizer:
         ids = self.encoding.encode(text, allowed_special=set(), disallowed_special=())
         return [self.bos_id] + ids if bos else ids
 
+    def encode_bytes(self, data: bytes) -> np.ndarray:
+        """Raw bytes (a file's contents) as uint32 ids; invalid UTF-8 becomes U+FFFD."""
+        return np.asarray(self.encode(data.decode("utf-8", errors="replace")), dtype=np.uint32)
+
     def decode(self, ids) -> str:
         return self.encoding.decode([int(i) for i in ids])
 

@@ -16,6 +16,7 @@ def test_round_trip_and_merges(llama3):
     ids = llama3.encode(text)
     assert llama3.decode(ids) == text
     assert llama3.encode("the") == [257]
+    assert llama3.encode_bytes(text.encode() + b"\xff").tolist() == llama3.encode(text + "\ufffd")
     assert llama3.encode(" the") == [258]
 
 

@@ -1,6 +1,7 @@
 """train_llama.py end to end on a tiny model and a tiny corpus (CPU)."""
 
 import math
+import re
 import shutil
 
 import numpy as np
@@ -104,7 +105,7 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, c
 def test_bad_inputs_exit_with_one_line(corpus, extra, message, capsys):
     assert run(*BASE, *corpus, "-x", "2", "-o", "out", *extra) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: ") and pytest.importorskip("re").search(message, err), err
+    assert err.startswith("error: ") and re.search(message, err), err
 
 
 def test_checkpoint_that_does_not_fit(corpus, tmp_path, capsys):
