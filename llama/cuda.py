@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
+BF16 = np.dtype(ml_dtypes.bfloat16)  # bf16 device arrays hold these; numpy computes them in float32
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -109,14 +111,15 @@ class DeviceArray:
         return self.view(0, shape)
 
     def upload(self, host: np.ndarray) -> None:
+        """Copy a host array in, converted to this array's dtype (float to bf16 rounds to nearest even)."""
         host = np.ascontiguousarray(host, dtype=self.dtype)
         if host.size != self.size:
             raise ValueError(f"upload of {host.size} values into an array of {self.size}")
-        runtime().drv.memcpy_htod(self.ptr, host)
+        runtime().drv.memcpy_htod(self.ptr, _raw(host))
 
     def download(self) -> np.ndarray:
         host = np.empty(self.shape, dtype=self.dtype)
-        runtime().drv.memcpy_dtoh(host, self.ptr)
+        runtime().drv.memcpy_dtoh(_raw(host), self.ptr)
         return host
 
     def fill_zero(self) -> None:
@@ -124,6 +127,11 @@ class DeviceArray:
 
     def __repr__(self):
         return f"DeviceArray({self.shape}, {self.dtype})"
+
+
+def _raw(host: np.ndarray) -> np.ndarray:
+    """The bytes of a host array as a type PyCUDA's buffer copies take (bf16 as uint16 bits)."""
+    return host.view(np.uint16) if host.dtype == BF16 else host
 
 
 def empty(shape, dtype=np.float32) -> DeviceArray:
