@@ -43,18 +43,19 @@ class Runtime:
         self.arch, self.code = gpu_target(self.device.compute_capability())
         self.modules = {}
 
-    def module(self, name: str):
-        if name not in self.modules:
+    def module(self, name: str, directory: Path | None = None):
+        """The compiled kernels/<name>.cu (or <directory>/<name>.cu, e.g. a dev/cuda version)."""
+        path = (directory or kernel_dir()) / f"{name}.cu"
+        if path not in self.modules:
             from pycuda.compiler import SourceModule
-            directory = kernel_dir()
-            source = (directory / f"{name}.cu").read_text()
-            self.modules[name] = SourceModule(source, no_extern_c=True, arch=self.arch, code=self.code,
-                                              include_dirs=[str(directory)], options=["-std=c++17"])
-        return self.modules[name]
+            self.modules[path] = SourceModule(path.read_text(), no_extern_c=True, arch=self.arch, code=self.code,
+                                              include_dirs=[str(kernel_dir()), str(path.parent)],
+                                              options=["-std=c++17"])
+        return self.modules[path]
 
-    def kernel(self, module: str, name: str, signature: str) -> "Kernel":
+    def kernel(self, module: str, name: str, signature: str, directory: Path | None = None) -> "Kernel":
         """A prepared kernel; signature in PyCUDA's struct letters (P pointer, i int, q int64, f float)."""
-        function = self.module(module).get_function(name)
+        function = self.module(module, directory).get_function(name)
         function.prepare(signature)
         return Kernel(function)
 
@@ -65,10 +66,19 @@ class Runtime:
 class Kernel:
     def __init__(self, function):
         self.function = function
+        self.max_shared = 48 * 1024  # dynamic shared memory allowed without opting in
 
-    def __call__(self, grid, block: int, *args):
+    def __call__(self, grid, block, *args, shared: int = 0):
+        """Launch on the default stream; block is a thread count or a tuple; shared is the dynamic
+        shared memory in bytes (above 48 KB the kernel is opted in once)."""
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-        self.function.prepared_async_call(grid, (int(block), 1, 1), None, *args)
+        block = (block,) if isinstance(block, int) else tuple(block)
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        if shared > self.max_shared:
+            from pycuda.driver import function_attribute
+            self.function.set_attribute(function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
+            self.max_shared = int(shared)
+        self.function.prepared_async_call(grid, block, None, *args, shared_size=int(shared))
 
 
 @functools.cache
