@@ -161,3 +161,21 @@ def to_device(host: np.ndarray) -> DeviceArray:
     array = empty(host.shape, host.dtype)
     array.upload(host)
     return array
+
+
+def time_ms(fn, warmup: int = 3, repeats: int = 20, inner: int = 5) -> float:
+    """Median device milliseconds of one fn() call: `repeats` timed batches of `inner` calls each,
+    between CUDA events on the default stream, after `warmup` untimed calls."""
+    drv = runtime().drv
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = drv.Event(), drv.Event()
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(end.time_since(start) / inner)
+    return float(np.median(times))

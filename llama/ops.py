@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .cuda import DeviceArray, runtime
+from .cuda import BF16, DeviceArray, runtime
 from .optim import AdamWConfig
 
 F32, I32, U8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint8)
@@ -137,6 +137,74 @@ def matmul_backward(dinp: DeviceArray, dweight: DeviceArray, dout: DeviceArray, 
     """dinp = alpha * dout @ weight; dweight += alpha * dout^T @ inp."""
     matmul(dinp, dout, weight, alpha=alpha)
     matmul(dweight, dout, inp, trans_a=True, alpha=alpha, beta=1.0)
+
+
+# ---- matmul in bf16 on tensor cores (kernels/gemm_*.cu)
+
+GEMM_EPILOGUES = {"bf16": 0, "f32": 1, "acc_f32": 2, "rope_bf16": 3}  # kernels/gemm_epilogue.cuh
+
+
+def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, accumulate: bool = False, rope: tuple | None = None, version: str | None = None) -> None:
+    """c = alpha * op(a) @ op(b) with bf16 a, b and fp32 accumulation, over 2D arrays or 3D batches.
+    op(a) is (M, K): a is (M, K), or (K, M) with trans_a; op(b) is (K, N): b is (K, N), or (N, K) with trans_b.
+    c is bf16 or fp32; accumulate (fp32 c only) adds onto c instead of overwriting it, and alpha = 0
+    then leaves c untouched. rope = (cos, sin, T, rotated_columns) rotates the first columns of a
+    (tokens, heads * D) bf16 output by RoPE at position row % T (the QKV projection).
+    version: 'mma' or 'wgmma'; None takes the device's best (llama.device.gemm_version)."""
+    batched = len(c.shape) == 3
+    batch = c.shape[0] if batched else 1
+    M, N = c.shape[-2:]
+    K = a.shape[-2] if trans_a else a.shape[-1]
+    lead = (batch,) if batched else ()
+    _check("a", a, lead + ((K, M) if trans_a else (M, K)), BF16)
+    _check("b", b, lead + ((N, K) if trans_b else (K, N)), BF16)
+    if trans_a and trans_b:
+        raise ValueError("gemm: op(a)^T with op(b)^T is not a layout the model needs")
+    if c.dtype not in (BF16, F32) or (accumulate and c.dtype != F32) or (rope is not None and c.dtype != BF16):
+        raise ValueError(f"gemm: c must be bf16 or fp32, fp32 to accumulate, bf16 with rope; got {c.dtype}")
+    for name, array in (("a", a), ("b", b), ("c", c)):
+        if array.ptr % 16 or array.shape[-1] % 8:
+            raise ValueError(f"gemm: {name} {array.shape} needs a 16-byte aligned start and rows of a multiple of "
+                             f"8 elements (16 bytes); got row length {array.shape[-1]}")
+    if accumulate and alpha == 0:
+        return
+    mode = "acc_f32" if accumulate else "rope_bf16" if rope is not None else "bf16" if c.dtype == BF16 else "f32"
+    cos_ptr = sin_ptr = 0
+    rope_T, rope_cols, head_dim = 1, 0, 2
+    if rope is not None:
+        cos, sin, rope_T, rope_cols = rope
+        head_dim = 2 * cos.shape[1]
+        if cos.shape[0] < rope_T or sin.shape != cos.shape or cos.dtype != F32 or rope_cols % head_dim or M % rope_T:
+            raise ValueError("gemm: rope needs fp32 cos/sin (>= T, D/2), rows = batches of T tokens, whole heads")
+        cos_ptr, sin_ptr = cos.ptr, sin.ptr
+    if version is None:
+        from .device import gemm_version
+        version = gemm_version()
+    layout = "tn" if trans_a else "nt" if trans_b else "nn"
+    args = (c.ptr, a.ptr, b.ptr, cos_ptr, sin_ptr, M * K, K * N, M * N, M, N, K, a.shape[-1], b.shape[-1], N,
+            GEMM_EPILOGUES[mode], rope_T, rope_cols, head_dim, np.float32(alpha))
+    if version == "mma":
+        gemm_mma(layout, batch, args)
+    elif version == "wgmma":
+        from .gemm_wgmma import gemm_wgmma
+        gemm_wgmma(layout, batch, a, b, trans_a, trans_b, args)
+    else:
+        raise ValueError(f"gemm: unknown version {version!r} (mma, wgmma)")
+
+
+GEMM_MMA_SIGNATURE = "PPPPPqqqiiiiiiiiiif"
+
+
+def gemm_mma(layout: str, batch: int, args: tuple, tile: str | None = None) -> None:
+    """Launch version 1 (mma.sync, any GPU from sm_80) with the kernel's argument list."""
+    M, N = args[8], args[9]
+    if tile is None:  # the wide tile once there are enough of them to fill the GPU twice over
+        tile = "128x256" if math.ceil(M / 128) * math.ceil(N / 256) * batch >= 264 else "128x128"
+    bn, stages = (256, 3) if tile == "128x256" else (128, 4)
+    grid = (math.ceil(M / 128) * math.ceil(N / bn), 1, batch)
+    shared = stages * (128 + bn) * 64 * 2
+    _kernel("gemm_mma", f"gemm_mma_{layout}_{tile}", GEMM_MMA_SIGNATURE)(grid, 256, *args, shared=shared)
 
 
 # ---- rope

@@ -12,9 +12,21 @@ def dev(x):
     return to_device(x.astype(np.int32 if x.dtype.kind in "iu" else np.float32))
 
 
-def poisoned(shape):
+def dev_bf16(x):
+    """A bf16 device array holding x rounded to bf16."""
+    from llama.cuda import BF16, to_device
+    return to_device(np.asarray(x).astype(BF16))
+
+
+def bf16_round(x):
+    """x rounded to bf16, back in float64: the inputs a bf16 kernel really sees."""
+    from llama.cuda import BF16
+    return np.asarray(x).astype(BF16).astype(np.float64)
+
+
+def poisoned(shape, dtype=np.float32):
     from llama.cuda import to_device
-    return to_device(np.full(shape, np.nan, dtype=np.float32))
+    return to_device(np.full(shape, np.nan, dtype=np.float32).astype(dtype))
 
 
 def check(name: str, device_array, expected: np.ndarray, tol: float = 1e-5) -> float:

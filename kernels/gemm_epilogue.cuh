@@ -1,0 +1,73 @@
+// The bf16 GEMMs' shared epilogue: what happens to each pair of adjacent accumulator columns
+// (col, col + 1) of row `row`, col even. Both the mma.sync and the wgmma kernels hold their
+// fp32 accumulators as such pairs, so a fused epilogue is one more mode here, not a new kernel.
+//
+// Modes (a run-time switch, uniform across the grid):
+//   EPILOGUE_BF16      C (bf16) = alpha * acc
+//   EPILOGUE_F32       C (fp32) = alpha * acc
+//   EPILOGUE_ACC_F32   C (fp32) += alpha * acc   (weight gradients summed over micro-batches)
+//   EPILOGUE_ROPE_BF16 C (bf16) = RoPE(alpha * acc) on the first rope_cols columns, plain bf16 after:
+//                      the QKV projection, rows = tokens b * T + t (position t = row % rope_T),
+//                      columns = heads of head_dim, pairs (2i, 2i + 1) rotated by cos/sin (T, D/2).
+#pragma once
+#include <cuda_bf16.h>
+
+#define EPILOGUE_BF16 0
+#define EPILOGUE_F32 1
+#define EPILOGUE_ACC_F32 2
+#define EPILOGUE_ROPE_BF16 3
+
+struct Epilogue {
+    void* C;
+    const float* cos;      // (rope_T, head_dim / 2), ROPE mode only
+    const float* sin;
+    long long stride_c;    // elements between batches
+    int ldc, M, N, mode;
+    float alpha;
+    int rope_T, rope_cols, head_dim;
+};
+
+__device__ __noinline__ void epilogue_pair(const Epilogue& e, int batch, int row, int col, float v0, float v1) {
+    if (row >= e.M || col >= e.N) return;
+    v0 *= e.alpha;
+    v1 *= e.alpha;
+    const bool both = col + 1 < e.N;
+    // a pair store is aligned when every row and batch starts at an even element
+    const bool paired = both && !(e.ldc & 1) && !(e.stride_c & 1);
+    const long long offset = batch * e.stride_c + (long long)row * e.ldc + col;
+    if (e.mode == EPILOGUE_F32 || e.mode == EPILOGUE_ACC_F32) {
+        float* c = (float*)e.C + offset;
+        if (paired) {
+            float2 old = e.mode == EPILOGUE_ACC_F32 ? *(float2*)c : make_float2(0.f, 0.f);
+            *(float2*)c = make_float2(old.x + v0, old.y + v1);
+        } else {
+            c[0] = e.mode == EPILOGUE_ACC_F32 ? c[0] + v0 : v0;
+            if (both) c[1] = e.mode == EPILOGUE_ACC_F32 ? c[1] + v1 : v1;
+        }
+        return;
+    }
+    if (e.mode == EPILOGUE_ROPE_BF16 && col < e.rope_cols) {
+        const int half = e.head_dim >> 1, i = (col % e.head_dim) >> 1, t = row % e.rope_T;
+        const float c = e.cos[t * half + i], s = e.sin[t * half + i];
+        const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
+        v0 = r0;
+        v1 = r1;
+    }
+    __nv_bfloat16* c = (__nv_bfloat16*)e.C + offset;
+    if (paired) {
+        *(__nv_bfloat162*)c = __floats2bfloat162_rn(v0, v1);
+    } else {
+        c[0] = __float2bfloat16_rn(v0);
+        if (both) c[1] = __float2bfloat16_rn(v1);
+    }
+}
+
+// Tile order: tiles walk down GROUP_M rows of tiles before moving right, so that a wave of CTAs
+// shares A rows and B columns in L2.
+#define GROUP_M 8
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int* tm, int* tn) {
+    const int per_group = GROUP_M * tiles_n, group = tile / per_group;
+    const int first_m = group * GROUP_M, rows = min(tiles_m - first_m, GROUP_M);
+    *tm = first_m + (tile % per_group) % rows;
+    *tn = (tile % per_group) / rows;
+}

@@ -1,0 +1,111 @@
+"""bf16 GEMM benchmark: our kernels against torch.matmul (cuBLAS) in bf16, measured in the same run.
+
+For each projection of d12 (dim 768) and llama3.2-1b (dim 2048) at 16,384 tokens, in the three
+layouts a training step runs (forward y = x @ W^T, dX = dY @ W, dW += dY^T @ x), plus 8192^3,
+it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, and their ratios. Timing: CUDA
+events, median of many batches after warm-up, on random data, rotating input buffers so that L2
+does not flatter small shapes. Our dW accumulates into fp32 (as training does); the others store bf16.
+
+    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma]
+"""
+
+import argparse
+import json
+import math
+
+import numpy as np
+import torch
+
+from llama import ops
+from llama.config import get_preset
+from llama.cuda import BF16, DeviceArray, runtime, time_ms
+
+TOKENS = 16384
+L2_FLUSH_BYTES = 256 << 20  # rotate input sets until they span this much
+
+
+def projections(preset: str) -> list[tuple[str, int, int]]:
+    """(name, out_features, in_features) of one layer's matmuls and the head."""
+    c = get_preset(preset)
+    qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    return [("qkv", qkv, c.dim), ("attn-out", c.dim, c.n_heads * c.head_dim), ("gate+up", 2 * c.ffn_hidden_dim, c.dim),
+            ("down", c.dim, c.ffn_hidden_dim), ("head", c.vocab_size, c.dim)]
+
+
+def problems():
+    """(label, layout, M, N, K) of every benchmarked GEMM."""
+    rows = [("8192^3", "nt", 8192, 8192, 8192)]
+    for preset in ("d12", "llama3.2-1b"):
+        dim = get_preset(preset).dim
+        for name, out_f, in_f in projections(preset):
+            rows.append((f"d{dim} {name} fwd", "nt", TOKENS, out_f, in_f))
+            rows.append((f"d{dim} {name} dX", "nn", TOKENS, in_f, out_f))
+            rows.append((f"d{dim} {name} dW", "tn", out_f, in_f, TOKENS))
+    return rows
+
+
+def as_device(t: torch.Tensor) -> DeviceArray:
+    """Our view of a torch tensor's memory (bf16 or fp32), kept alive by the tensor."""
+    dtype = BF16 if t.dtype == torch.bfloat16 else np.dtype(np.float32)
+    return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, t)
+
+
+def bench(layout, M, N, K, versions):
+    a_shape = (K, M) if layout == "tn" else (M, K)
+    b_shape = (N, K) if layout == "nt" else (K, N)
+    per_set = 2 * (math.prod(a_shape) + math.prod(b_shape))
+    sets = max(1, min(8, math.ceil(L2_FLUSH_BYTES / per_set)))
+    inputs = [(torch.randn(a_shape, device="cuda", dtype=torch.bfloat16),
+               torch.randn(b_shape, device="cuda", dtype=torch.bfloat16)) for _ in range(sets)]
+    flops = 2 * M * N * K
+    trans_a, trans_b = layout == "tn", layout == "nt"
+    c_ours = torch.zeros((M, N), device="cuda", dtype=torch.float32 if layout == "tn" else torch.bfloat16)
+    c_dev = as_device(c_ours)
+    dev_inputs = [(as_device(a), as_device(b)) for a, b in inputs]
+    counter = iter(range(1 << 62))
+
+    def cublas():
+        a, b = inputs[next(counter) % sets]
+        torch.matmul(a.t() if trans_a else a, b.t() if trans_b else b)
+
+    result = {"cublas": flops / time_ms(cublas) / 1e9}
+    for version in versions:
+        def ours():
+            a, b = dev_inputs[next(counter) % sets]
+            ops.gemm(c_dev, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=layout == "tn", version=version)
+        result[version] = flops / time_ms(ours) / 1e9
+    del inputs, dev_inputs
+    torch.cuda.empty_cache()
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="also write the table here")
+    parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time (default: all the device runs)")
+    parser.add_argument("--only", default=None, help="only problems whose label contains this")
+    args = parser.parse_args()
+    versions = args.versions or (["mma", "wgmma"] if runtime().device.compute_capability() == (9, 0) else ["mma"])
+    print(f"device: {runtime().name}; TFLOP/s, bf16 operands, fp32 accumulation; ratio = ours / cuBLAS")
+    rows = []
+    for label, layout, M, N, K in problems():
+        if args.only and args.only not in label:
+            continue
+        r = bench(layout, M, N, K, versions)
+        rows.append({"problem": label, "layout": layout, "M": M, "N": N, "K": K, **r})
+        print(f"  measured {label}: " + ", ".join(f"{k} {v:.0f}" for k, v in r.items()), flush=True)
+    header = f"{'problem':<22}{'M x N x K':>22}{'cuBLAS':>9}" + "".join(f"{v:>9}{'ratio':>7}" for v in versions)
+    print(header)
+    for row in rows:
+        line = f"{row['problem']:<22}{row['M']:>8}x{row['N']:>6}x{row['K']:>6}{row['cublas']:>9.0f}"
+        line += "".join(f"{row[v]:>9.0f}{row[v] / row['cublas']:>7.2f}" for v in versions)
+        print(line)
+    worst = {v: min(row[v] / row["cublas"] for row in rows) for v in versions}
+    print("worst ratio: " + ", ".join(f"{v} {w:.2f}" for v, w in worst.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The bf16 tensor-core GEMM against the float64 product of the same bf16-rounded inputs, every
+layout, batched and not, at tile multiples and odd shapes, every epilogue, each GEMM version the
+device runs. Fresh random inputs each run; outputs NaN-poisoned first.
+
+Tolerances (‖out − ref‖ / ‖ref‖): fp32 output 1e-5, bf16 output 5e-3."""
+
+import numpy as np
+import pytest
+
+from llama import reference as ref
+from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
+
+pytestmark = pytest.mark.gpu
+rng = np.random.default_rng()
+TOL = {"f32": 1e-5, "bf16": 5e-3}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from llama import ops
+    return ops
+
+
+def versions():
+    from llama.cuda import runtime
+    return ["mma", "wgmma"] if runtime().device.compute_capability() == (9, 0) else ["mma"]
+
+
+@pytest.fixture(params=["mma", "wgmma"])
+def version(request):
+    if request.param not in versions():
+        pytest.skip(f"{request.param} needs sm_90a")
+    return request.param
+
+
+def operands(layout, M, N, K, batch):
+    """Random bf16 operands stored as the layout says, and op(a), op(b) in float64."""
+    lead = (batch,) if batch > 1 else ()
+    a = bf16_round(rng.standard_normal(lead + ((K, M) if layout == "tn" else (M, K))))
+    b = bf16_round(rng.standard_normal(lead + ((N, K) if layout == "nt" else (K, N))))
+    return a, b, (a.swapaxes(-1, -2) if layout == "tn" else a), (b.swapaxes(-1, -2) if layout == "nt" else b)
+
+
+SHAPES = {  # (M, N, K, batch) per layout: M and N of an M- or N-major operand are multiples of 8
+    "nt": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 8, 8192, 1), (17, 128256, 72, 1),
+           (128, 256, 64, 1), (70, 48, 40, 3)],
+    "nn": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 136, 72, 1), (17, 128256, 72, 1),
+           (128, 256, 64, 1), (70, 48, 40, 3)],
+    "tn": [(8, 8, 8, 1), (1000, 136, 72, 1), (136, 1000, 768, 1), (1000, 8, 16384, 1), (16, 128256, 8, 1),
+           (128, 256, 64, 1), (72, 48, 40, 3)],
+}
+CASES = [(layout, *shape) for layout, shapes in SHAPES.items() for shape in shapes]
+
+
+@pytest.mark.parametrize("layout, M, N, K, batch", CASES)
+@pytest.mark.parametrize("out", ["bf16", "f32"])
+def test_gemm(ops, version, layout, M, N, K, batch, out):
+    from llama.cuda import BF16
+    a, b, opa, opb = operands(layout, M, N, K, batch)
+    c = poisoned(((batch,) if batch > 1 else ()) + (M, N), BF16 if out == "bf16" else np.float32)
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.5, version=version)
+    check(f"gemm_{version}_{out}[{layout}]", c, 0.5 * opa @ opb, TOL[out])
+
+
+@pytest.mark.parametrize("layout, M, N, K, batch", [("nt", 17, 136, 72, 1), ("nn", 1000, 136, 768, 1),
+                                                    ("tn", 1000, 136, 768, 1), ("tn", 72, 48, 40, 3)])
+def test_gemm_accumulate(ops, version, layout, M, N, K, batch):
+    a, b, opa, opb = operands(layout, M, N, K, batch)
+    c0 = rng.standard_normal(((batch,) if batch > 1 else ()) + (M, N)).astype(np.float32)
+    c = dev(c0)
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=-2.0,
+             accumulate=True, version=version)
+    check(f"gemm_{version}_accumulate[{layout}]", c, c0 - 2.0 * opa @ opb, TOL["f32"])
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.0,
+             accumulate=True, version=version)
+    before = c.download()
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.0,
+             accumulate=True, version=version)
+    assert np.array_equal(c.download().view(np.uint32), before.view(np.uint32)), "alpha = 0 changed c"
+
+
+@pytest.mark.parametrize("B, T, H, KV, D", [(2, 37, 4, 2, 16), (1, 128, 12, 4, 64), (3, 5, 2, 1, 128)])
+def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
+    """The QKV projection with RoPE in its epilogue equals matmul_forward then RoPE on q and k."""
+    from llama.cuda import BF16, to_device
+    C = 64
+    x = bf16_round(rng.standard_normal((B * T, C)))
+    w = bf16_round(rng.standard_normal(((H + 2 * KV) * D, C)) / 8)
+    angles = rng.uniform(0, 2 * np.pi, (T + 3, D // 2))
+    cos, sin = np.cos(angles), np.sin(angles)
+    out = poisoned((B * T, (H + 2 * KV) * D), BF16)
+    ops.gemm(out, dev_bf16(x), dev_bf16(w), trans_b=True, version=version,
+             rope=(to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32)), T, (H + KV) * D))
+    heads = ref.matmul_forward(x, w).reshape(B, T, H + 2 * KV, D).transpose(0, 2, 1, 3)
+    rotated = ref._rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
+    expected = np.concatenate([rotated, heads[:, H + KV:]], axis=1).transpose(0, 2, 1, 3).reshape(B * T, -1)
+    check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
+
+
+def test_gemm_deterministic(ops, version):
+    for layout in ("nt", "nn", "tn"):
+        a, b, _, _ = operands(layout, 1000, 1032, 2048, 1)
+        a, b = dev_bf16(a), dev_bf16(b)
+        results = []
+        for _ in range(2):
+            c = poisoned((1000, 1032))
+            ops.gemm(c, a, b, trans_a=layout == "tn", trans_b=layout == "nt", version=version)
+            results.append(c.download().view(np.uint32))
+        assert np.array_equal(*results), f"{layout}: two runs differ"
+
+
+def test_gemm_rejects_bad_inputs(ops):
+    from llama.cuda import BF16
+    with pytest.raises(ValueError, match="rows of a multiple of 8"):
+        ops.gemm(poisoned((17, 8)), dev_bf16(np.ones((12, 17))), dev_bf16(np.ones((12, 8))), trans_a=True)
+    with pytest.raises(ValueError, match="b: expected bfloat16"):
+        ops.gemm(poisoned((4, 8)), dev_bf16(np.ones((4, 8))), dev(np.ones((8, 8))), trans_b=True)
+    with pytest.raises(ValueError, match="fp32 to accumulate"):
+        ops.gemm(poisoned((4, 8), BF16), dev_bf16(np.ones((4, 8))), dev_bf16(np.ones((8, 8))), accumulate=True)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        a = dev_bf16(np.ones((5, 16)))
+        ops.gemm(poisoned((4, 8)), a.view(1, (4, 16)), dev_bf16(np.ones((8, 16))), trans_b=True)
