@@ -176,3 +176,14 @@ GEMM_MMA_ENTRY(gemm_mma_tn_128x128, 128, 128, 4, false, false)
 GEMM_MMA_ENTRY(gemm_mma_nt_128x256, 128, 256, 3, true, true)
 GEMM_MMA_ENTRY(gemm_mma_nn_128x256, 128, 256, 3, true, false)
 GEMM_MMA_ENTRY(gemm_mma_tn_128x256, 128, 256, 3, false, false)
+
+// Split-K's deterministic reduction: C (+)= alpha * sum over s of partial[s], in order s = 0, 1, ...
+// partial (splits, n) fp32, C (n) fp32; accumulate adds onto C. Any GEMM version writes the partials.
+extern "C" __global__ void gemm_splitk_reduce(float* C, const float* partial, long long n, int splits,
+                                              int accumulate, float alpha) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float sum = 0.f;
+    for (int s = 0; s < splits; s++) sum += partial[s * n + i];
+    C[i] = accumulate ? C[i] + alpha * sum : alpha * sum;
+}

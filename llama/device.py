@@ -13,8 +13,8 @@ from .cuda import runtime
 
 @functools.cache
 def gemm_version() -> str:
-    """bf16 GEMM: 'mma' (mma.sync, version 1) runs from sm_80 on."""
-    major, _ = runtime().device.compute_capability()
-    if major < 8:
-        raise RuntimeError(f"bf16 tensor-core kernels need compute capability 8.0 or newer, not {major}.x")
-    return "mma"
+    """bf16 GEMM: 'wgmma' (wgmma + TMA, version 2) on Hopper, 'mma' (mma.sync, version 1) from sm_80 on."""
+    capability = runtime().device.compute_capability()
+    if capability < (8, 0):
+        raise RuntimeError(f"bf16 tensor-core kernels need compute capability 8.0 or newer, not {capability}")
+    return "wgmma" if capability == (9, 0) else "mma"

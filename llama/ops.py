@@ -9,6 +9,7 @@ overwritten except where the docstring says `+=`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -144,6 +145,37 @@ def matmul_backward(dinp: DeviceArray, dweight: DeviceArray, dout: DeviceArray, 
 GEMM_EPILOGUES = {"bf16": 0, "f32": 1, "acc_f32": 2, "rope_bf16": 3}  # kernels/gemm_epilogue.cuh
 
 
+@dataclass(frozen=True)
+class GemmProblem:
+    """One strided-batched GEMM as the kernels see it: pointers, sizes, leading dimensions (elements),
+    batch strides, the epilogue. layout: 'nt' (A (M, K), B (N, K)), 'nn' (B (K, N)), 'tn' (A (K, M))."""
+    layout: str
+    batch: int
+    M: int
+    N: int
+    K: int
+    a: int
+    lda: int
+    stride_a: int
+    b: int
+    ldb: int
+    stride_b: int
+    c: int
+    stride_c: int
+    mode: str
+    alpha: float
+    cos: int = 0
+    sin: int = 0
+    rope_T: int = 1
+    rope_cols: int = 0
+    head_dim: int = 2
+
+    def epilogue_args(self) -> tuple:
+        """The kernels' trailing arguments: ldc, mode, rope_T, rope_cols, head_dim, alpha."""
+        return (self.N, GEMM_EPILOGUES[self.mode], self.rope_T, self.rope_cols, self.head_dim,
+                np.float32(self.alpha))
+
+
 def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, trans_b: bool = False,
          alpha: float = 1.0, accumulate: bool = False, rope: tuple | None = None, version: str | None = None) -> None:
     """c = alpha * op(a) @ op(b) with bf16 a, b and fp32 accumulation, over 2D arrays or 3D batches.
@@ -163,6 +195,8 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
         raise ValueError("gemm: op(a)^T with op(b)^T is not a layout the model needs")
     if c.dtype not in (BF16, F32) or (accumulate and c.dtype != F32) or (rope is not None and c.dtype != BF16):
         raise ValueError(f"gemm: c must be bf16 or fp32, fp32 to accumulate, bf16 with rope; got {c.dtype}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"gemm: empty problem M={M} N={N} K={K}")
     for name, array in (("a", a), ("b", b), ("c", c)):
         if array.ptr % 16 or array.shape[-1] % 8:
             raise ValueError(f"gemm: {name} {array.shape} needs a 16-byte aligned start and rows of a multiple of "
@@ -170,41 +204,78 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     if accumulate and alpha == 0:
         return
     mode = "acc_f32" if accumulate else "rope_bf16" if rope is not None else "bf16" if c.dtype == BF16 else "f32"
-    cos_ptr = sin_ptr = 0
-    rope_T, rope_cols, head_dim = 1, 0, 2
+    rope_args = {}
     if rope is not None:
         cos, sin, rope_T, rope_cols = rope
         head_dim = 2 * cos.shape[1]
         if cos.shape[0] < rope_T or sin.shape != cos.shape or cos.dtype != F32 or rope_cols % head_dim or M % rope_T:
             raise ValueError("gemm: rope needs fp32 cos/sin (>= T, D/2), rows = batches of T tokens, whole heads")
-        cos_ptr, sin_ptr = cos.ptr, sin.ptr
+        rope_args = dict(cos=cos.ptr, sin=sin.ptr, rope_T=rope_T, rope_cols=rope_cols, head_dim=head_dim)
+    layout = "tn" if trans_a else "nt" if trans_b else "nn"
+    problem = GemmProblem(layout, batch, M, N, K, a.ptr, a.shape[-1], M * K, b.ptr, b.shape[-1], K * N, c.ptr, M * N,
+                          mode, alpha, **rope_args)
+    launch = _gemm_launcher(version)
+    splits = _splitk_splits(problem)
+    if splits == 1:
+        launch(problem)
+        return
+    # Split-K for weight gradients with few output tiles: the splits are a batch of partial products
+    # over K / splits rows each, summed in a fixed order (deterministic, no atomics).
+    part_k = K // splits
+    partial = _workspace(splits * M * N)
+    launch(replace(problem, batch=splits, K=part_k, stride_a=part_k * M, stride_b=part_k * N, c=partial.ptr,
+                   mode="f32", alpha=1.0))
+    _kernel("gemm_mma", "gemm_splitk_reduce", "PPqiif")(_blocks(M * N), BLOCK, c.ptr, partial.ptr, M * N, splits,
+                                                        int(accumulate), np.float32(alpha))
+
+
+def _gemm_launcher(version: str | None):
     if version is None:
         from .device import gemm_version
         version = gemm_version()
-    layout = "tn" if trans_a else "nt" if trans_b else "nn"
-    args = (c.ptr, a.ptr, b.ptr, cos_ptr, sin_ptr, M * K, K * N, M * N, M, N, K, a.shape[-1], b.shape[-1], N,
-            GEMM_EPILOGUES[mode], rope_T, rope_cols, head_dim, np.float32(alpha))
     if version == "mma":
-        gemm_mma(layout, batch, args)
-    elif version == "wgmma":
+        return gemm_mma
+    if version == "wgmma":
         from .gemm_wgmma import gemm_wgmma
-        gemm_wgmma(layout, batch, a, b, trans_a, trans_b, args)
-    else:
-        raise ValueError(f"gemm: unknown version {version!r} (mma, wgmma)")
+        return gemm_wgmma
+    raise ValueError(f"gemm: unknown version {version!r} (mma, wgmma)")
 
 
-GEMM_MMA_SIGNATURE = "PPPPPqqqiiiiiiiiiif"
+def _splitk_splits(p: GemmProblem) -> int:
+    """How many K splits a weight-gradient GEMM (tn, fp32 out, one batch) needs to fill the GPU."""
+    if p.layout != "tn" or p.batch != 1 or p.mode not in ("f32", "acc_f32"):
+        return 1
+    tiles, sms, splits = math.ceil(p.M / 128) * math.ceil(p.N / 128), multiprocessors(), 1
+    while tiles * splits < sms and p.K % (2 * splits) == 0 and p.K // (2 * splits) >= 1024:
+        splits *= 2
+    return splits
 
 
-def gemm_mma(layout: str, batch: int, args: tuple, tile: str | None = None) -> None:
-    """Launch version 1 (mma.sync, any GPU from sm_80) with the kernel's argument list."""
-    M, N = args[8], args[9]
+_WORKSPACE = {}
+
+
+def _workspace(size: int) -> DeviceArray:
+    """Scratch for split-K partials, grown on demand (the first step allocates it, not later ones)."""
+    if _WORKSPACE.get("array") is None or _WORKSPACE["array"].size < size:
+        from .cuda import empty
+        _WORKSPACE["array"] = empty(size)
+    return _WORKSPACE["array"]
+
+
+def multiprocessors() -> int:
+    from pycuda.driver import device_attribute
+    return runtime().device.get_attribute(device_attribute.MULTIPROCESSOR_COUNT)
+
+
+def gemm_mma(p: GemmProblem, tile: str | None = None) -> None:
+    """Version 1 (mma.sync, any GPU from sm_80)."""
     if tile is None:  # the wide tile once there are enough of them to fill the GPU twice over
-        tile = "128x256" if math.ceil(M / 128) * math.ceil(N / 256) * batch >= 264 else "128x128"
+        tile = "128x256" if math.ceil(p.M / 128) * math.ceil(p.N / 256) * p.batch >= 2 * multiprocessors() else "128x128"
     bn, stages = (256, 3) if tile == "128x256" else (128, 4)
-    grid = (math.ceil(M / 128) * math.ceil(N / bn), 1, batch)
-    shared = stages * (128 + bn) * 64 * 2
-    _kernel("gemm_mma", f"gemm_mma_{layout}_{tile}", GEMM_MMA_SIGNATURE)(grid, 256, *args, shared=shared)
+    grid = (math.ceil(p.M / 128) * math.ceil(p.N / bn), 1, p.batch)
+    _kernel("gemm_mma", f"gemm_mma_{p.layout}_{tile}", "PPPPPqqqiiiiiiiiiif")(
+        grid, 256, p.c, p.a, p.b, p.cos, p.sin, p.stride_a, p.stride_b, p.stride_c, p.M, p.N, p.K, p.lda, p.ldb,
+        *p.epilogue_args(), shared=stages * (128 + bn) * 64 * 2)
 
 
 # ---- rope
