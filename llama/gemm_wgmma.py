@@ -68,6 +68,6 @@ def gemm_wgmma(p: GemmProblem, bn: int | None = None) -> None:
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
     map_a, map_b = operand_maps(p, bn)
     shared = STAGES[bn] * (BM + bn) * BK * 2 + 1024 + 16 * STAGES[bn]
-    _kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "128s128sPPPqiiiiiiiiiif")(
+    _kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "128s128sPPPqiiiiiiiiif")(
         (min(tiles, sms),), 384, map_a, map_b, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
