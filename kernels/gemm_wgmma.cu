@@ -2,8 +2,9 @@
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
 // (gemm_epilogue.cuh), strided-batched, layouts nt (forward), nn (dX), tn (dW), no transposes.
-// A and B arrive as TMA tensor maps (3D: inner, rows, batch), encoded by llama/gemm_wgmma.py and passed
-// by value as __grid_constant__ parameters; tiles past an edge are zero-filled by TMA.
+// A and B arrive as TMA tensor maps (3D: inner, rows, batch), encoded by llama/gemm_wgmma.py and kept
+// in global memory (PyCUDA's launches carry at most 256 bytes of arguments, two maps' worth); tiles
+// past an edge are zero-filled by TMA.
 //
 // Design (after pranjalssh/fast.cu and DeepGEMM; our own code):
 // - CTA = 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA loads of each
@@ -230,13 +231,13 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
 #ifdef GEMM_WGMMA_ENABLED
 #define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                                 \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_wgmma<BN_, STAGES_, A_KMAJOR, B_KMAJOR>(&map_a, &map_b, e, K, batches);
+    gemm_wgmma<BN_, STAGES_, A_KMAJOR, B_KMAJOR>(maps, maps + 1, e, K, batches);
 #else
 #define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR)
 #endif
 #define GEMM_WGMMA_ENTRY(name, BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                              \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
-        const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, void* C,        \
+        const CUtensorMap* maps, void* C,                                                                     \
         const float* cos, const float* sin, long long stride_c, int M, int N, int K, int batches, int ldc,    \
         int mode, int rope_T, int rope_cols, int head_dim, float alpha) {                                     \
         GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                                     \

@@ -1,8 +1,9 @@
 """Launcher of the GEMM ladder's version 2 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor maps
 encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled) and passed by value.
 
-Maps depend only on pointers and shapes, so they are cached: a training step that reuses its
-buffers encodes each map once.
+Maps depend only on pointers and shapes, so they are cached, on the host and in device memory
+(the kernel reads them from there: PyCUDA's launches carry at most 256 bytes of arguments): a
+training step that reuses its buffers encodes and uploads each pair of maps once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import ctypes
 import functools
 import math
 
+import numpy as np
+
+from .cuda import DeviceArray, to_device
 from .ops import GemmProblem, _kernel, multiprocessors
 
 BM, BK = 128, 64
@@ -66,8 +70,14 @@ def gemm_wgmma(p: GemmProblem, bn: int | None = None) -> None:
     if bn is None:  # the wide tile once it alone fills the GPU
         bn = 256 if math.ceil(p.M / BM) * math.ceil(p.N / 256) * p.batch >= sms else 128
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
-    map_a, map_b = operand_maps(p, bn)
+    maps = device_maps(b"".join(operand_maps(p, bn)))
     shared = STAGES[bn] * (BM + bn) * BK * 2 + 1024 + 16 * STAGES[bn]
-    _kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "128s128sPPPqiiiiiiiiif")(
-        (min(tiles, sms),), 384, map_a, map_b, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
+    _kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
+        (min(tiles, sms),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
+
+
+@functools.lru_cache(maxsize=4096)
+def device_maps(maps: bytes) -> DeviceArray:
+    """The A and B maps in device memory (allocations are 256-byte aligned; a map needs 64)."""
+    return to_device(np.frombuffer(maps, dtype=np.uint8))
