@@ -27,7 +27,8 @@ struct Epilogue {
     int rope_T, rope_cols, head_dim;
 };
 
-__device__ __noinline__ void epilogue_pair(const Epilogue& e, int batch, int row, int col, float v0, float v1) {
+template <int MODE>
+__device__ __forceinline__ void epilogue_pair(const Epilogue& e, int batch, int row, int col, float v0, float v1) {
     if (row >= e.M || col >= e.N) return;
     v0 *= e.alpha;
     v1 *= e.alpha;
@@ -35,18 +36,18 @@ __device__ __noinline__ void epilogue_pair(const Epilogue& e, int batch, int row
     // a pair store is aligned when every row and batch starts at an even element
     const bool paired = both && !(e.ldc & 1) && !(e.stride_c & 1);
     const long long offset = batch * e.stride_c + (long long)row * e.ldc + col;
-    if (e.mode == EPILOGUE_F32 || e.mode == EPILOGUE_ACC_F32) {
+    if (MODE == EPILOGUE_F32 || MODE == EPILOGUE_ACC_F32) {
         float* c = (float*)e.C + offset;
         if (paired) {
-            float2 old = e.mode == EPILOGUE_ACC_F32 ? *(float2*)c : make_float2(0.f, 0.f);
+            float2 old = MODE == EPILOGUE_ACC_F32 ? *(float2*)c : make_float2(0.f, 0.f);
             *(float2*)c = make_float2(old.x + v0, old.y + v1);
         } else {
-            c[0] = e.mode == EPILOGUE_ACC_F32 ? c[0] + v0 : v0;
-            if (both) c[1] = e.mode == EPILOGUE_ACC_F32 ? c[1] + v1 : v1;
+            c[0] = MODE == EPILOGUE_ACC_F32 ? c[0] + v0 : v0;
+            if (both) c[1] = MODE == EPILOGUE_ACC_F32 ? c[1] + v1 : v1;
         }
         return;
     }
-    if (e.mode == EPILOGUE_ROPE_BF16 && col < e.rope_cols) {
+    if (MODE == EPILOGUE_ROPE_BF16 && col < e.rope_cols) {
         const int half = e.head_dim >> 1, i = (col % e.head_dim) >> 1, t = row % e.rope_T;
         const float c = e.cos[t * half + i], s = e.sin[t * half + i];
         const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
@@ -61,6 +62,16 @@ __device__ __noinline__ void epilogue_pair(const Epilogue& e, int batch, int row
         if (both) c[1] = __float2bfloat16_rn(v1);
     }
 }
+
+// Runs STORE<MODE>(args...) with the epilogue mode as a compile-time constant, so that each mode's
+// store loop is specialized and the accumulators stay in registers.
+#define EPILOGUE_DISPATCH(mode, STORE, ...)                           \
+    switch (mode) {                                                   \
+        case EPILOGUE_BF16: STORE<EPILOGUE_BF16>(__VA_ARGS__); break; \
+        case EPILOGUE_F32: STORE<EPILOGUE_F32>(__VA_ARGS__); break;   \
+        case EPILOGUE_ACC_F32: STORE<EPILOGUE_ACC_F32>(__VA_ARGS__); break; \
+        default: STORE<EPILOGUE_ROPE_BF16>(__VA_ARGS__); break;       \
+    }
 
 // Tile order: tiles walk down GROUP_M rows of tiles before moving right, so that a wave of CTAs
 // shares A rows and B columns in L2.

@@ -77,6 +77,19 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// A thread's accumulators: acc[mi][ni][0, 1] hold (row + 16 mi, col + 8 ni + {0, 1}), [2, 3] row + 8.
+template <int MODE, int MI, int NI>
+__device__ __forceinline__ void store_accumulators(const Epilogue& e, const float (&acc)[MI][NI][4], int batch, int row,
+                                                   int col) {
+    #pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+        #pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            epilogue_pair<MODE>(e, batch, row + 16 * mi, col + 8 * ni, acc[mi][ni][0], acc[mi][ni][1]);
+            epilogue_pair<MODE>(e, batch, row + 16 * mi + 8, col + 8 * ni, acc[mi][ni][2], acc[mi][ni][3]);
+        }
+}
+
 template <int BM, int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR>
 __device__ __forceinline__ void gemm_mma(const __nv_bfloat16* A, const __nv_bfloat16* B, Epilogue e, int K,
                                          int lda, int ldb, long long stride_a, long long stride_b) {
@@ -148,16 +161,7 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16* A, const __nv_bflo
     }
     cp_async_wait<0>();
 
-    #pragma unroll
-    for (int mi = 0; mi < MI; mi++) {
-        const int row = m0 + wm + mi * 16 + lane / 4;
-        #pragma unroll
-        for (int ni = 0; ni < NI; ni++) {
-            const int col = n0 + wn + ni * 8 + 2 * (lane % 4);
-            epilogue_pair(e, batch, row, col, acc[mi][ni][0], acc[mi][ni][1]);
-            epilogue_pair(e, batch, row + 8, col, acc[mi][ni][2], acc[mi][ni][3]);
-        }
-    }
+    EPILOGUE_DISPATCH(e.mode, store_accumulators, e, acc, batch, m0 + wm + lane / 4, n0 + wn + 2 * (lane % 4))
 }
 
 // Entry points: gemm_mma_<layout>_<BM>x<BN>. Shared memory: STAGES * (BM + BN) * BK * 2 bytes.
