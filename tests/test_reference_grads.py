@@ -84,8 +84,8 @@ def test_attention_backward(n_heads, n_kv_heads):
     q = rng.standard_normal((B, n_heads, T, D))
     k, v = rng.standard_normal((2, B, n_kv_heads, T, D))
     w = rng.standard_normal((B, T, n_heads * D))
-    out, probs = ref.attention_forward(q, k, v)
-    dq, dk, dv = ref.attention_backward(w, q, k, v, probs)
+    out, lse = ref.attention_forward(q, k, v)
+    dq, dk, dv = ref.attention_backward(w, q, k, v, out, lse)
     loss = lambda: weighted_sum(ref.attention_forward(q, k, v)[0], w)
     assert rel_error(dq, numerical_grad(loss, q)) < TOL
     assert rel_error(dk, numerical_grad(loss, k)) < TOL
@@ -97,13 +97,16 @@ def test_attention_is_causal_gqa():
     rng = np.random.default_rng(6)
     B, H, KV, T, D = 1, 6, 2, 4, 3
     q, k, v = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, KV, T, D)), rng.standard_normal((B, KV, T, D))
-    out, _ = ref.attention_forward(q, k, v)
+    out, lse = ref.attention_forward(q, k, v)
+    probs = ref.attention_probabilities(q, k, lse)
     for h in range(H):
         kh, vh = k[0, h // (H // KV)], v[0, h // (H // KV)]
         for t in range(T):
             s = kh[:t + 1] @ q[0, h, t] / np.sqrt(D)
             p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
             np.testing.assert_allclose(out[0, t, h * D:(h + 1) * D], p @ vh[:t + 1])
+            np.testing.assert_allclose(lse[0, h, t], np.log(np.sum(np.exp(s))))
+            np.testing.assert_allclose(probs[0, h, t], np.concatenate([p, np.zeros(T - t - 1)]))
 
 
 def test_swiglu_backward():
