@@ -198,6 +198,7 @@ __device__ __forceinline__ void store_rows(bf16* dst, long long stride, const fl
     }
 }
 
+
 // ---- forward
 
 namespace fwd {
@@ -410,6 +411,15 @@ __host__ __device__ constexpr int dkdv_shared_bytes() {  // K, V; Q, dO double-b
 template <int D>
 __host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q_ROWS + 4 * Q_BC); }  // Q, dO; K, V double-buffered
 }  // namespace bwd
+
+// launch configuration, read by the host (llama/ops.py) from the module: per head dim (64, 128), for the
+// forward, dkdv and dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes
+__constant__ int flash_attention_config[2][9] = {
+    {fwd::THREADS, fwd::BR, fwd::shared_bytes<64>(), bwd::KV_THREADS, bwd::BC, bwd::dkdv_shared_bytes<64>(),
+     bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<64>()},
+    {fwd::THREADS, fwd::BR, fwd::shared_bytes<128>(), bwd::KV_THREADS, bwd::BC, bwd::dkdv_shared_bytes<128>(),
+     bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<128>()},
+};
 
 template <int D>
 __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,

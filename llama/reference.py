@@ -107,26 +107,35 @@ def _rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray
     return out
 
 
+def _split_heads(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B, T, (H + 2KV) * D) -> head-major views q (B, H, T, D), k and v (B, KV, T, D)."""
+    B, T, _ = qkv.shape
+    heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
+    return heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv_heads], heads[:, n_heads + n_kv_heads:]
+
+
+def _merge_heads(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> np.ndarray:
+    """The inverse of _split_heads: (B, T, (H + 2KV) * D)."""
+    B, _, T, _ = dq.shape
+    return np.concatenate([dq, dk, dv], axis=1).transpose(0, 2, 1, 3).reshape(B, T, -1)
+
+
 def rope_forward(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
                  n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split the fused (B, T, (H + 2KV) * D) projection into head-major q (B, H, T, D),
     k and v (B, KV, T, D), rotating q and k by RoPE (Meta's interleaved pairs)."""
-    B, T, _ = qkv.shape
-    heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
+    T = qkv.shape[1]
+    q, k, v = _split_heads(qkv, n_heads, n_kv_heads)
     cos, sin = cos[:T].astype(qkv.dtype), sin[:T].astype(qkv.dtype)
-    q = _rotate_pairs(heads[:, :n_heads], cos, sin)
-    k = _rotate_pairs(heads[:, n_heads:n_heads + n_kv_heads], cos, sin)
-    v = np.ascontiguousarray(heads[:, n_heads + n_kv_heads:])
-    return q, k, v
+    return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin), np.ascontiguousarray(v)
 
 
 def rope_backward(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, cos: np.ndarray,
                   sin: np.ndarray) -> np.ndarray:
     """Rotate dq, dk back by the negative angle and interleave into (B, T, (H + 2KV) * D)."""
-    B, _, T, D = dq.shape
+    T = dq.shape[2]
     cos, sin = cos[:T].astype(dq.dtype), sin[:T].astype(dq.dtype)
-    heads = np.concatenate([_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv], axis=1)
-    return heads.transpose(0, 2, 1, 3).reshape(B, T, -1)
+    return _merge_heads(_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv)
 
 
 def _attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -175,6 +184,21 @@ def attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.nda
     dq = (dscores @ k).reshape(B, H, T, D)
     dk = dscores.swapaxes(-1, -2) @ q.reshape(B, KV, rows, D)
     return dq, dk, dv
+
+
+def flash_attention_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The flash kernels' view of attention_forward: q, k, v read from the packed (B, T, (H + 2KV) * D)
+    projection (q and k already rotated) -> out (B, T, H * D), lse (B, H, T)."""
+    return attention_forward(*_split_heads(qkv, n_heads, n_kv_heads))
+
+
+def flash_attention_backward(dout: np.ndarray, out: np.ndarray, lse: np.ndarray, qkv: np.ndarray, n_heads: int,
+                             n_kv_heads: int, cos: np.ndarray | None = None,
+                             sin: np.ndarray | None = None) -> np.ndarray:
+    """dqkv (B, T, (H + 2KV) * D) packed like qkv; with cos/sin, dq and dk rotated back by RoPE
+    (rope_backward fused, as the kernels can do)."""
+    dq, dk, dv = attention_backward(dout, *_split_heads(qkv, n_heads, n_kv_heads), out, lse)
+    return _merge_heads(dq, dk, dv) if cos is None else rope_backward(dq, dk, dv, cos, sin)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

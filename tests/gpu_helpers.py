@@ -12,9 +12,9 @@ def dev(x):
     return to_device(x.astype(np.int32 if x.dtype.kind in "iu" else np.float32))
 
 
-def poisoned(shape):
+def poisoned(shape, dtype=np.float32):
     from llama.cuda import to_device
-    return to_device(np.full(shape, np.nan, dtype=np.float32))
+    return to_device(np.full(shape, np.nan, dtype=dtype))
 
 
 def check(name: str, device_array, expected: np.ndarray, tol: float = 1e-5) -> float:

@@ -109,6 +109,23 @@ def test_attention_is_causal_gqa():
             np.testing.assert_allclose(probs[0, h, t], np.concatenate([p, np.zeros(T - t - 1)]))
 
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_flash_attention_backward(rope):
+    """The packed-qkv twin of the flash kernels: dqkv is the gradient of the packed projection, taken
+    before RoPE when cos/sin are given (rope_backward fused into the attention backward)."""
+    rng = np.random.default_rng(9)
+    B, T, H, KV, D = 2, 5, 4, 2, 4
+    config = get_preset("tiny").replace(dim=H * D, n_heads=H, n_kv_heads=KV)
+    cos, sin = ref.rope_cos_sin(config, T + 2) if rope else (None, None)
+    raw = rng.standard_normal((B, T, (H + 2 * KV) * D))
+    w = rng.standard_normal((B, T, H * D))
+    packed = lambda: ref._merge_heads(*ref.rope_forward(raw, cos, sin, H, KV)) if rope else raw
+    out, lse = ref.flash_attention_forward(packed(), H, KV)
+    dqkv = ref.flash_attention_backward(w, out, lse, packed(), H, KV, cos, sin)
+    loss = lambda: weighted_sum(ref.flash_attention_forward(packed(), H, KV)[0], w)
+    assert rel_error(dqkv, numerical_grad(loss, raw)) < TOL
+
+
 def test_swiglu_backward():
     rng = np.random.default_rng(7)
     gate_up = rng.standard_normal((2, 3, 12))
