@@ -198,15 +198,14 @@ __device__ __forceinline__ void store_rows(bf16* dst, long long stride, const fl
     }
 }
 
-
 // ---- forward
 
 namespace fwd {
 constexpr int WARPS = 4, THREADS = WARPS * 32, M_TILES = 2, BR = WARPS * M_TILES * 16;
-template <int D>
-__host__ __device__ constexpr int kv_rows() { return D == 64 ? 64 : 32; }  // K/V tile rows: at D = 128 S must stay small in registers
-template <int D>
-__host__ __device__ constexpr int shared_bytes() { return tile_bytes<D>(BR + 4 * kv_rows<D>()); }  // Q, then K and V double-buffered
+template <int D>  // K/V tile rows: at D = 128 the scores must stay small in registers
+__host__ __device__ constexpr int kv_rows() { return D == 64 ? 64 : 32; }
+template <int D>  // Q, then K and V double-buffered
+__host__ __device__ constexpr int shared_bytes() { return tile_bytes<D>(BR + 4 * kv_rows<D>()); }
 }  // namespace fwd
 
 template <int D>
@@ -421,10 +420,18 @@ __constant__ int flash_attention_config[2][9] = {
      bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<128>()},
 };
 
-template <int D>
+// the step hook sees each step's dS^T; none here (dev/cuda/flash_attention_v1.cu hooks a nondeterministic
+// dQ into it, to measure what the separate deterministic dQ kernel costs)
+struct NoStepHook {
+    template <int NT>
+    __device__ __forceinline__ void operator()(const float (&)[NT][4], uint32_t, int, int) const {}
+};
+
+template <int D, typename StepHook = NoStepHook>
 __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                                     const float* delta, const float* cos_table,
-                                                    const float* sin_table, int T, int H, int KV) {
+                                                    const float* sin_table, int T, int H, int KV,
+                                                    StepHook step_hook = StepHook()) {
     using namespace bwd;
     constexpr bool KV_IN_REGISTERS = D == 64;  // at D = 128 registers hold dK, dV, S, dP: K, V A-fragments reload
     constexpr int BQ = q_rows<D>(), KSTEPS = D / 16, NT_Q = BQ / 8, NT_D = D / 8, TILE_Q = tile_bytes<D>(BQ);
@@ -537,6 +544,7 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
 
         // dK += dS^T Q
         mma_pb<D, BQ / 16>(dk, dp, q_tile, lane);
+        step_hook(dp, sK, q_head(i), q0);  // dS^T, the K tile, query head and first query of this step
 
         if (i + 1 < steps) store_row_stats(next_stats, buf ^ 1);
         __syncthreads();  // the next iteration's prefetch overwrites this buffer

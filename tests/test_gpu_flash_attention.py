@@ -128,3 +128,26 @@ def test_flash_attention_allocates_nothing(ops):
     free_after, _ = runtime().drv.mem_get_info()
     assert free_after == free_before
     assert np.isfinite(big["out"].download().astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attention_atomic_dq_dev_variant(ops, D):
+    """The dev-only nondeterministic backward (dev/cuda/flash_attention_v1.cu: dQ by fp32 atomics) that
+    scripts/bench_attention.py times against the deterministic one computes the same gradients."""
+    import sys
+    from pathlib import Path
+    from llama.cuda import empty
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
+    import flash_attention as ladder
+    B, T, H, KV = 2, 333, 4, 1
+    cos, sin = (x.astype(np.float32).astype(np.float64) for x in
+                ref.rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
+    qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
+    qkv_d = to_bf16(qkv)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+    dqkv = poisoned(qkv_d.shape, BF16)
+    ladder.backward_atomic_dq(ladder.source(1), dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out,
+                              lse, qkv_d, H, KV, dev(cos), dev(sin))
+    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
+    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
+    check_dqkv("flash_attention_backward_atomic_dq", dqkv, expected, H, KV, D, T)
