@@ -401,14 +401,14 @@ extern "C" __global__ void flash_attention_backward_delta(float* delta, const bf
 namespace bwd {
 constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * 32, BC = KV_WARPS * 16;  // dkdv kernel
 constexpr int Q_WARPS = 4, Q_THREADS = Q_WARPS * 32, Q_ROWS = Q_WARPS * 16, Q_BC = 64;  // dq kernel
-template <int D>
-__host__ __device__ constexpr int q_rows() { return D == 64 ? 64 : 32; }  // query tile rows of the dkdv kernel (registers at D = 128)
-template <int D>
-__host__ __device__ constexpr int dkdv_shared_bytes() {  // K, V; Q, dO double-buffered; lse, delta double-buffered
+template <int D>  // query tile rows of the dkdv kernel (fewer at D = 128, where registers are short)
+__host__ __device__ constexpr int q_rows() { return D == 64 ? 64 : 32; }
+template <int D>  // K, V; Q, dO double-buffered; lse, delta double-buffered
+__host__ __device__ constexpr int dkdv_shared_bytes() {
     return tile_bytes<D>(2 * BC + 4 * q_rows<D>()) + 4 * q_rows<D>() * 4;
 }
-template <int D>
-__host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q_ROWS + 4 * Q_BC); }  // Q, dO; K, V double-buffered
+template <int D>  // Q, dO; K, V double-buffered
+__host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q_ROWS + 4 * Q_BC); }
 }  // namespace bwd
 
 // launch configuration, read by the host (llama/ops.py) from the module: per head dim (64, 128), for the

@@ -32,7 +32,8 @@ struct AtomicDq {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const uint32_t at = sdS + 2 * ((warp * 16 + g + 8 * half) * DS_STRIDE + n * 8 + 2 * t4);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16(ds[n][2 * half], ds[n][2 * half + 1])));
+                const uint32_t pair = pack_bf16(ds[n][2 * half], ds[n][2 * half + 1]);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pair));
             }
         __syncthreads();
 
