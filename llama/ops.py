@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -25,10 +26,10 @@ RMSNORM_PARTS = 128
 _KERNELS = {}
 
 
-def _kernel(module: str, name: str, signature: str):
-    key = (module, name)
+def _kernel(module: str, name: str, signature: str, directory: Path | None = None):
+    key = (directory, module, name)
     if key not in _KERNELS:
-        _KERNELS[key] = runtime().kernel(module, name, signature)
+        _KERNELS[key] = runtime().kernel(module, name, signature, directory)
     return _KERNELS[key]
 
 
@@ -357,6 +358,106 @@ def attention_backward(dq: DeviceArray, dk: DeviceArray, dv: DeviceArray, datt: 
     matmul(dq_g, datt_g, k_g, alpha=scale)  # dq = dscores @ k
     matmul(dk_g, datt_g, q_g, trans_a=True, alpha=scale)  # dk = dscores^T @ q, summed over the group
     matmul(dv_g, att_g, dheads_g, trans_a=True)  # dv = probs^T @ dout, summed over the group
+
+
+# ---- flash attention (bf16)
+
+
+@dataclass(frozen=True)
+class FlashSource:
+    """Which flash attention build to launch: kernels/flash_attention.cu, or a dev/cuda ladder version."""
+    module: str = "flash_attention"
+    directory: Path | None = None
+
+
+@dataclass(frozen=True)
+class _FlashLaunch:
+    threads: int
+    rows: int  # rows of T per CTA
+    shared: int  # dynamic shared memory, bytes
+
+
+_FLASH_CONFIGS = {}
+
+
+def _flash_config(source: FlashSource, D: int, kernel: str) -> _FlashLaunch:
+    """The launch shape of one kernel ('forward', 'dkdv' or 'dq'), from the module's own
+    flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
+    if source not in _FLASH_CONFIGS:
+        rt = runtime()
+        pointer, _ = rt.module(source.module, source.directory).get_global("flash_attention_config")
+        table = np.empty((2, 9), dtype=np.int32)
+        rt.drv.memcpy_dtoh(table, pointer)
+        _FLASH_CONFIGS[source] = table
+    row = _FLASH_CONFIGS[source][{64: 0, 128: 1}[D]]
+    at = 3 * ("forward", "dkdv", "dq").index(kernel)
+    return _FlashLaunch(*(int(x) for x in row[at:at + 3]))
+
+
+def _flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int, int, int, int, int]:
+    """B, T, H, KV, D of a packed (B, T, (H + 2KV) * D) bf16 qkv; D must be 64 or 128."""
+    H, KV = n_heads, n_kv_heads
+    if KV < 1 or H < 1 or H % KV:
+        raise ValueError(f"flash attention: {H} query heads cannot share {KV} kv heads")
+    if not isinstance(qkv, DeviceArray) or len(qkv.shape) != 3 or qkv.dtype != BF16:
+        raise ValueError(f"qkv: expected a bf16 DeviceArray (B, T, (H + 2KV) * D), got {qkv!r}")
+    B, T, C = qkv.shape
+    if B < 1 or T < 1 or C % (H + 2 * KV) or C // (H + 2 * KV) not in (64, 128):
+        raise ValueError(f"qkv: expected (B >= 1, T >= 1, {H + 2 * KV} heads * D) with D 64 or 128, got {qkv.shape}")
+    return B, T, H, KV, C // (H + 2 * KV)
+
+
+def _check_aligned(**arrays: DeviceArray) -> None:
+    for name, array in arrays.items():
+        if array.ptr % 16:
+            raise ValueError(f"{name}: the kernels read 16-byte vectors; the address must be 16-byte aligned")
+
+
+def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
+                            source: FlashSource = FlashSource()) -> None:
+    """Causal grouped-query attention of the packed projection qkv (B, T, (H + 2KV) * D) bf16, q and k
+    already rotated: out (B, T, H * D) bf16 and the log-sum-exp of each row of scaled scores lse (B, H, T)."""
+    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    _check("out", out, (B, T, H * D), BF16)
+    _check("lse", lse, (B, H, T))
+    _check_aligned(out=out, qkv=qkv)
+    launch = _flash_config(source, D, "forward")
+    _kernel(source.module, f"flash_attention_forward_d{D}", "PPPiii", source.directory)(
+        (H, B, math.ceil(T / launch.rows)), launch.threads, out.ptr, lse.ptr, qkv.ptr, T, H, KV, shared=launch.shared)
+
+
+def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: DeviceArray, out: DeviceArray,
+                             lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
+                             cos: DeviceArray | None = None, sin: DeviceArray | None = None,
+                             source: FlashSource = FlashSource()) -> None:
+    """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
+    lse; delta (B, H, T) float32 is scratch. Deterministic. With cos/sin (>= T, D/2) float32, dq and dk
+    are rotated back by RoPE (dqkv is then the gradient of the projection before RoPE)."""
+    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    _check("dqkv", dqkv, qkv.shape, BF16)
+    _check("dout", dout, (B, T, H * D), BF16)
+    _check("out", out, (B, T, H * D), BF16)
+    _check("lse", lse, (B, H, T))
+    _check("delta", delta, (B, H, T))
+    _check_aligned(dqkv=dqkv, dout=dout, out=out, qkv=qkv)
+    if (cos is None) != (sin is None):
+        raise ValueError("cos and sin: pass both (fused inverse RoPE) or neither")
+    if cos is not None:
+        rows = cos.shape[0] if isinstance(cos, DeviceArray) and len(cos.shape) == 2 else 0
+        if rows < T:
+            raise ValueError(f"cos: expected float32 (>= {T}, {D // 2}), got {cos!r}")
+        _check("cos", cos, (rows, D // 2))
+        _check("sin", sin, (rows, D // 2))
+    cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
+    _kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
+        _blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, delta.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
+    args = (dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr, sin_ptr, T, H, KV)
+    dkdv = _flash_config(source, D, "dkdv")
+    _kernel(source.module, f"flash_attention_backward_dkdv_d{D}", "PPPPPPPiii", source.directory)(
+        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, shared=dkdv.shared)
+    dq = _flash_config(source, D, "dq")
+    _kernel(source.module, f"flash_attention_backward_dq_d{D}", "PPPPPPPiii", source.directory)(
+        (H, B, math.ceil(T / dq.rows)), dq.threads, *args, shared=dq.shared)
 
 
 # ---- swiglu, residual

@@ -7,7 +7,8 @@ read side by side. Functions compute in the dtype of their inputs (float32 or fl
 
 Layouts (B batch, T time, C dim, H query heads, KV key/value heads, D head_dim, F ffn hidden):
   residual stream (B, T, C); fused q|k|v projection (B, T, (H + 2*KV) * D);
-  q (B, H, T, D) and k, v (B, KV, T, D), head-major; attention probabilities (B, H, T, T);
+  q (B, H, T, D) and k, v (B, KV, T, D), head-major; attention log-sum-exp (B, H, T) (the saved
+  state: the backward recomputes the probabilities from it, as the flash attention kernels do);
   fused gate|up projection (B, T, 2F); logits (B*T, V).
 Query head h reads key/value head h // (H // KV): the H // KV query heads of one kv head are
 adjacent, so in the head-major layout they stack into one (H // KV * T, D) matrix per kv head.
@@ -106,57 +107,98 @@ def _rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray
     return out
 
 
+def _split_heads(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B, T, (H + 2KV) * D) -> head-major views q (B, H, T, D), k and v (B, KV, T, D)."""
+    B, T, _ = qkv.shape
+    heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
+    return heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv_heads], heads[:, n_heads + n_kv_heads:]
+
+
+def _merge_heads(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> np.ndarray:
+    """The inverse of _split_heads: (B, T, (H + 2KV) * D)."""
+    B, _, T, _ = dq.shape
+    return np.concatenate([dq, dk, dv], axis=1).transpose(0, 2, 1, 3).reshape(B, T, -1)
+
+
 def rope_forward(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
                  n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split the fused (B, T, (H + 2KV) * D) projection into head-major q (B, H, T, D),
     k and v (B, KV, T, D), rotating q and k by RoPE (Meta's interleaved pairs)."""
-    B, T, _ = qkv.shape
-    heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
+    T = qkv.shape[1]
+    q, k, v = _split_heads(qkv, n_heads, n_kv_heads)
     cos, sin = cos[:T].astype(qkv.dtype), sin[:T].astype(qkv.dtype)
-    q = _rotate_pairs(heads[:, :n_heads], cos, sin)
-    k = _rotate_pairs(heads[:, n_heads:n_heads + n_kv_heads], cos, sin)
-    v = np.ascontiguousarray(heads[:, n_heads + n_kv_heads:])
-    return q, k, v
+    return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin), np.ascontiguousarray(v)
 
 
 def rope_backward(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, cos: np.ndarray,
                   sin: np.ndarray) -> np.ndarray:
     """Rotate dq, dk back by the negative angle and interleave into (B, T, (H + 2KV) * D)."""
-    B, _, T, D = dq.shape
+    T = dq.shape[2]
     cos, sin = cos[:T].astype(dq.dtype), sin[:T].astype(dq.dtype)
-    heads = np.concatenate([_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv], axis=1)
-    return heads.transpose(0, 2, 1, 3).reshape(B, T, -1)
+    return _merge_heads(_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv)
 
 
-def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Causal grouped-query attention. q (B, H, T, D), k, v (B, KV, T, D) ->
-    out (B, T, H * D) and the softmax probabilities (B, H, T, T)."""
+def _attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Causal scaled scores (B, H, T, T), -inf above the diagonal."""
     B, H, T, D = q.shape
     KV = k.shape[1]
     q_stacked = q.reshape(B, KV, H // KV * T, D)  # the query heads that share one kv head
     scores = (q_stacked @ k.swapaxes(-1, -2)).reshape(B, H, T, T) * q.dtype.type(1 / np.sqrt(D))
-    scores = np.where(np.triu(np.ones((T, T), dtype=bool), 1), -np.inf, scores)
-    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    out = (probs.reshape(B, KV, H // KV * T, T) @ v).reshape(B, H, T, D)
-    return out.transpose(0, 2, 1, 3).reshape(B, T, H * D), probs
+    return np.where(np.triu(np.ones((T, T), dtype=bool), 1), -np.inf, scores)
 
 
-def attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                       probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of q (B, H, T, D), k and v (B, KV, T, D) from dout (B, T, H * D)."""
+def attention_probabilities(q: np.ndarray, k: np.ndarray, lse: np.ndarray) -> np.ndarray:
+    """The softmax probabilities (B, H, T, T) recomputed from the saved log-sum-exp (B, H, T)."""
+    return np.exp(_attention_scores(q, k) - lse[..., None])
+
+
+def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Causal grouped-query attention. q (B, H, T, D), k, v (B, KV, T, D) ->
+    out (B, T, H * D) and the log-sum-exp of each row of scaled scores (B, H, T)."""
+    B, H, T, D = q.shape
+    KV = k.shape[1]
+    scores = _attention_scores(q, k)
+    row_max = scores.max(axis=-1, keepdims=True)
+    exps = np.exp(scores - row_max)
+    sums = exps.sum(axis=-1, keepdims=True)
+    out = ((exps / sums).reshape(B, KV, H // KV * T, T) @ v).reshape(B, H, T, D)
+    lse = (row_max + np.log(sums))[..., 0]
+    return out.transpose(0, 2, 1, 3).reshape(B, T, H * D), lse
+
+
+def attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                       lse: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of q (B, H, T, D), k and v (B, KV, T, D) from dout (B, T, H * D), recomputing the
+    probabilities from lse; delta = rowsum(dout * out) stands for rowsum(dprobs * probs)."""
     B, H, T, D = q.shape
     KV = k.shape[1]
     rows = H // KV * T
-    dout_stacked = dout.reshape(B, T, H, D).transpose(0, 2, 1, 3).reshape(B, KV, rows, D)
-    probs_stacked = probs.reshape(B, KV, rows, T)
+    dout_heads = dout.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+    delta = np.sum(dout_heads * out.reshape(B, T, H, D).transpose(0, 2, 1, 3), axis=-1)  # (B, H, T)
+    dout_stacked = dout_heads.reshape(B, KV, rows, D)
+    probs_stacked = attention_probabilities(q, k, lse).reshape(B, KV, rows, T)
     dv = probs_stacked.swapaxes(-1, -2) @ dout_stacked
     dprobs = dout_stacked @ v.swapaxes(-1, -2)
-    dscores = probs_stacked * (dprobs - np.sum(dprobs * probs_stacked, axis=-1, keepdims=True))
+    dscores = probs_stacked * (dprobs - delta.reshape(B, KV, rows, 1))
     dscores *= q.dtype.type(1 / np.sqrt(D))
     dq = (dscores @ k).reshape(B, H, T, D)
     dk = dscores.swapaxes(-1, -2) @ q.reshape(B, KV, rows, D)
     return dq, dk, dv
+
+
+def flash_attention_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The flash kernels' view of attention_forward: q, k, v read from the packed (B, T, (H + 2KV) * D)
+    projection (q and k already rotated) -> out (B, T, H * D), lse (B, H, T)."""
+    return attention_forward(*_split_heads(qkv, n_heads, n_kv_heads))
+
+
+def flash_attention_backward(dout: np.ndarray, out: np.ndarray, lse: np.ndarray, qkv: np.ndarray, n_heads: int,
+                             n_kv_heads: int, cos: np.ndarray | None = None,
+                             sin: np.ndarray | None = None) -> np.ndarray:
+    """dqkv (B, T, (H + 2KV) * D) packed like qkv; with cos/sin, dq and dk rotated back by RoPE
+    (rope_backward fused, as the kernels can do)."""
+    dq, dk, dv = attention_backward(dout, *_split_heads(qkv, n_heads, n_kv_heads), out, lse)
+    return _merge_heads(dq, dk, dv) if cos is None else rope_backward(dq, dk, dv, cos, sin)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -251,7 +293,7 @@ class ReferenceModel:
             a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
             qkv = matmul_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
             a["q"], a["k"], a["v"] = rope_forward(qkv, self.rope_cos, self.rope_sin, c.n_heads, c.n_kv_heads)
-            a["att"], a["probs"] = attention_forward(a["q"], a["k"], a["v"])
+            a["att"], a["lse"] = attention_forward(a["q"], a["k"], a["v"])
             a["h"] = residual_forward(x, matmul_forward(a["att"], p[pre + "attention.wo.weight"]))
             a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
             a["gate_up"] = matmul_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
@@ -298,7 +340,7 @@ class ReferenceModel:
             dx = dx + dh
             datt, dw = matmul_backward(dx, a["att"], p[pre + "attention.wo.weight"])
             g[pre + "attention.wo.weight"] += dw
-            dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["probs"])
+            dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"])
             dqkv = rope_backward(dq, dk, dv, self.rope_cos, self.rope_sin)
             dln1, dw = matmul_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
             self._matrix(self.grads, L.wqkv(i))[...] += dw

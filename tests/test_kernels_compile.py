@@ -1,14 +1,16 @@
-"""Every kernel source compiles with nvcc for Hopper (sm_90a) and Ampere (sm_80), and the runtime
-finds the sources. Runs in CI without a GPU; skipped where nvcc is missing."""
+"""Every kernel source (kernels/ and the dev/cuda ladders) compiles with nvcc for Hopper (sm_90a) and
+Ampere (sm_80), and the runtime finds the sources. Runs in CI without a GPU; skipped where nvcc is missing."""
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from llama.cuda import gpu_target, kernel_dir
 
 SOURCES = sorted(kernel_dir().glob("*.cu"))
+DEV_SOURCES = sorted((Path(__file__).resolve().parents[1] / "dev" / "cuda").glob("*.cu"))  # the ladders
 
 
 def test_all_layer_families_present():
@@ -24,7 +26,7 @@ def test_gpu_target():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["90a", "80"])
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+@pytest.mark.parametrize("source", SOURCES + DEV_SOURCES, ids=lambda p: p.name)
 def test_compiles(source, arch, tmp_path):
     result = subprocess.run(["nvcc", "-cubin", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}",
                              "-I", str(kernel_dir()), "-o", str(tmp_path / "k.cubin"), str(source)],

@@ -84,8 +84,8 @@ def test_attention_backward(n_heads, n_kv_heads):
     q = rng.standard_normal((B, n_heads, T, D))
     k, v = rng.standard_normal((2, B, n_kv_heads, T, D))
     w = rng.standard_normal((B, T, n_heads * D))
-    out, probs = ref.attention_forward(q, k, v)
-    dq, dk, dv = ref.attention_backward(w, q, k, v, probs)
+    out, lse = ref.attention_forward(q, k, v)
+    dq, dk, dv = ref.attention_backward(w, q, k, v, out, lse)
     loss = lambda: weighted_sum(ref.attention_forward(q, k, v)[0], w)
     assert rel_error(dq, numerical_grad(loss, q)) < TOL
     assert rel_error(dk, numerical_grad(loss, k)) < TOL
@@ -97,13 +97,33 @@ def test_attention_is_causal_gqa():
     rng = np.random.default_rng(6)
     B, H, KV, T, D = 1, 6, 2, 4, 3
     q, k, v = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, KV, T, D)), rng.standard_normal((B, KV, T, D))
-    out, _ = ref.attention_forward(q, k, v)
+    out, lse = ref.attention_forward(q, k, v)
+    probs = ref.attention_probabilities(q, k, lse)
     for h in range(H):
         kh, vh = k[0, h // (H // KV)], v[0, h // (H // KV)]
         for t in range(T):
             s = kh[:t + 1] @ q[0, h, t] / np.sqrt(D)
             p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
             np.testing.assert_allclose(out[0, t, h * D:(h + 1) * D], p @ vh[:t + 1])
+            np.testing.assert_allclose(lse[0, h, t], np.log(np.sum(np.exp(s))))
+            np.testing.assert_allclose(probs[0, h, t], np.concatenate([p, np.zeros(T - t - 1)]))
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_flash_attention_backward(rope):
+    """The packed-qkv twin of the flash kernels: dqkv is the gradient of the packed projection, taken
+    before RoPE when cos/sin are given (rope_backward fused into the attention backward)."""
+    rng = np.random.default_rng(9)
+    B, T, H, KV, D = 2, 5, 4, 2, 4
+    config = get_preset("tiny").replace(dim=H * D, n_heads=H, n_kv_heads=KV)
+    cos, sin = ref.rope_cos_sin(config, T + 2) if rope else (None, None)
+    raw = rng.standard_normal((B, T, (H + 2 * KV) * D))
+    w = rng.standard_normal((B, T, H * D))
+    packed = lambda: ref._merge_heads(*ref.rope_forward(raw, cos, sin, H, KV)) if rope else raw
+    out, lse = ref.flash_attention_forward(packed(), H, KV)
+    dqkv = ref.flash_attention_backward(w, out, lse, packed(), H, KV, cos, sin)
+    loss = lambda: weighted_sum(ref.flash_attention_forward(packed(), H, KV)[0], w)
+    assert rel_error(dqkv, numerical_grad(loss, raw)) < TOL
 
 
 def test_swiglu_backward():

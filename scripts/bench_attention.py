@@ -1,0 +1,99 @@
+"""Causal GQA attention in bf16: our flash attention (kernels/flash_attention.cu) against
+torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True), measured in the same run.
+
+    python scripts/bench_attention.py [--repeats 30] [--shapes 16,12,4,1024,64 8,32,8,2048,64 ...]
+
+TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 3.5x that forward+backward;
+median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous (B, H, T, D) q, k, v
+made outside the timed region (ours reads the packed (B, T, (H + 2KV) * D) projection in place).
+Memory: what each needs beyond its inputs: ours the bytes of out, lse, delta and dqkv; torch the
+growth of torch.cuda.max_memory_allocated over the inputs during forward+backward. Also times the
+dev-only nondeterministic backward (dQ by fp32 atomics, dev/cuda/flash_attention_v1.cu) against the
+deterministic one: what determinism costs.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
+
+import flash_attention as ladder  # noqa: E402  (dev/cuda/flash_attention.py)
+from llama import ops  # noqa: E402
+from llama.cuda import runtime  # noqa: E402
+
+SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128)]
+
+
+def bench_ours(B, H, KV, T, D, repeats):
+    buf = ladder.Buffers(B, T, H, KV, D)
+    src = ops.FlashSource()
+    forward = ladder.time_ms(lambda: buf.forward(src), repeats)
+    backward = ladder.time_ms(lambda: buf.backward(src), repeats)
+    atomic = ladder.time_ms(lambda: buf.backward_atomic(ladder.source(1)), repeats)
+    both = ladder.time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats)
+    extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.delta, buf.dqkv))
+    return {"fwd_ms": forward, "fwdbwd_ms": both, "bwd_ms": backward, "bwd_atomic_ms": atomic, "memory": extra}
+
+
+def bench_sdpa(B, H, KV, T, D, repeats):
+    import torch
+    import torch.nn.functional as F
+    qkv = torch.randn(B, T, (H + 2 * KV) * D, device="cuda", dtype=torch.bfloat16)
+    heads = qkv.view(B, T, H + 2 * KV, D).transpose(1, 2)
+    q, k, v = (x.contiguous().requires_grad_() for x in (heads[:, :H], heads[:, H:H + KV], heads[:, H + KV:]))
+    dout = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+
+    def forward():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def forward_backward():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    fwd = ladder.time_ms(forward, repeats)
+    both = ladder.time_ms(forward_backward, repeats)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    forward_backward()
+    torch.cuda.synchronize()
+    memory = torch.cuda.max_memory_allocated() - before
+    del qkv, heads, q, k, v, dout
+    torch.cuda.empty_cache()
+    return {"fwd_ms": fwd, "fwdbwd_ms": both, "memory": memory}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
+    args = parser.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
+    print(f"device: {runtime().name}")
+    rows = []
+    for B, H, KV, T, D in shapes:
+        flops = 2 * B * H * T * T * D
+        ours, sdpa = bench_ours(B, H, KV, T, D, args.repeats), bench_sdpa(B, H, KV, T, D, args.repeats)
+        row = {"shape": f"{B},{H},{KV},{T},{D}",
+               "fwd": flops / ours["fwd_ms"] / 1e9, "sdpa_fwd": flops / sdpa["fwd_ms"] / 1e9,
+               "fb": 3.5 * flops / ours["fwdbwd_ms"] / 1e9, "sdpa_fb": 3.5 * flops / sdpa["fwdbwd_ms"] / 1e9,
+               "bwd_ms": ours["bwd_ms"], "bwd_atomic_ms": ours["bwd_atomic_ms"],
+               "mem": ours["memory"] / 2**20, "sdpa_mem": sdpa["memory"] / 2**20}
+        rows.append(row)
+        print(row, flush=True)
+    print("\nTFLOP/s (ratio = ours / SDPA); backward ms deterministic vs atomic dQ (dev variant); "
+          "MiB beyond the inputs")
+    header = (f"{'B,H,KV,T,D':<20}{'fwd':>7}{'sdpa':>7}{'ratio':>7}{'fwd+bwd':>9}{'sdpa':>7}{'ratio':>7}"
+              f"{'bwd det':>9}{'atomic':>8}{'det cost':>9}{'mem':>8}{'sdpa':>8}")
+    print(header)
+    for r in rows:
+        print(f"{r['shape']:<20}{r['fwd']:7.0f}{r['sdpa_fwd']:7.0f}{r['fwd'] / r['sdpa_fwd']:7.2f}"
+              f"{r['fb']:9.0f}{r['sdpa_fb']:7.0f}{r['fb'] / r['sdpa_fb']:7.2f}"
+              f"{r['bwd_ms']:9.3f}{r['bwd_atomic_ms']:8.3f}{r['bwd_ms'] / r['bwd_atomic_ms'] - 1:+9.0%}"
+              f"{r['mem']:8.0f}{r['sdpa_mem']:8.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The flash attention launchers reject bad shapes, dtypes and alignment before touching the device
+(so this runs without a GPU: the arrays are descriptors of no memory)."""
+
+import numpy as np
+import pytest
+
+from llama import ops
+from llama.cuda import BF16, DeviceArray
+
+B, T, H, KV, D = 2, 10, 4, 2, 64
+
+
+def fake(shape, dtype=BF16, ptr=256):
+    return DeviceArray(ptr, shape, dtype, None)
+
+
+def forward_args(**changes):
+    args = {"out": fake((B, T, H * D)), "lse": fake((B, H, T), np.float32), "qkv": fake((B, T, (H + 2 * KV) * D)),
+            "n_heads": H, "n_kv_heads": KV}
+    return args | changes
+
+
+def backward_args(**changes):
+    args = {"dqkv": fake((B, T, (H + 2 * KV) * D)), "delta": fake((B, H, T), np.float32),
+            "dout": fake((B, T, H * D))} | forward_args()
+    del args["n_heads"], args["n_kv_heads"]
+    return args | {"n_heads": H, "n_kv_heads": KV} | changes
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"n_kv_heads": 3}, "4 query heads cannot share 3 kv heads"),
+    ({"qkv": fake((B, T, (H + 2 * KV) * D), np.float32)}, "qkv: expected a bf16"),
+    ({"qkv": fake((B, T, (H + 2 * KV) * 32))}, "D 64 or 128"),
+    ({"qkv": fake((B, 0, (H + 2 * KV) * D))}, "T >= 1"),
+    ({"out": fake((B, T, H * D), np.float32)}, "out: expected bfloat16"),
+    ({"lse": fake((B, T, H), np.float32)}, "lse: expected float32 \\(2, 4, 10\\)"),
+    ({"out": fake((B, T, H * D), ptr=258)}, "out: .* 16-byte aligned"),
+])
+def test_forward_rejects(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ops.flash_attention_forward(**forward_args(**changes))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"dqkv": fake((B, T, (H + 2 * KV) * D), np.float32)}, "dqkv: expected bfloat16"),
+    ({"dout": fake((B, T + 1, H * D))}, "dout: expected"),
+    ({"delta": fake((B, H, T))}, "delta: expected float32"),
+    ({"cos": fake((T, D // 2), np.float32)}, "cos and sin"),
+    ({"cos": fake((T - 1, D // 2), np.float32), "sin": fake((T - 1, D // 2), np.float32)}, "cos: expected"),
+    ({"cos": fake((T, D // 2), np.float32), "sin": fake((T, D), np.float32)}, "sin: expected"),
+])
+def test_backward_rejects(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ops.flash_attention_backward(**backward_args(**changes))

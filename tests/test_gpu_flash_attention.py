@@ -1,0 +1,153 @@
+"""bf16 flash attention (kernels/flash_attention.cu) against the float64 reference of the same
+bf16-rounded inputs: O, LSE, dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, D = 64
+and 128, B = 1 and 3; outputs NaN-poisoned first; determinism, the fused inverse RoPE, no allocation."""
+
+import numpy as np
+import pytest
+
+from llama import reference as ref
+from llama.config import get_preset
+from llama.cuda import BF16
+from tests.gpu_helpers import ERRORS, check, dev, poisoned
+
+pytestmark = pytest.mark.gpu
+rng = np.random.default_rng(2024)
+TOL = 1e-2
+
+# (B, T, H, KV): every T, both B, ratios H/KV 1, 2, 4, 8; few heads where the float64 reference is large
+CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 4, 1), (3, 1000, 4, 2),
+         (1, 2048, 2, 1)]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from llama import ops
+    return ops
+
+
+def bf16_randn(*shape) -> np.ndarray:
+    """Random values already rounded to bf16, held in float64 (the reference's inputs)."""
+    return rng.standard_normal(shape).astype(BF16).astype(np.float64)
+
+
+def to_bf16(x: np.ndarray):
+    from llama.cuda import to_device
+    return to_device(x.astype(BF16))
+
+
+def run_forward(ops, qkv_d, B, T, H, KV, D):
+    out, lse = poisoned((B, T, H * D), BF16), poisoned((B, H, T))
+    ops.flash_attention_forward(out, lse, qkv_d, H, KV)
+    return out, lse
+
+
+def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None):
+    dqkv, delta = poisoned(qkv_d.shape, BF16), poisoned(lse.shape)
+    ops.flash_attention_backward(dqkv, delta, dout_d, out, lse, qkv_d, H, KV, cos, sin)
+    return dqkv
+
+
+def check_dqkv(name, dqkv, expected, H, KV, D, T):
+    """dQ, dK, dV slices of dqkv each against the reference. At T = 1 dQ and dK are zero in exact
+    arithmetic (one key: the softmax is constant), so there they must be tiny next to dV."""
+    got = dqkv.download().astype(np.float64)
+    assert np.isfinite(got).all(), f"{name}: dqkv has NaN/inf (unwritten elements?)"
+    parts = {"dq": slice(0, H * D), "dk": slice(H * D, (H + KV) * D), "dv": slice((H + KV) * D, None)}
+    for part, cols in parts.items():
+        if T == 1 and part != "dv":
+            assert np.abs(got[..., cols]).max() <= 1e-3 * np.abs(expected[..., parts["dv"]]).max(), part
+            continue
+        err = float(np.linalg.norm(got[..., cols] - expected[..., cols]) / np.linalg.norm(expected[..., cols]))
+        ERRORS.append((f"{name}_{part}", err))
+        assert err <= TOL, f"{name}_{part}: relative error {err:.3e} > {TOL}"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B, T, H, KV", CASES)
+def test_flash_attention(ops, B, T, H, KV, D):
+    qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
+    qkv_d = to_bf16(qkv)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
+    check("flash_attention_forward_out", out, ref_out, tol=TOL)
+    check("flash_attention_forward_lse", lse, ref_lse, tol=TOL)
+    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV)
+    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
+    check_dqkv("flash_attention_backward", dqkv, expected, H, KV, D, T)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attention_backward_fused_rope(ops, D):
+    B, T, H, KV = 2, 300, 4, 1
+    config = get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV)
+    cos, sin = (x.astype(np.float32).astype(np.float64) for x in ref.rope_cos_sin(config, T + 5))
+    qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
+    qkv_d = to_bf16(qkv)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin))
+    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
+    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
+    check_dqkv("flash_attention_backward_rope", dqkv, expected, H, KV, D, T)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attention_deterministic(ops, D):
+    B, T, H, KV = 2, 777, 8, 2
+    qkv_d, dout_d = to_bf16(bf16_randn(B, T, (H + 2 * KV) * D)), to_bf16(bf16_randn(B, T, H * D))
+    runs = []
+    for _ in range(2):
+        out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+        dqkv = run_backward(ops, dout_d, out, lse, qkv_d, H, KV)
+        runs.append([a.download().view(np.uint16) if a.dtype == BF16 else a.download().view(np.uint32)
+                     for a in (out, lse, dqkv)])
+    for name, first, second in zip(("out", "lse", "dqkv"), *runs):
+        assert np.array_equal(first, second), f"{name} differs between two runs on the same inputs"
+
+
+def test_flash_attention_allocates_nothing(ops):
+    """At T = 16384 a (B, H, T, T) tensor would take GBs: the launchers take preallocated buffers and
+    the kernels must leave free device memory exactly as it was."""
+    from llama.cuda import runtime, zeros
+    H, KV, D = 4, 1, 128
+
+    def buffers(T):
+        shapes = {"qkv": (1, T, (H + 2 * KV) * D), "out": (1, T, H * D), "dout": (1, T, H * D),
+                  "dqkv": (1, T, (H + 2 * KV) * D)}
+        arrays = {name: zeros(shape, BF16) for name, shape in shapes.items()}
+        return arrays | {"lse": zeros((1, H, T)), "delta": zeros((1, H, T))}
+
+    def step(a):
+        ops.flash_attention_forward(a["out"], a["lse"], a["qkv"], H, KV)
+        ops.flash_attention_backward(a["dqkv"], a["delta"], a["dout"], a["out"], a["lse"], a["qkv"], H, KV)
+        runtime().synchronize()
+
+    step(buffers(8))  # loads the module and its kernels
+    big = buffers(16384)
+    free_before, _ = runtime().drv.mem_get_info()
+    step(big)
+    free_after, _ = runtime().drv.mem_get_info()
+    assert free_after == free_before
+    assert np.isfinite(big["out"].download().astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attention_atomic_dq_dev_variant(ops, D):
+    """The dev-only nondeterministic backward (dev/cuda/flash_attention_v1.cu: dQ by fp32 atomics) that
+    scripts/bench_attention.py times against the deterministic one computes the same gradients."""
+    import sys
+    from pathlib import Path
+    from llama.cuda import empty
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
+    import flash_attention as ladder
+    B, T, H, KV = 2, 333, 4, 1
+    cos, sin = (x.astype(np.float32).astype(np.float64) for x in
+                ref.rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
+    qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
+    qkv_d = to_bf16(qkv)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+    dqkv = poisoned(qkv_d.shape, BF16)
+    ladder.backward_atomic_dq(ladder.source(1), dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out,
+                              lse, qkv_d, H, KV, dev(cos), dev(sin))
+    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
+    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
+    check_dqkv("flash_attention_backward_atomic_dq", dqkv, expected, H, KV, D, T)
