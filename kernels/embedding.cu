@@ -19,6 +19,7 @@
 #include "bf16.cuh"
 
 #define EMBEDDING_SEGMENT 16  // rows per segment; ops.EMBEDDING_SEGMENT matches it
+#define EMBEDDING_BATCH 8     // rows loaded at once
 
 extern "C" __global__ void embedding_forward(float* out, const int* tokens, const float* wte, int N, int C) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -50,26 +51,28 @@ extern "C" __global__ void embedding_forward_bf16(bf16* out, const int* tokens, 
 }
 
 // grid (N,): one block per segment, blockDim.x = C / 8
-extern "C" __global__ void embedding_backward_bf16(float* dwte, float* partial, unsigned int* counters,
-                                                   const bf16* dout, const int* order, const int4* segments,
-                                                   int C) {
+extern "C" __global__ void __launch_bounds__(1024) embedding_backward_bf16(
+    float* dwte, float* partial, unsigned int* counters, const bf16* dout, const int* order, const int4* segments,
+    int C) {
     const int4 segment = segments[blockIdx.x];
     const int group_begin = segment.x, group_end = segment.y, token = segment.z, index = segment.w;
     if (group_begin == group_end) return;  // padding
     const int begin = group_begin + index * EMBEDDING_SEGMENT, end = min(group_end, begin + EMBEDDING_SEGMENT);
     const int c = threadIdx.x * 8;
-    // all loads first, unconditionally (past the end: the last row again), so they are in flight together
-    uint4 rows[EMBEDDING_SEGMENT];
-#pragma unroll
-    for (int i = 0; i < EMBEDDING_SEGMENT; i++)
-        rows[i] = *reinterpret_cast<const uint4*>(dout + (long long)order[min(begin + i, end - 1)] * C + c);
     float sum[8] = {};
+    for (int batch = begin; batch < end; batch += EMBEDDING_BATCH) {
+        // the batch's loads first, unconditionally (past the end: the last row again), so they are in flight together
+        uint4 rows[EMBEDDING_BATCH];
 #pragma unroll
-    for (int i = 0; i < EMBEDDING_SEGMENT; i++) {
-        float d[8];
-        unpack_bf16x8(d, rows[i]);
-        if (begin + i < end)
-            for (int k = 0; k < 8; k++) sum[k] += d[k];
+        for (int i = 0; i < EMBEDDING_BATCH; i++)
+            rows[i] = *reinterpret_cast<const uint4*>(dout + (long long)order[min(batch + i, end - 1)] * C + c);
+#pragma unroll
+        for (int i = 0; i < EMBEDDING_BATCH; i++) {
+            float d[8];
+            unpack_bf16x8(d, rows[i]);
+            if (batch + i < end)
+                for (int k = 0; k < 8; k++) sum[k] += d[k];
+        }
     }
     const int count = (group_end - group_begin + EMBEDDING_SEGMENT - 1) / EMBEDDING_SEGMENT;
     if (count > 1) {  // sum this token's segments in order, in the block that finishes last
