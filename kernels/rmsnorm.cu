@@ -129,7 +129,7 @@ __device__ void sum_partial_rows(float* out, const float* partial, int P, int C,
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_backward_bf16(
     bf16* dresidual, float* dweight, float* partial, float* group_partial, unsigned int* counters, const bf16* dln,
     const bf16* h, const bf16* weight, const float* rstd, int N, int C, int rows_per_part, int group) {
-    extern __shared__ float slice_dweight[];  // (blockDim.y, C): the dweight sums of each row slice
+    extern __shared__ __align__(16) float slice_dweight[];  // (blockDim.y, C): each row slice's dweight sums
     const int c = threadIdx.x * 8;
     const bool in_row = c < C;
     float w[8] = {}, dw[8] = {};

@@ -445,6 +445,12 @@ def swiglu_backward_bf16(dgate_up: DeviceArray, dout: DeviceArray, gate_up: Devi
                                                        N, F)
 
 
+def _max_shared_bytes() -> int:
+    """Dynamic shared memory one block may opt in to on this GPU, less room for static shared memory."""
+    drv = runtime().drv
+    return runtime().device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) - 1024
+
+
 def fused_classifier_bf16(logits: DeviceArray, losses: DeviceArray, targets: DeviceArray, dloss: float) -> None:
     """For a chunk of n tokens: losses (n,) fp32 of the bf16 logits (n, V), any V; the logits are
     overwritten by dlogits = (softmax - onehot) * dloss in bf16."""
@@ -452,8 +458,10 @@ def fused_classifier_bf16(logits: DeviceArray, losses: DeviceArray, targets: Dev
     _check("logits", logits, (n, V), BF16)
     _check("losses", losses, (n,))
     _check("targets", targets, (n,), I32)
-    _kernel("classifier", "fused_classifier_bf16", "PPPif")((n,), CLASSIFIER_BLOCK, logits.ptr, losses.ptr,
-                                                            targets.ptr, V, np.float32(dloss))
+    cached_vectors = min(V // 8 + 1, _max_shared_bytes() // 16)  # as much of a row as shared memory holds
+    _kernel("classifier", "fused_classifier_bf16", "PPPifi")((n,), CLASSIFIER_BLOCK, logits.ptr, losses.ptr,
+                                                             targets.ptr, V, np.float32(dloss), cached_vectors,
+                                                             shared=cached_vectors * 16)
 
 
 def loss_accumulate(total: DeviceArray, losses: DeviceArray, scale: float) -> None:
