@@ -59,6 +59,10 @@ extern "C" __global__ void __launch_bounds__(1024) embedding_backward_bf16(
     if (group_begin == group_end) return;  // padding
     const int begin = group_begin + index * EMBEDDING_SEGMENT, end = min(group_end, begin + EMBEDDING_SEGMENT);
     const int c = threadIdx.x * 8;
+    const int count = (group_end - group_begin + EMBEDDING_SEGMENT - 1) / EMBEDDING_SEGMENT;  // segments of the token
+    float* row = dwte + (long long)token * C + c;
+    float w[8];
+    if (count == 1) load_f32x8(w, row);  // issued now, in flight with the loads of dout
     float sum[8] = {};
     for (int batch = begin; batch < end; batch += EMBEDDING_BATCH) {
         // the batch's loads first, unconditionally (past the end: the last row again), so they are in flight together
@@ -74,7 +78,6 @@ extern "C" __global__ void __launch_bounds__(1024) embedding_backward_bf16(
                 for (int k = 0; k < 8; k++) sum[k] += d[k];
         }
     }
-    const int count = (group_end - group_begin + EMBEDDING_SEGMENT - 1) / EMBEDDING_SEGMENT;
     if (count > 1) {  // sum this token's segments in order, in the block that finishes last
         store_f32x8(partial + (long long)blockIdx.x * C + c, sum);
         const int first = blockIdx.x - index;
@@ -85,10 +88,8 @@ extern "C" __global__ void __launch_bounds__(1024) embedding_backward_bf16(
             load_f32x8_l2(p, partial + (long long)s * C + c);
             for (int k = 0; k < 8; k++) sum[k] += p[k];
         }
+        load_f32x8(w, row);
     }
-    float* row = dwte + (long long)token * C + c;
-    float w[8];
-    load_f32x8(w, row);
     for (int k = 0; k < 8; k++) w[k] += sum[k];
     store_f32x8(row, w);
 }
