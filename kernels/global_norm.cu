@@ -2,7 +2,16 @@
 // of the flat buffer into partial (gridDim.x,), then one block adds the partials in a fixed order.
 // global_norm_partial: partial[block] = sum of x^2 over this block's slice of x (n,).
 // global_norm_finish:  out[0] = sum of partial (P,); AdamW reads it on the device to clip.
-#include "common.cuh"
+//
+// grad_norm_squared: the same sum in one launch (x 16-byte aligned, int64 n). Each thread sums squares
+//   over a grid-stride slice of float4 vectors, 4 loads in flight, 16 squares at a time in fp32 and
+//   those in double; the block adds its threads' sums in double into partial[block], and the last
+//   block to finish (counter: zero before and after the launch) adds the partials in a fixed order
+//   into out[0]. The grid is fixed (ops.GRAD_NORM_BLOCKS), so the result is the same on every GPU.
+//   The n % 4 tail goes to block 0.
+#include "bf16.cuh"
+
+#define GRAD_NORM_UNROLL 4
 
 extern "C" __global__ void global_norm_partial(float* partial, const float* x, long long n) {
     float acc = 0.0f;
@@ -17,4 +26,33 @@ extern "C" __global__ void global_norm_finish(float* out, const float* partial, 
     for (int i = threadIdx.x; i < P; i += blockDim.x) acc += partial[i];
     acc = block_sum(acc);
     if (threadIdx.x == 0) out[0] = acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256) grad_norm_squared(float* out, double* partial, unsigned int* counter,
+                                                                   const float* x, long long n) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const long long vectors = n / 4, stride = (long long)gridDim.x * blockDim.x;
+    double acc = 0.0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < vectors; i += GRAD_NORM_UNROLL * stride) {
+        float4 v[GRAD_NORM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GRAD_NORM_UNROLL; u++)
+            v[u] = i + u * stride < vectors ? x4[i + u * stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float sum = 0.0f;  // 16 squares in fp32, then into the double
+#pragma unroll
+        for (int u = 0; u < GRAD_NORM_UNROLL; u++)
+            sum += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+        acc += sum;
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - vectors * 4) {
+        const float t = x[vectors * 4 + threadIdx.x];
+        acc += t * t;
+    }
+    const double block_total = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = block_total;
+    if (!arrive_last(counter, gridDim.x)) return;
+    double total = 0.0;
+    for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + b);
+    total = block_sum(total);
+    if (threadIdx.x == 0) out[0] = (float)total;
 }

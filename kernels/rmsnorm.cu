@@ -8,7 +8,25 @@
 //                                grid (ceil(C / blockDim), P).
 // column_sum_accumulate:         out (C,) += sum over the P rows of partial (P, C), in a fixed order,
 //                                so the weight gradient is deterministic.
-#include "common.cuh"
+//
+// bf16 versions, fused with the residual add (x, branch, h, ln, dln, dresidual, weight bf16; rstd and
+// dweight fp32). Blocks are 2D: blockDim.x = C / 8 rounded up to a multiple of 32, one thread per 8
+// columns of a row, and blockDim.y rows at a time. C must be a multiple of 8, at most 8192.
+// rmsnorm_residual_forward: h = x + branch (N, C), rounded to bf16 and stored as residual_out (the
+//                           new residual stream; may be x itself), then ln = h * rstd * weight of the
+//                           rounded h. branch = nullptr: h = x, a plain RMSNorm, residual_out unused.
+//                           grid ceil(N / blockDim.y).
+// rmsnorm_backward_bf16:    dresidual (N, C) += rstd * (g - h * rstd^2 * mean(g * h)), g = dln * weight
+//                           (the residual gradient passes through the add unchanged, so only the
+//                           norm's input gradient is added), and dweight (C,) += sum over rows of
+//                           dln * h * rstd, deterministic in one launch: block p of the P = gridDim.x
+//                           blocks takes rows [p * rows_per_part, (p + 1) * rows_per_part) and writes
+//                           its column sums to partial (P, C); the last block of each group of `group`
+//                           blocks adds the group's rows in order into group_partial (P / group, C),
+//                           and the last group adds those in order into dweight. counters
+//                           (P / group + 1,) are zero before the launch and after it.
+//                           Dynamic shared memory: blockDim.y * C floats.
+#include "bf16.cuh"
 
 extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
                                            int N, int C, float eps) {
@@ -57,4 +75,105 @@ extern "C" __global__ void column_sum_accumulate(float* out, const float* partia
     float acc = 0.0f;
     for (int p = 0; p < P; p++) acc += partial[(long long)p * C + c];
     out[c] += acc;
+}
+
+extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln_out, float* rstd, const bf16* x,
+                                                    const bf16* branch, const bf16* weight, int N, int C,
+                                                    float eps) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y, c = threadIdx.x * 8;
+    const bool active = row < N && c < C;
+    const long long i = (long long)row * C + c;
+    float h[8] = {};
+    if (active) {
+        load_bf16x8(h, x + i);
+        if (branch != nullptr) {
+            float b[8];
+            load_bf16x8(b, branch + i);
+            for (int k = 0; k < 8; k++) h[k] += b[k];
+            const uint4 rounded = pack_bf16x8(h);
+            *reinterpret_cast<uint4*>(residual_out + i) = rounded;
+            unpack_bf16x8(h, rounded);  // normalize the stored residual, which the backward will see
+        }
+    }
+    float sum_sq = 0.0f;
+    for (int k = 0; k < 8; k++) sum_sq += h[k] * h[k];
+    const float r = 1.0f / sqrtf(row_sum(sum_sq) / C + eps);
+    if (active) {
+        float w[8], out[8];
+        load_bf16x8(w, weight + c);
+        for (int k = 0; k < 8; k++) out[k] = h[k] * r * w[k];
+        store_bf16x8(ln_out + i, out);
+        if (threadIdx.x == 0) rstd[row] = r;
+    }
+}
+
+// out (C,) = (or +=) the sum of the P rows of partial (P, C) in order; all threads of the block
+__device__ void sum_partial_rows(float* out, const float* partial, int P, int C, bool accumulate) {
+    const int threads = blockDim.x * blockDim.y;
+    for (int c = (threadIdx.y * blockDim.x + threadIdx.x) * 8; c < C; c += threads * 8) {
+        float sum[8] = {};
+        for (int p = 0; p < P; p++) {
+            float v[8];
+            load_f32x8_l2(v, partial + (long long)p * C + c);
+            for (int k = 0; k < 8; k++) sum[k] += v[k];
+        }
+        if (accumulate) {
+            float o[8];
+            load_f32x8(o, out + c);
+            for (int k = 0; k < 8; k++) sum[k] += o[k];
+        }
+        store_f32x8(out + c, sum);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_backward_bf16(
+    bf16* dresidual, float* dweight, float* partial, float* group_partial, unsigned int* counters, const bf16* dln,
+    const bf16* h, const bf16* weight, const float* rstd, int N, int C, int rows_per_part, int group) {
+    extern __shared__ __align__(16) float slice_dweight[];  // (blockDim.y, C): each row slice's dweight sums
+    const int c = threadIdx.x * 8;
+    const bool in_row = c < C;
+    float w[8] = {}, dw[8] = {};
+    if (in_row) load_bf16x8(w, weight + c);
+    const int first = blockIdx.x * rows_per_part, last = min(N, first + rows_per_part);
+    for (int base = first; base < last; base += blockDim.y) {  // the same trip count for the whole block
+        const int row = base + threadIdx.y;
+        const bool active = in_row && row < last;
+        const long long i = (long long)row * C + c;
+        float d[8] = {}, x[8] = {}, r = 0.0f;
+        uint4 dres = {};
+        if (active) {
+            load_bf16x8(d, dln + i);
+            load_bf16x8(x, h + i);
+            dres = *reinterpret_cast<const uint4*>(dresidual + i);
+            r = rstd[row];
+        }
+        float dot = 0.0f;
+        for (int k = 0; k < 8; k++) dot += d[k] * w[k] * x[k];
+        const float scale = r * r * row_sum(dot) / C;
+        if (active) {
+            float dx[8];
+            unpack_bf16x8(dx, dres);
+            for (int k = 0; k < 8; k++) {
+                dx[k] += r * (d[k] * w[k] - x[k] * scale);
+                dw[k] += d[k] * x[k] * r;
+            }
+            store_bf16x8(dresidual + i, dx);
+        }
+    }
+    // this block's row of partial: its row slices' sums in order
+    if (in_row) store_f32x8(slice_dweight + threadIdx.y * C + c, dw);
+    __syncthreads();
+    if (in_row && threadIdx.y == 0) {
+        for (int y = 1; y < blockDim.y; y++) {
+            float v[8];
+            load_f32x8(v, slice_dweight + y * C + c);
+            for (int k = 0; k < 8; k++) dw[k] += v[k];
+        }
+        store_f32x8(partial + (long long)blockIdx.x * C + c, dw);
+    }
+    const int g = blockIdx.x / group, groups = gridDim.x / group;
+    if (!arrive_last(&counters[g], group)) return;
+    sum_partial_rows(group_partial + (long long)g * C, partial + (long long)g * group * C, group, C, false);
+    if (!arrive_last(&counters[groups], groups)) return;
+    sum_partial_rows(dweight, group_partial, groups, C, true);
 }

@@ -17,7 +17,7 @@ import numpy as np
 from .cuda import BF16, DeviceArray, runtime
 from .optim import AdamWConfig
 
-F32, I32, U8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint8)
+F32, F64, I32, U8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.uint8)
 BLOCK = 256
 ROWS_PER_BLOCK = BLOCK // 32  # kernels with one warp per row
 CLASSIFIER_BLOCK = 1024
@@ -515,3 +515,234 @@ def adamw_update(params: DeviceArray, grads: DeviceArray, m: DeviceArray, v: Dev
         _blocks(n), BLOCK, params.ptr, grads.ptr, m.ptr, v.ptr, decay_mask.ptr, norm_squared.ptr, n,
         *(np.float32(x) for x in (lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 1 - opt.beta1 ** step,
                                   1 - opt.beta2 ** step, opt.grad_clip)))
+
+
+# ---- bf16 mixed precision
+#
+# Activations are bf16 (llama.cuda.BF16); weights are read from the bf16 copy that adamw_update_bf16
+# writes next to the fp32 master weights; weight gradients, rstd, losses and the optimizer state are
+# fp32. The kernels move 16-byte vectors (8 bf16 or 4 fp32), so rows hold a multiple of 8 elements
+# and arrays start 16-byte aligned (allocations do, and views at offsets that are multiples of 8
+# elements). Scratch buffers that hold completion counters are allocated zeroed once
+# (llama.cuda.zeros); every launch leaves the counters at zero again.
+
+EMBEDDING_SEGMENT = 16  # positions per segment, as in kernels/embedding.cu
+RMSNORM_BF16_PARTS, RMSNORM_BF16_GROUP = 256, 16  # fixed row partition of the dweight sums, and its grouping
+GRAD_NORM_BLOCKS = 512  # fixed, so that the grad norm is the same on every GPU
+ADAMW_SCALARS = 3  # lr, 1 - beta1^step, 1 - beta2^step
+
+
+def _check_vectors(row: int, **arrays: DeviceArray) -> None:
+    """Rows of a multiple of 8 elements and 16-byte aligned arrays, for 16-byte vector accesses."""
+    if row % 8:
+        raise ValueError(f"bf16 kernels need rows of a multiple of 8 elements, got {row}")
+    for name, array in arrays.items():
+        if array.ptr % 16:
+            raise ValueError(f"{name}: must start 16-byte aligned, starts at {array.ptr:#x}")
+
+
+def _row_block(C: int, threads: int) -> tuple[int, int]:
+    """A 2D block (threads per row, rows): one thread per 8 columns, in whole warps, about `threads` in all."""
+    if not 0 < C <= 8192:
+        raise ValueError(f"bf16 row kernels take 0 < C <= 8192 columns, got {C}")
+    per_row = 32 * math.ceil(C / 256)
+    return per_row, max(1, threads // per_row)
+
+
+def embedding_forward_bf16(out: DeviceArray, tokens: DeviceArray, wte: DeviceArray) -> None:
+    """out (N, C) = wte[tokens], bf16 (wte is the bf16 copy of the table)."""
+    N, (V, C) = tokens.size, wte.shape
+    _check("tokens", tokens, tokens.shape, I32)
+    _check("wte", wte, (V, C), BF16)
+    _check("out", out, (N, C), BF16)
+    _check_vectors(C, out=out, wte=wte)
+    _kernel("embedding", "embedding_forward_bf16", "PPPii")(_blocks(N * C // 8), BLOCK, out.ptr, tokens.ptr, wte.ptr,
+                                                             N, C)
+
+
+def token_segments(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host side of embedding_backward_bf16, for N positions: `order` (N,) int32, the positions grouped
+    by token (stable), and `segments` (N, 4) int32, one row per segment of at most EMBEDDING_SEGMENT
+    positions of one token: {group begin, group end (indices into order), token, index of the segment
+    in its group}. Tokens with several segments come first (most first); unused rows are zero. The
+    shapes depend on N only, so the uploads fit a captured graph."""
+    flat = tokens.ravel()
+    order = np.argsort(flat, kind="stable").astype(np.int32)
+    unique, counts = np.unique(flat, return_counts=True)
+    begins = np.cumsum(counts) - counts
+    per_group = -(-counts // EMBEDDING_SEGMENT)
+    groups = np.argsort(-per_group, kind="stable")
+    per_group = per_group[groups]
+    group = np.repeat(groups, per_group)
+    index = np.arange(len(group)) - np.repeat(np.cumsum(per_group) - per_group, per_group)
+    segments = np.zeros((flat.size, 4), dtype=np.int32)
+    segments[:len(group)] = np.stack([begins[group], begins[group] + counts[group], unique[group], index], axis=1)
+    return order, segments
+
+
+def _embedding_partial_rows(N: int) -> int:
+    """A bound on the segments of tokens with more than one (each has > EMBEDDING_SEGMENT positions)."""
+    return 2 * N // EMBEDDING_SEGMENT + 1
+
+
+def embedding_bf16_scratch_size(N: int, C: int) -> int:
+    """float32 elements of embedding_backward_bf16's scratch: partial rows, then counters."""
+    rows = _embedding_partial_rows(N)
+    return rows * C + rows
+
+
+def embedding_backward_bf16(dwte: DeviceArray, dout: DeviceArray, order: DeviceArray, segments: DeviceArray,
+                            scratch: DeviceArray) -> None:
+    """dwte (V, C) fp32 += the bf16 dout (N, C) rows grouped by token, deterministic; order and segments
+    from token_segments(); scratch float32 (embedding_bf16_scratch_size(N, C),), zeroed once."""
+    N, C = dout.shape
+    _check("dout", dout, (N, C), BF16)
+    _check("dwte", dwte, (dwte.shape[0], C))
+    _check("order", order, (N,), I32)
+    _check("segments", segments, (N, 4), I32)
+    size = embedding_bf16_scratch_size(N, C)
+    if scratch.dtype != F32 or scratch.size < size:
+        raise ValueError(f"scratch: needs {size} float32, has {scratch.size} {scratch.dtype}")
+    if C > 8192:
+        raise ValueError(f"embedding_backward_bf16 takes C <= 8192, got {C}")
+    _check_vectors(C, dwte=dwte, dout=dout, segments=segments, scratch=scratch)
+    counters = scratch.ptr + _embedding_partial_rows(N) * C * 4
+    _kernel("embedding", "embedding_backward_bf16", "PPPPPPi")((N,), C // 8, dwte.ptr, scratch.ptr, counters, dout.ptr,
+                                                                order.ptr, segments.ptr, C)
+
+
+def rmsnorm_residual_forward(residual_out: DeviceArray | None, ln_out: DeviceArray, rstd: DeviceArray,
+                             x: DeviceArray, branch: DeviceArray | None, weight: DeviceArray, eps: float) -> None:
+    """residual_out (N, C) = x + branch, and ln_out = rmsnorm(residual_out) * weight, all bf16, with
+    rstd (N,) fp32. branch=None with residual_out=None: a plain RMSNorm of x. residual_out may be x."""
+    N, C = x.shape
+    if (branch is None) != (residual_out is None):
+        raise ValueError("rmsnorm_residual_forward: give both branch and residual_out, or neither")
+    named = {"x": x, "ln_out": ln_out} | ({} if branch is None else {"branch": branch, "residual_out": residual_out})
+    for name, array in named.items():
+        _check(name, array, (N, C), BF16)
+    _check("rstd", rstd, (N,))
+    _check("weight", weight, (C,), BF16)
+    _check_vectors(C, weight=weight, **named)
+    per_row, rows = _row_block(C, BLOCK)
+    _kernel("rmsnorm", "rmsnorm_residual_forward", "PPPPPPiif")(
+        (math.ceil(N / rows),), (per_row, rows), 0 if residual_out is None else residual_out.ptr, ln_out.ptr, rstd.ptr,
+        x.ptr, 0 if branch is None else branch.ptr, weight.ptr, N, C, np.float32(eps))
+
+
+def rmsnorm_forward_bf16(out: DeviceArray, rstd: DeviceArray, inp: DeviceArray, weight: DeviceArray,
+                         eps: float) -> None:
+    """out (N, C) = rmsnorm(inp) * weight, bf16; rstd (N,) fp32 (the first norm, with no residual add)."""
+    rmsnorm_residual_forward(None, out, rstd, inp, None, weight, eps)
+
+
+def rmsnorm_bf16_scratch_size(C: int) -> int:
+    """float32 elements of rmsnorm_backward_bf16's scratch: partial and group sums, then counters."""
+    groups = RMSNORM_BF16_PARTS // RMSNORM_BF16_GROUP
+    return (RMSNORM_BF16_PARTS + groups) * C + groups + 1
+
+
+def rmsnorm_backward_bf16(dresidual: DeviceArray, dweight: DeviceArray, scratch: DeviceArray, dln: DeviceArray,
+                          h: DeviceArray, weight: DeviceArray, rstd: DeviceArray) -> None:
+    """dresidual (N, C) bf16 += the norm's input gradient (the residual gradient passes the add
+    unchanged), dweight (C,) fp32 += its gradient, deterministic, in one launch; h is the norm's bf16
+    input, weight its bf16 copy. scratch float32 (rmsnorm_bf16_scratch_size(C),), zeroed once."""
+    N, C = h.shape
+    for name, array in (("dresidual", dresidual), ("dln", dln), ("h", h)):
+        _check(name, array, (N, C), BF16)
+    _check("dweight", dweight, (C,))
+    _check("weight", weight, (C,), BF16)
+    _check("rstd", rstd, (N,))
+    size = rmsnorm_bf16_scratch_size(C)
+    if scratch.dtype != F32 or scratch.size < size:
+        raise ValueError(f"scratch: needs {size} float32, has {scratch.size} {scratch.dtype}")
+    _check_vectors(C, dresidual=dresidual, dweight=dweight, dln=dln, h=h, weight=weight, scratch=scratch)
+    per_row, rows = _row_block(C, 512)
+    parts, groups = RMSNORM_BF16_PARTS, RMSNORM_BF16_PARTS // RMSNORM_BF16_GROUP
+    group_partial, counters = scratch.ptr + parts * C * 4, scratch.ptr + (parts + groups) * C * 4
+    _kernel("rmsnorm", "rmsnorm_backward_bf16", "PPPPPPPPPiiii")(
+        (parts,), (per_row, rows), dresidual.ptr, dweight.ptr, scratch.ptr, group_partial, counters, dln.ptr, h.ptr,
+        weight.ptr, rstd.ptr, N, C, max(1, math.ceil(N / parts)), RMSNORM_BF16_GROUP, shared=rows * C * 4)
+
+
+def swiglu_forward_bf16(out: DeviceArray, gate_up: DeviceArray) -> None:
+    """out (N, F) = silu(gate) * up of gate_up (N, 2F) = [gate | up], bf16."""
+    N, F = out.shape
+    _check("out", out, (N, F), BF16)
+    _check("gate_up", gate_up, (N, 2 * F), BF16)
+    _check_vectors(F, out=out, gate_up=gate_up)
+    _kernel("swiglu", "swiglu_forward_bf16", "PPii")(_blocks(N * F // 8), BLOCK, out.ptr, gate_up.ptr, N, F)
+
+
+def swiglu_backward_bf16(dgate_up: DeviceArray, dout: DeviceArray, gate_up: DeviceArray) -> None:
+    """dgate_up (N, 2F) bf16 from dout (N, F); dgate_up may be gate_up itself (in place)."""
+    N, F = dout.shape
+    _check("dout", dout, (N, F), BF16)
+    _check("gate_up", gate_up, (N, 2 * F), BF16)
+    _check("dgate_up", dgate_up, (N, 2 * F), BF16)
+    _check_vectors(F, dout=dout, gate_up=gate_up, dgate_up=dgate_up)
+    _kernel("swiglu", "swiglu_backward_bf16", "PPPii")(_blocks(N * F // 8), BLOCK, dgate_up.ptr, dout.ptr, gate_up.ptr,
+                                                       N, F)
+
+
+def _max_shared_bytes() -> int:
+    """Dynamic shared memory one block may opt in to on this GPU, less room for static shared memory."""
+    drv = runtime().drv
+    return runtime().device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) - 1024
+
+
+def fused_classifier_bf16(logits: DeviceArray, losses: DeviceArray, targets: DeviceArray, dloss: float) -> None:
+    """For a chunk of n tokens: losses (n,) fp32 of the bf16 logits (n, V), any V; the logits are
+    overwritten by dlogits = (softmax - onehot) * dloss in bf16."""
+    n, V = logits.shape
+    _check("logits", logits, (n, V), BF16)
+    _check("losses", losses, (n,))
+    _check("targets", targets, (n,), I32)
+    cached_vectors = min(V // 8 + 1, _max_shared_bytes() // 16)  # as much of a row as shared memory holds
+    _kernel("classifier", "fused_classifier_bf16", "PPPifi")((n,), CLASSIFIER_BLOCK, logits.ptr, losses.ptr,
+                                                             targets.ptr, V, np.float32(dloss), cached_vectors,
+                                                             shared=cached_vectors * 16)
+
+
+def loss_accumulate(total: DeviceArray, losses: DeviceArray, scale: float) -> None:
+    """total (1,) += scale * sum(losses (n,)), fp32, in a fixed order."""
+    _check("total", total, (1,))
+    _check("losses", losses, (losses.size,))
+    _kernel("classifier", "loss_accumulate", "PPif")((1,), 1024, total.ptr, losses.ptr, losses.size, np.float32(scale))
+
+
+def grad_norm_squared(out: DeviceArray, scratch: DeviceArray, grads: DeviceArray) -> None:
+    """out (1,) = sum(grads^2) of the flat fp32 gradients, deterministic, in one launch; scratch
+    float64 (GRAD_NORM_BLOCKS + 1,), zeroed once (its last word holds the completion counter)."""
+    _check("out", out, (1,))
+    _check("scratch", scratch, (GRAD_NORM_BLOCKS + 1,), F64)
+    _check("grads", grads, grads.shape)
+    _check_vectors(8, grads=grads, scratch=scratch)
+    _kernel("global_norm", "grad_norm_squared", "PPPPq")((GRAD_NORM_BLOCKS,), BLOCK, out.ptr, scratch.ptr,
+                                                         scratch.ptr + GRAD_NORM_BLOCKS * 8, grads.ptr, grads.size)
+
+
+def adamw_scalars(step: int, lr: float, opt: AdamWConfig) -> np.ndarray:
+    """The step-dependent values adamw_update_bf16 reads on the device (step counts from 1)."""
+    return np.array([lr, 1 - opt.beta1 ** step, 1 - opt.beta2 ** step], dtype=np.float32)
+
+
+def adamw_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: DeviceArray, m: DeviceArray,
+                      v: DeviceArray, decay_mask: DeviceArray, norm_squared: DeviceArray, scalars: DeviceArray,
+                      opt: AdamWConfig) -> None:
+    """adamw_update on the fp32 flat buffers, clipped to opt.grad_clip by the device-side norm, writing
+    the bf16 copy params_bf16 of the new params in the same pass; scalars (ADAMW_SCALARS,) fp32 on the
+    device holds adamw_scalars(step, lr, opt)."""
+    n = params.size
+    _check("params", params, (n,))
+    _check("params_bf16", params_bf16, (n,), BF16)
+    for name, array in (("grads", grads), ("m", m), ("v", v)):
+        _check(name, array, (n,))
+    _check("decay_mask", decay_mask, (n,), U8)
+    _check("norm_squared", norm_squared, (1,))
+    _check("scalars", scalars, (ADAMW_SCALARS,))
+    _check_vectors(8, params=params, params_bf16=params_bf16, grads=grads, m=m, v=v, decay_mask=decay_mask)
+    _kernel("adamw", "adamw_update_bf16", "PPPPPPPPqfffff")(
+        _blocks(n, BLOCK * 8), BLOCK, params.ptr, params_bf16.ptr, grads.ptr, m.ptr, v.ptr, decay_mask.ptr,
+        norm_squared.ptr, scalars.ptr, n, *(np.float32(x) for x in (opt.beta1, opt.beta2, opt.eps, opt.weight_decay,
+                                                                     opt.grad_clip)))

@@ -236,6 +236,22 @@ def fused_classifier(logits: np.ndarray, targets: np.ndarray, dloss: float) -> t
     return losses, dlogits * logits.dtype.type(dloss)
 
 
+def rmsnorm_residual_forward(x: np.ndarray, branch: np.ndarray, weight: np.ndarray,
+                             eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The residual add fused with the next RMSNorm: h = x + branch, then rmsnorm_forward(h);
+    returns h (the new residual stream), the normalized output and rstd."""
+    h = residual_forward(x, branch)
+    return (h, *rmsnorm_forward(h, weight, eps))
+
+
+def rmsnorm_residual_backward(dresidual: np.ndarray, dout: np.ndarray, h: np.ndarray, weight: np.ndarray,
+                              rstd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Its backward: the residual-stream gradient passes the add unchanged, so it gains the norm's
+    input gradient; also returns dweight."""
+    dh, dweight = rmsnorm_backward(dout, h, weight, rstd)
+    return dresidual + dh, dweight
+
+
 # ----------------------------------------------------------------------------------------------
 # The model
 

@@ -38,6 +38,22 @@ def test_rmsnorm_backward():
     assert rel_error(dweight, numerical_grad(loss, weight)) < TOL
 
 
+def test_rmsnorm_residual_backward():
+    """The fused residual add + RMSNorm: the residual gradient (of h) passes through to x and branch."""
+    rng = np.random.default_rng(11)
+    x, branch, weight = rng.standard_normal((2, 3, 10)), rng.standard_normal((2, 3, 10)), rng.standard_normal(10)
+    w_h, w_ln = rng.standard_normal((2, 3, 10)), rng.standard_normal((2, 3, 10))
+    h, _, rstd = ref.rmsnorm_residual_forward(x, branch, weight, 1e-5)
+    dx, dweight = ref.rmsnorm_residual_backward(w_h, w_ln, h, weight, rstd)
+
+    def loss():
+        h, ln, _ = ref.rmsnorm_residual_forward(x, branch, weight, 1e-5)
+        return weighted_sum(h, w_h) + weighted_sum(ln, w_ln)
+    assert rel_error(dx, numerical_grad(loss, x)) < TOL
+    assert rel_error(dx, numerical_grad(loss, branch)) < TOL
+    assert rel_error(dweight, numerical_grad(loss, weight)) < TOL
+
+
 def test_matmul_backward():
     rng = np.random.default_rng(2)
     x, weight = rng.standard_normal((2, 3, 7)), rng.standard_normal((5, 7))

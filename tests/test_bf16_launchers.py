@@ -1,0 +1,111 @@
+"""The bf16 launchers' host side, without a GPU: they reject bad shapes, dtypes and alignment before
+launching anything (the arrays here are descriptors of device memory that does not exist), and the
+host helpers build what the kernels expect."""
+
+import numpy as np
+import pytest
+
+from llama import ops
+from llama.cuda import BF16, DeviceArray
+from llama.optim import AdamWConfig
+
+F32, I32 = np.float32, np.int32
+
+
+def fake(shape, dtype=BF16, offset=0):
+    """A DeviceArray at a 256-byte aligned address plus offset bytes; nothing is allocated."""
+    return DeviceArray(0x10000 + offset, shape, dtype, None)
+
+
+def test_embedding_rejects():
+    with pytest.raises(ValueError, match="wte: expected bfloat16"):
+        ops.embedding_forward_bf16(fake((4, 8)), fake((4,), I32), fake((10, 8), F32))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        ops.embedding_forward_bf16(fake((4, 12)), fake((4,), I32), fake((10, 12)))
+    with pytest.raises(ValueError, match="out: must start 16-byte aligned"):
+        ops.embedding_forward_bf16(fake((4, 8), offset=2), fake((4,), I32), fake((10, 8)))
+    with pytest.raises(ValueError, match="scratch: needs"):
+        ops.embedding_backward_bf16(fake((10, 8), F32), fake((4, 8)), fake((4,), I32), fake((4, 4), I32),
+                                    fake((8,), F32))
+    with pytest.raises(ValueError, match="segments"):
+        ops.embedding_backward_bf16(fake((10, 8), F32), fake((4, 8)), fake((4,), I32), fake((3, 4), I32),
+                                    fake((ops.embedding_bf16_scratch_size(4, 8),), F32))
+
+
+def test_rmsnorm_rejects():
+    N, C = 5, 64
+    with pytest.raises(ValueError, match="both branch and residual_out"):
+        ops.rmsnorm_residual_forward(None, fake((N, C)), fake((N,), F32), fake((N, C)), fake((N, C)), fake((C,)), 1e-5)
+    with pytest.raises(ValueError, match="weight: expected bfloat16"):
+        ops.rmsnorm_forward_bf16(fake((N, C)), fake((N,), F32), fake((N, C)), fake((C,), F32), 1e-5)
+    with pytest.raises(ValueError, match="branch: must start 16-byte aligned"):
+        ops.rmsnorm_residual_forward(fake((N, C)), fake((N, C)), fake((N,), F32), fake((N, C)),
+                                     fake((N, C), offset=8), fake((C,)), 1e-5)
+    with pytest.raises(ValueError, match="C <= 8192"):
+        ops.rmsnorm_forward_bf16(fake((N, 16384)), fake((N,), F32), fake((N, 16384)), fake((16384,)), 1e-5)
+    with pytest.raises(ValueError, match="scratch: needs"):
+        ops.rmsnorm_backward_bf16(fake((N, C)), fake((C,), F32), fake((100,), F32), fake((N, C)), fake((N, C)),
+                                  fake((C,)), fake((N,), F32))
+    with pytest.raises(ValueError, match="dweight: expected float32"):
+        ops.rmsnorm_backward_bf16(fake((N, C)), fake((C,)), fake((ops.rmsnorm_bf16_scratch_size(C),), F32),
+                                  fake((N, C)), fake((N, C)), fake((C,)), fake((N,), F32))
+
+
+def test_swiglu_and_classifier_reject():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        ops.swiglu_forward_bf16(fake((3, 12)), fake((3, 24)))
+    with pytest.raises(ValueError, match="gate_up: expected bfloat16 \\(3, 16\\)"):
+        ops.swiglu_backward_bf16(fake((3, 16)), fake((3, 8)), fake((3, 8)))
+    with pytest.raises(ValueError, match="logits: expected bfloat16"):
+        ops.fused_classifier_bf16(fake((3, 50), F32), fake((3,), F32), fake((3,), I32), 1.0)
+    with pytest.raises(ValueError, match="targets: expected int32"):
+        ops.fused_classifier_bf16(fake((3, 50)), fake((3,), F32), fake((3,), F32), 1.0)
+    with pytest.raises(ValueError, match="total"):
+        ops.loss_accumulate(fake((2,), F32), fake((3,), F32), 1.0)
+
+
+def test_grad_norm_and_adamw_reject():
+    n = 1000
+    with pytest.raises(ValueError, match="scratch: expected float64"):
+        ops.grad_norm_squared(fake((1,), F32), fake((ops.GRAD_NORM_BLOCKS + 1,), F32), fake((n,), F32))
+    with pytest.raises(ValueError, match="grads: must start 16-byte aligned"):
+        ops.grad_norm_squared(fake((1,), F32), fake((ops.GRAD_NORM_BLOCKS + 1,), np.float64), fake((n,), F32, 4))
+    arrays = dict(params=fake((n,), F32), params_bf16=fake((n,)), grads=fake((n,), F32), m=fake((n,), F32),
+                  v=fake((n,), F32), decay_mask=fake((n,), np.uint8), norm_squared=fake((1,), F32),
+                  scalars=fake((ops.ADAMW_SCALARS,), F32))
+    for name, bad, message in (("params_bf16", fake((n,), F32), "params_bf16: expected bfloat16"),
+                               ("scalars", fake((2,), F32), "scalars: expected float32 \\(3,\\)"),
+                               ("decay_mask", fake((n,), np.uint8, 8), "decay_mask: must start 16-byte aligned")):
+        with pytest.raises(ValueError, match=message):
+            ops.adamw_update_bf16(**(arrays | {name: bad}), opt=AdamWConfig())
+
+
+def test_adamw_scalars():
+    opt = AdamWConfig(beta1=0.9, beta2=0.95)
+    scalars = ops.adamw_scalars(3, 6e-4, opt)
+    assert scalars.dtype == np.float32 and scalars.shape == (ops.ADAMW_SCALARS,)
+    np.testing.assert_array_equal(scalars, np.float32([6e-4, 1 - 0.9 ** 3, 1 - 0.95 ** 3]))
+
+
+@pytest.mark.parametrize("N, vocab", [(1, 5), (40, 3), (1000, 50), (4096, 2), (5000, 30000)])
+def test_token_segments(N, vocab):
+    rng = np.random.default_rng(N)
+    tokens = rng.integers(0, vocab, N)
+    tokens[: N // 3] = tokens[0]
+    order, segments = ops.token_segments(tokens.reshape(1, N))
+    assert order.dtype == segments.dtype == np.int32 and order.shape == (N,) and segments.shape == (N, 4)
+    assert np.array_equal(order, np.argsort(tokens, kind="stable"))
+    used = segments[segments[:, 1] > segments[:, 0]]
+    assert not segments[len(used):].any()  # padding: zeros, after the segments
+    covered = []
+    for group_begin, group_end, token, index in used:
+        begin = group_begin + index * ops.EMBEDDING_SEGMENT
+        rows = order[begin:min(group_end, begin + ops.EMBEDDING_SEGMENT)]
+        assert len(rows) and (tokens[rows] == token).all()
+        covered.extend(rows)
+    assert sorted(covered) == list(range(N))  # each position in exactly one segment
+    counts = -(-(used[:, 1] - used[:, 0]) // ops.EMBEDDING_SEGMENT)
+    assert (np.diff(counts) <= 0).all()  # tokens with several segments first, most first
+    first = np.flatnonzero(used[:, 3] == 0)
+    assert (used[first + counts[first] - 1, 3] == counts[first] - 1).all()  # a token's segments adjacent, in order
+    assert (counts > 1).sum() <= ops._embedding_partial_rows(N)  # room for their partial rows and counters
