@@ -35,7 +35,6 @@ DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 128, "l
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
 STARTER_PACK = ("data/tinyshakespeare/tiny_shakespeare_train.bin", "data/tinyshakespeare/tiny_shakespeare_val.bin")
 BUILTIN_DIR = "data/builtin"
-FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
 
 
 class UserError(Exception):
@@ -82,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("-nk", "--keep-checkpoints", type=int, default=2, help="how many checkpoints to keep (0: all)")
     g.add_argument("-y", "--resume", action="store_true", help="resume from the newest complete checkpoint")
     g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
+    g.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
+                   help="GPU precision: bf16 mixed precision (default where tensor cores take it) or exact fp32")
     g.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -126,9 +127,12 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     return 6 * weights + 6 * config.n_layers * config.dim * T
 
 
-def build_model(device: str, config: LlamaConfig, B: int, T: int, params: np.ndarray):
+def build_model(device: str, dtype: str, config: LlamaConfig, B: int, T: int, params: np.ndarray):
     if device == "cpu":
         return ReferenceModel(config, params=params)
+    if dtype == "bf16":
+        from llama.gpu_model_bf16 import GPUModelBF16
+        return GPUModelBF16(config, B, T, params=params)
     from llama.gpu_model import GPUModel
     return GPUModel(config, B, T, params=params)
 
@@ -148,6 +152,8 @@ def train(args) -> int:
     if min(B, T, total) <= 0 or total % (B * T):
         raise UserError(f"--total-batch-size ({total}) must be a positive multiple of B*T ({B}*{T})")
     grad_accum = total // (B * T)
+    if device == "cpu" and args.dtype == "bf16":
+        raise UserError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
     lr = args.lr if args.lr is not None else defaults["lr"]
     out = Path(args.output_dir)
     tokenizer = load_tokenizer(args.tokenizer)
@@ -168,6 +174,14 @@ def train(args) -> int:
     if T > config.max_seq_len:
         raise UserError(f"--seq-len {T} exceeds the model's max_seq_len {config.max_seq_len}")
 
+    dtype = "fp32"
+    if device == "cuda":
+        from llama import device as plan
+        dtype = args.dtype or plan.default_dtype(config)
+        if dtype == "bf16" and plan.bf16_unsupported(config):
+            raise UserError(f"--dtype bf16: {plan.bf16_unsupported(config)}")
+        print(plan.describe(dtype, config), file=sys.stderr)
+
     train_pattern, val_pattern = resolve_data(args, tokenizer)
     train_loader = DataLoader(train_pattern, B, T, seed=args.seed, vocab_size=config.vocab_size)
     val_loader = DataLoader(val_pattern, B, T, shuffle=False, vocab_size=config.vocab_size) if val_pattern else None
@@ -180,7 +194,7 @@ def train(args) -> int:
 
     run = {"batch_size": B, "seq_len": T, "tokens_per_step": total, "seed": args.seed}  # what exact resume needs
     params = source["params"] if source is not None else init_parameters(config, args.seed)
-    model = build_model(device, config, B, T, params)
+    model = build_model(device, dtype, config, B, T, params)
     sample_rng = np.random.default_rng(args.seed)
     start = 0
     if resume is not None:
@@ -197,10 +211,7 @@ def train(args) -> int:
 
     opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
     flops_per_step = matmul_flops_per_token(config, T) * total
-    peak = None
-    if device == "cuda":
-        from llama.cuda import runtime
-        peak = next((v for k, v in FP32_PEAK_FLOPS.items() if k in runtime().name), None)
+    peak = plan.peak_flops(dtype) if device == "cuda" else None
     model_name = "from checkpoint" if source is not None else args.model or defaults["model"]
     print(f"device {device} | model {model_name}: "
           f"{ParameterLayout(config).size / 1e6:.2f}M params, vocab {config.vocab_size} | B={B} T={T} "
@@ -236,13 +247,9 @@ def train(args) -> int:
             if args.sample_every and step > start and step % args.sample_every == 0:
                 sample(step)
             t0 = time.perf_counter()
-            model.zero_grad()
-            loss = 0.0
-            for _ in range(grad_accum):
-                loss += model.forward(*train_loader.next_batch()) / grad_accum
-                model.backward(loss_scale=1.0 / grad_accum)
             step_lr = learning_rate(step, steps, lr, args.warmup, args.schedule, args.final_lr_frac)
-            norm = model.optimizer_step(step_lr, step + 1, opt) if math.isfinite(loss) else float("nan")
+            batches = [train_loader.next_batch() for _ in range(grad_accum)]
+            loss, norm = model.train_step(batches, step_lr, step + 1, opt)
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 kept = latest_checkpoint(out)
                 raise TrainingDiverged(f"step {step}: loss {loss}, grad norm {norm} is not finite; stopping. "

@@ -2,12 +2,16 @@
 
 Kernels are compiled once per process for the GPU's own architecture (sm_90a on Hopper, so that
 Hopper-only instructions are available) and cached on disk by PyCUDA. Launches go through
-prepared calls on the default stream; nothing here synchronizes except explicit downloads.
+prepared calls on the runtime's one stream (an ordinary blocking stream, so it stays ordered with
+synchronous copies); nothing here synchronizes except explicit downloads. CUDA graphs (Graph)
+capture that stream through the driver API by ctypes: PyCUDA has no graph API.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import weakref
 from pathlib import Path
 
 import ml_dtypes
@@ -42,6 +46,7 @@ class Runtime:
         self.name = self.device.name()
         self.arch, self.code = gpu_target(self.device.compute_capability())
         self.modules = {}
+        self.stream = drv.Stream()  # every launch goes here, so that a Graph can capture it
 
     def module(self, name: str, directory: Path | None = None):
         """The compiled kernels/<name>.cu (or <directory>/<name>.cu, e.g. a dev/cuda version)."""
@@ -78,7 +83,7 @@ class Kernel:
             from pycuda.driver import function_attribute
             self.function.set_attribute(function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
             self.max_shared = int(shared)
-        self.function.prepared_async_call(grid, block, None, *args, shared_size=int(shared))
+        self.function.prepared_async_call(grid, block, runtime().stream, *args, shared_size=int(shared))
 
 
 @functools.cache
@@ -133,7 +138,15 @@ class DeviceArray:
         return host
 
     def fill_zero(self) -> None:
-        runtime().drv.memset_d8(self.ptr, 0, self.nbytes)
+        """Zero the array, in order on the runtime's stream (capturable in a Graph)."""
+        runtime().drv.memset_d8_async(self.ptr, 0, self.nbytes, runtime().stream)
+
+    def upload_async(self, pinned: np.ndarray) -> None:
+        """Copy page-locked host memory in, in order on the runtime's stream; the host buffer must
+        stay unchanged until the stream has run the copy."""
+        if pinned.nbytes != self.nbytes:
+            raise ValueError(f"upload of {pinned.nbytes} bytes into an array of {self.nbytes}")
+        runtime().drv.memcpy_htod_async(self.ptr, _raw(pinned), runtime().stream)
 
     def __repr__(self):
         return f"DeviceArray({self.shape}, {self.dtype})"
@@ -144,10 +157,24 @@ def _raw(host: np.ndarray) -> np.ndarray:
     return host.view(np.uint16) if host.dtype == BF16 else host
 
 
+_ALLOCATED = {"bytes": 0}
+
+
+def allocated_bytes() -> int:
+    """Device memory held by the live allocations of empty() (every buffer of ours comes from it)."""
+    return _ALLOCATED["bytes"]
+
+
+def _release(nbytes: int) -> None:
+    _ALLOCATED["bytes"] -= nbytes
+
+
 def empty(shape, dtype=np.float32) -> DeviceArray:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
     allocation = runtime().drv.mem_alloc(nbytes)
+    _ALLOCATED["bytes"] += nbytes
+    weakref.finalize(allocation, _release, nbytes)
     return DeviceArray(int(allocation), shape, dtype, allocation)
 
 
@@ -179,3 +206,42 @@ def time_ms(fn, warmup: int = 3, repeats: int = 20, inner: int = 5) -> float:
         end.synchronize()
         times.append(end.time_since(start) / inner)
     return float(np.median(times))
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check_driver(result: int, call: str) -> None:
+    if result != 0:
+        raise RuntimeError(f"{call} failed with CUresult {result}")
+
+
+class Graph:
+    """The kernels that fn() launches on the runtime's stream, captured once and replayed by one
+    launch. Arguments are frozen at capture: step-dependent values must live in device memory, and
+    fn() must neither allocate, synchronize nor copy synchronously."""
+
+    CAPTURE_THREAD_LOCAL = 1
+
+    def __init__(self, fn):
+        lib, stream = _driver(), ctypes.c_void_p(runtime().stream.handle)
+        _check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
+        graph = ctypes.c_void_p()
+        try:
+            fn()
+        finally:
+            _check_driver(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
+        self.graph, self.executable = graph, ctypes.c_void_p()
+        _check_driver(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.executable), graph, ctypes.c_ulonglong(0)),
+                      "cuGraphInstantiate")
+
+    def replay(self) -> None:
+        _check_driver(_driver().cuGraphLaunch(self.executable, ctypes.c_void_p(runtime().stream.handle)),
+                      "cuGraphLaunch")
+
+    def __del__(self):
+        if getattr(self, "executable", None):
+            _driver().cuGraphExecDestroy(self.executable)
+            _driver().cuGraphDestroy(self.graph)

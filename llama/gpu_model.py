@@ -14,11 +14,11 @@ import numpy as np
 from . import ops
 from .config import LlamaConfig
 from .cuda import DeviceArray, empty, to_device, zeros
-from .optim import AdamWConfig
+from .optim import AdamWConfig, TrainStep
 from .params import ParameterLayout, init_parameters
 from .reference import check_batch, rope_cos_sin
 
-class GPUModel:
+class GPUModel(TrainStep):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0):
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")

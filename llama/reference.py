@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import LlamaConfig
-from .optim import AdamWConfig, adamw_update, clip_scale, global_norm
+from .optim import AdamWConfig, TrainStep, adamw_update, clip_scale, global_norm
 from .params import ParameterLayout, init_parameters
 
 # ----------------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def check_batch(tokens: np.ndarray, targets: np.ndarray | None, vocab_size: int,
             raise ValueError(f"{name} hold ids outside [0, {vocab_size})")
 
 
-class ReferenceModel:
+class ReferenceModel(TrainStep):
     """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0):

@@ -68,10 +68,12 @@ class Llama3Tokenizer:
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as ids 0..255, then <|begin_of_text|> = 256 and <|end_of_text|> = 257."""
+    """UTF-8 bytes as ids 0..255, then <|begin_of_text|> = 256 and <|end_of_text|> = 257; ids 258..263
+    are reserved and never produced, so that the vocabulary is a multiple of 8 (bf16 rows of logits
+    and weights stay 16-byte aligned for the tensor-core kernels)."""
 
     name = "bytes"
-    vocab_size = 258
+    vocab_size = 264
     bos_id = 256
     eos_id = 257
     special_tokens = {BEGIN_OF_TEXT: 256, END_OF_TEXT: 257}
@@ -110,6 +112,6 @@ def load_tokenizer(path: str | Path | None = None, quiet: bool = False):
         return Llama3Tokenizer(DEFAULT_TOKENIZER_PATH)
     if not quiet:
         print(f"note: no Llama 3 tokenizer at {DEFAULT_TOKENIZER_PATH}; using the byte-level tokenizer "
-              "(vocab 258). Get the real one with: python scripts/download_starter_pack.py --hf-token ...",
+              "(vocab 264). Get the real one with: python scripts/download_starter_pack.py --hf-token ...",
               file=sys.stderr)
     return ByteTokenizer()

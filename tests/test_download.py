@@ -120,7 +120,7 @@ def test_starter_pack_without_token_uses_byte_tokenizer(mirror, tmp_path, capsys
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert run_pack(mirror, tmp_path) == 0
     assert "no Hugging Face token" in capsys.readouterr().err
-    assert read_header(tmp_path / "tinyshakespeare" / "tiny_shakespeare_train.bin").vocab_size == 258
+    assert read_header(tmp_path / "tinyshakespeare" / "tiny_shakespeare_train.bin").vocab_size == 264
     assert not (tmp_path / "tokenizer" / "tokenizer.model").exists()
 
 

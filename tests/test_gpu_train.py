@@ -8,7 +8,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_gpu_and_cpu_losses_agree_for_20_steps(corpus, tmp_path):
-    args = ["-e", "small", "-b", "4", "-t", "64", "-l", "1e-3", "-s", "0", "-v", "0", "-x", "20", *corpus]
+    args = ["-e", "small", "-b", "4", "-t", "64", "-l", "1e-3", "-s", "0", "-v", "0", "-x", "20", "--dtype", "fp32",
+            *corpus]
     assert run(*args, "-o", "cpu", device="cpu") == 0
     assert run(*args, "-o", "gpu", device="cuda") == 0
     cpu, gpu = losses(tmp_path / "cpu"), losses(tmp_path / "gpu")
@@ -19,4 +20,18 @@ def test_gpu_and_cpu_losses_agree_for_20_steps(corpus, tmp_path):
 
 
 def test_gpu_resume_is_exact(corpus, tmp_path):
-    check_resume_is_exact(tmp_path, corpus, "cuda")
+    check_resume_is_exact(tmp_path, corpus, "cuda", "--dtype", "fp32")
+
+
+def test_bf16_is_the_default_and_resume_is_exact(corpus, tmp_path, capsys):
+    """d6 (head_dim 64) trains in bf16 by default; a resumed run reproduces it bit for bit."""
+    check_resume_is_exact(tmp_path, corpus, "cuda", "-e", "d6", "-t", "64")
+    assert "dtype bf16" in capsys.readouterr().err
+
+
+def test_fp32_is_chosen_where_bf16_cannot_run(corpus, tmp_path, capsys):
+    assert run(*BASE, *corpus, "-x", "1", "-o", "out", device="cuda") == 0  # tiny: head_dim 8
+    err = capsys.readouterr().err
+    assert "dtype fp32" in err and "head_dim 64 or 128, this model's is 8" in err
+    assert run(*BASE, *corpus, "-x", "1", "-o", "out2", "--dtype", "bf16", device="cuda") == 2
+    assert "--dtype bf16: flash attention takes head_dim 64 or 128" in capsys.readouterr().err

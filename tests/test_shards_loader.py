@@ -123,7 +123,7 @@ def test_prepare_tinyshakespeare(tmp_path):
     text = "\n\n".join(f"Speaker {i}:\nLine {i}." for i in range(5000)) + "\n"
     (tmp_path / "input.txt").write_text(text)
     train, val = prepare_tinyshakespeare(tmp_path / "input.txt", tmp_path, ByteTokenizer())
-    v, t = open_shard(val, 258), open_shard(train, 258)
+    v, t = open_shard(val, ByteTokenizer.vocab_size), open_shard(train, ByteTokenizer.vocab_size)
     assert len(v) == 32768 and v[0] == 256
     assert len(v) + len(t) == len(text.encode()) + 5000  # one begin_of_text per section
     assert ByteTokenizer().decode(np.concatenate([v, t])) == text.replace("Speaker", "<|begin_of_text|>Speaker")
@@ -144,7 +144,7 @@ def test_builtin_corpus(tmp_path):
     files = stdlib_sources()
     assert len(files) > 100 and not any("site-packages" in str(p) for p in files)
     train, val = prepare_builtin_corpus(tmp_path, ByteTokenizer())
-    assert read_header(train).num_tokens > 1_000_000 and read_header(val).vocab_size == 258
+    assert read_header(train).num_tokens > 1_000_000 and read_header(val).vocab_size == 264
     mtime = train.stat().st_mtime_ns
     assert prepare_builtin_corpus(tmp_path, ByteTokenizer()) == (train, val)
     assert train.stat().st_mtime_ns == mtime  # reused, not rebuilt

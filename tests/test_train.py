@@ -48,11 +48,12 @@ def test_loss_falls_and_log_is_written(corpus, tmp_path):
     assert latest_checkpoint(tmp_path / "out").name == "ckpt_00000040"
 
 
-def check_resume_is_exact(tmp_path, corpus, device):
-    assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-nk", "0", "-o", "a", device=device) == 0
+def check_resume_is_exact(tmp_path, corpus, device, *extra):
+    """extra arguments (another model, --dtype) come after BASE and override it."""
+    assert run(*BASE, *extra, *corpus, "-x", "8", "-n", "4", "-nk", "0", "-o", "a", device=device) == 0
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / "ckpt_00000004", tmp_path / "b" / "ckpt_00000004")
-    assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-o", "b", "--resume", device=device) == 0
+    assert run(*BASE, *extra, *corpus, "-x", "8", "-n", "4", "-o", "b", "--resume", device=device) == 0
     a, b = log_lines(tmp_path / "a"), log_lines(tmp_path / "b")
     assert sorted(b) == [4, 5, 6, 7] and all(a[s] == b[s] for s in b)
     assert log_lines(tmp_path / "b", "tel") == {s: l for s, l in log_lines(tmp_path / "a", "tel").items() if s >= 4}
@@ -120,7 +121,7 @@ def test_checkpoint_that_does_not_fit(corpus, tmp_path, capsys):
 def test_data_from_another_tokenizer(corpus, tmp_path, capsys):
     (tmp_path / "tok.model").write_bytes(ranks_file_bytes())
     assert run(*BASE, *corpus, "-x", "2", "-o", "out", "--tokenizer", "tok.model") == 2
-    assert "written by a tokenizer with vocab 258, but the model's vocab is 517" in capsys.readouterr().err
+    assert "written by a tokenizer with vocab 264, but the model's vocab is 517" in capsys.readouterr().err
 
 
 def test_defaults_use_the_builtin_corpus(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,332 @@
+"""Llama 3.1 on the GPU in bf16 mixed precision: the fast training path.
+
+It follows llama/reference.py layer by layer, like llama/gpu_model.py (the exact fp32 path), with
+fused steps whose numpy twins are compositions of the reference's layers:
+- rmsnorm_residual_forward = residual_forward, then rmsnorm_forward (one pass);
+- the QKV GEMM's epilogue applies RoPE (rope_forward's rotation), and flash attention reads q, k, v
+  straight from the packed projection; its backward returns dqkv rotated back (rope_backward);
+- the classifier runs in chunks of tokens inside the forward: logits, loss and dlogits of a chunk,
+  then at once the head's dX and dW GEMMs, so the (tokens, vocab) logits never exist whole.
+Precision: fp32 master weights and AdamW moments; a bf16 copy of every weight, written by the AdamW
+kernel in the same pass; bf16 activations; fp32 weight gradients, accumulated by the GEMM epilogue.
+With recompute, the RMSNorm outputs and the SwiGLU product are recomputed in the backward instead
+of being kept per layer.
+
+train_step() captures a micro-step (forward and backward) and the optimizer step as CUDA graphs
+on its first call and replays them after: tokens upload asynchronously from pinned memory, lr and
+the bias corrections live in device memory, the loss accumulates on the device and is read once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import ops
+from .config import LlamaConfig
+from .cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
+from .optim import AdamWConfig, TrainStep
+from .params import ParameterLayout, init_parameters
+from .reference import check_batch, rope_cos_sin
+
+CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
+
+
+class GPUModelBF16(TrainStep):
+    dtype = "bf16"
+
+    def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
+                 recompute: bool = True):
+        if T > config.max_seq_len:
+            raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
+        if config.vocab_size % 8 or config.dim % 8:
+            raise ValueError(f"bf16 needs dim and vocab_size multiples of 8 (16-byte rows), got {config.dim}, "
+                             f"{config.vocab_size}")
+        self.config, self.B, self.T, self.recompute = config, B, T, recompute
+        self.layout = ParameterLayout(config)
+        if params is None:
+            params = init_parameters(config, seed)
+        if params.shape != (self.layout.size,):
+            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
+        n = self.layout.size
+        self.params = to_device(params.astype(np.float32))
+        self.params_bf16 = to_device(params.astype(BF16))
+        self.grads, self.adam_m, self.adam_v = zeros(n), zeros(n), zeros(n)
+        self.decay_mask = to_device(self.layout.decay_mask())
+        cos, sin = rope_cos_sin(config, T)
+        self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
+        self._allocate()
+        self.shape = None  # (b, t) of the last forward
+        self.graphs = {}  # (b, t, micro_steps) -> (micro-step graph, optimizer graph)
+
+    # ---- buffers
+
+    def _shapes(self, b: int, t: int) -> tuple[dict, dict]:
+        """Shapes of each layer's saved activations and of the shared buffers, for a (b, t) batch."""
+        c = self.config
+        N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
+        kept = {"x": (N, C), "rstd1": (N,), "qkv": (b, t, (H + 2 * KV) * D), "att": (b, t, H * D),
+                "lse": (b, H, t), "h": (N, C), "rstd2": (N,), "gate_up": (N, 2 * F)}
+        recomputed = {"ln1": (N, C), "ln2": (N, C), "ffn": (N, F)}
+        layer = kept if self.recompute else kept | recomputed
+        shared = {"branch": (N, C), "residual": (N, C), "lnf": (N, C), "rstdf": (N,), "losses": (N,),
+                  "logits": (min(CLASSIFIER_CHUNK, N), c.vocab_size),
+                  "dresidual": (N, C), "dln": (N, C), "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D),
+                  "dqkv": (b, t, (H + 2 * KV) * D), "delta": (b, H, t)}
+        return layer, shared | (recomputed if self.recompute else {})
+
+    FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "delta")  # the rest is bf16
+
+    def _buffer(self, name: str, shape) -> DeviceArray:
+        return empty(shape, np.float32 if name in self.FP32_BUFFERS else BF16)
+
+    def _allocate(self) -> None:
+        layer, shared = self._shapes(self.B, self.T)
+        self.layer_buffers = [{k: self._buffer(k, s) for k, s in layer.items()} for _ in range(self.config.n_layers)]
+        self.buffers = {k: self._buffer(k, s) for k, s in shared.items()}
+        N, C = self.B * self.T, self.config.dim
+        self.rms_scratch = zeros(ops.rmsnorm_bf16_scratch_size(C))
+        self.embedding_scratch = zeros(ops.embedding_bf16_scratch_size(N, C))
+        self.norm_scratch = zeros(ops.GRAD_NORM_BLOCKS + 1, np.float64)
+        self.norm_squared, self.loss_total = zeros(1), zeros(1)
+        self.adam_scalars = zeros(ops.ADAMW_SCALARS)
+        # inputs: device buffers, and two sets of pinned host buffers used in turn
+        self.inputs = {"tokens": empty(N, np.int32), "targets": empty(N, np.int32), "order": empty(N, np.int32),
+                       "segments": empty((N, 4), np.int32)}
+        drv = runtime().drv
+        self.pinned = [{k: drv.pagelocked_empty(a.shape, np.int32) for k, a in self.inputs.items()} for _ in range(2)]
+        self.pinned_scalars = drv.pagelocked_empty(ops.ADAMW_SCALARS, np.float32)
+        self.pinned_free = [drv.Event() for _ in range(3)]  # one per input set, one for the scalars
+        for event in self.pinned_free:
+            event.record(runtime().stream)
+        self.turn = 0
+
+    def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
+        """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
+        layer, shared = self._shapes(b, t)
+        layers = [{k: buffers[k].prefix(*s) for k, s in layer.items()} for buffers in self.layer_buffers]
+        views = {k: self.buffers[k].prefix(*s) for k, s in shared.items()}
+        if self.recompute:  # each layer reads the shared recompute buffers under its usual names
+            for a in layers:
+                a.update({k: views[k] for k in ("ln1", "ln2", "ffn")})
+        return layers, views
+
+    def weight(self, name: str) -> DeviceArray:
+        """A weight's bf16 copy, as the GEMMs read it."""
+        tensor = self.layout.tensors[name]
+        return self.params_bf16.view(tensor.offset, tensor.shape)
+
+    def grad(self, name: str) -> DeviceArray:
+        tensor = self.layout.tensors[name]
+        return self.grads.view(tensor.offset, tensor.shape)
+
+    def _fused(self, flat: DeviceArray, tensor) -> DeviceArray:
+        return flat.view(tensor.offset, tensor.shape)
+
+    # ---- inputs
+
+    def _upload(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        """Stage the batch in pinned memory and copy it in asynchronously, in stream order."""
+        N = tokens.size
+        pinned = self.pinned[self.turn]
+        self.pinned_free[self.turn].synchronize()  # the copies that last read this set have run
+        pinned["tokens"][:N] = tokens.ravel()
+        names = ["tokens"]
+        if targets is not None:
+            pinned["targets"][:N] = targets.ravel()
+            pinned["order"][:N], pinned["segments"][:N] = ops.token_segments(tokens)
+            names += ["targets", "order", "segments"]
+        for name in names:
+            self.inputs[name].prefix(*pinned[name][:N].shape).upload_async(pinned[name][:N])
+        self.pinned_free[self.turn].record(runtime().stream)
+        self.turn ^= 1
+
+    # ---- forward and backward
+
+    def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, loss_scale: float | None = None,
+                return_loss: bool = True) -> float | None:
+        """Run the model on (b, t) tokens. With targets the mean loss is returned (reading it is a
+        sync; return_loss=False skips it) and, when loss_scale is given, the head's gradients are
+        added in the forward (chunked classifier) for backward() to continue. Without targets the
+        final norm is kept for read_logits()."""
+        check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
+        self._upload(tokens, targets)
+        self.shape = tokens.shape
+        self.loss_total.fill_zero()
+        self._forward(loss_scale if targets is not None else None, targets is not None, 1.0)
+        if targets is None or not return_loss:
+            return None
+        return float(self.loss_total.download()[0])
+
+    def _forward(self, loss_scale: float | None, with_targets: bool, loss_weight: float) -> None:
+        """The forward's launches for the uploaded batch of shape self.shape (captured by train_step)."""
+        c, L = self.config, self.layout
+        b, t = self.shape
+        N, H, KV, D = b * t, c.n_heads, c.n_kv_heads, c.head_dim
+        layers, s = self._views(b, t)
+        tokens = self.inputs["tokens"].prefix(N)
+        rope = (self.rope_cos, self.rope_sin, t, (H + KV) * D)
+
+        ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
+        for i, a in enumerate(layers):
+            pre = f"layers.{i}."
+            if i == 0:
+                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.weight(pre + "attention_norm.weight"),
+                                         c.norm_eps)
+            else:  # x = h + ffn branch of the layer before, then its norm
+                ops.rmsnorm_residual_forward(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
+                                             self.weight(pre + "attention_norm.weight"), c.norm_eps)
+            ops.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
+                     rope=rope)
+            ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV)
+            ops.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
+            ops.rmsnorm_residual_forward(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
+                                         self.weight(pre + "ffn_norm.weight"), c.norm_eps)
+            ops.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
+            ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
+            ops.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
+        ops.rmsnorm_residual_forward(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
+                                     self.weight("norm.weight"), c.norm_eps)
+        if with_targets:
+            self._classifier(s, N, loss_scale, loss_weight)
+
+    def _classifier(self, s: dict, N: int, loss_scale: float | None, loss_weight: float) -> None:
+        """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
+        head's dX (into dln) and dW at once."""
+        C, V = self.config.dim, self.config.vocab_size
+        w_out, dw_out = self._fused(self.params_bf16, self.layout.output()), self._fused(self.grads, self.layout.output())
+        targets = self.inputs["targets"]
+        for start in range(0, N, CLASSIFIER_CHUNK):
+            n = min(CLASSIFIER_CHUNK, N - start)
+            logits, lnf = s["logits"].prefix(n, V), s["lnf"].view(start * C, (n, C))
+            ops.gemm(logits, lnf, w_out, trans_b=True)
+            ops.fused_classifier_bf16(logits, s["losses"].view(start, (n,)), targets.view(start, (n,)),
+                                      (loss_scale or 0.0) / N)
+            if loss_scale is not None:
+                ops.gemm(s["dln"].view(start * C, (n, C)), logits, w_out)
+                ops.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
+        ops.loss_accumulate(self.loss_total, s["losses"], loss_weight / N)
+
+    def backward(self) -> None:
+        """Add the gradients of the last forward (run with loss_scale) into self.grads."""
+        c, L = self.config, self.layout
+        b, t = self.shape
+        N, H, KV = b * t, c.n_heads, c.n_kv_heads
+        layers, s = self._views(b, t)
+        dx, grad = s["dresidual"], self.grad
+        dx.fill_zero()
+        ops.rmsnorm_backward_bf16(dx, grad("norm.weight"), self.rms_scratch, s["dln"], s["residual"],
+                                  self.weight("norm.weight"), s["rstdf"])
+        for i in reversed(range(c.n_layers)):
+            pre, a = f"layers.{i}.", layers[i]
+            if self.recompute:
+                ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
+            ops.gemm(s["dffn"], dx, self.weight(pre + "feed_forward.w2.weight"))
+            ops.gemm(grad(pre + "feed_forward.w2.weight"), dx, a["ffn"], trans_a=True, accumulate=True)
+            ops.swiglu_backward_bf16(s["dgate_up"], s["dffn"], a["gate_up"])
+            if self.recompute:
+                ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.weight(pre + "ffn_norm.weight"), c.norm_eps)
+            ops.gemm(s["dln"], s["dgate_up"], self._fused(self.params_bf16, L.w13(i)))
+            ops.gemm(self._fused(self.grads, L.w13(i)), s["dgate_up"], a["ln2"], trans_a=True, accumulate=True)
+            ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
+                                      self.weight(pre + "ffn_norm.weight"), a["rstd2"])
+            ops.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
+            ops.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
+            ops.flash_attention_backward(s["dqkv"], s["delta"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
+                                         self.rope_cos, self.rope_sin)
+            if self.recompute:
+                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.weight(pre + "attention_norm.weight"),
+                                         c.norm_eps)
+            ops.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
+            ops.gemm(self._fused(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
+                     accumulate=True)
+            ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
+                                      self.weight(pre + "attention_norm.weight"), a["rstd1"])
+        ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
+                                    self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
+
+    def zero_grad(self) -> None:
+        self.grads.fill_zero()
+
+    def read_logits(self, position: int | None = None) -> np.ndarray:
+        """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""
+        if self.shape is None:
+            raise RuntimeError("read_logits() needs a forward() first")
+        (b, t), C, V = self.shape, self.config.dim, self.config.vocab_size
+        rows = range(b * t) if position is None else [row * t + position % t for row in range(b)]
+        w_out, lnf, logits = self._fused(self.params_bf16, self.layout.output()), self.buffers["lnf"], self.buffers["logits"]
+        out = np.empty((len(rows), V), np.float32)
+        for i, row in enumerate(rows):  # one row at a time: generation needs one position
+            ops.gemm(logits.prefix(1, V), lnf.view(row * C, (1, C)), w_out, trans_b=True)
+            out[i] = logits.prefix(1, V).download().astype(np.float32)[0]
+        return out.reshape(b, t, V) if position is None else out
+
+    # ---- optimizer and the captured step
+
+    def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
+        """Clip by global norm and take one AdamW step (step counts from 1), updating the bf16 copy."""
+        self._set_scalars(lr, step, opt)
+        self._optimizer(opt)
+        return float(np.sqrt(self.norm_squared.download()[0])) if return_norm else None
+
+    def _set_scalars(self, lr: float, step: int, opt: AdamWConfig) -> None:
+        """lr and the bias corrections of this step into device memory, where the AdamW kernel reads them."""
+        self.pinned_free[2].synchronize()
+        self.pinned_scalars[:] = ops.adamw_scalars(step, lr, opt)
+        self.adam_scalars.upload_async(self.pinned_scalars)
+        self.pinned_free[2].record(runtime().stream)
+
+    def _optimizer(self, opt: AdamWConfig) -> None:
+        ops.grad_norm_squared(self.norm_squared, self.norm_scratch, self.grads)
+        ops.adamw_update_bf16(self.params, self.params_bf16, self.grads, self.adam_m, self.adam_v, self.decay_mask,
+                              self.norm_squared, self.adam_scalars, opt)
+
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+        """One optimizer step over the micro-batches [(tokens, targets), ...]: replays the captured
+        micro-step per batch and the captured optimizer step; returns (mean loss, grad norm) with
+        one synchronization. The first call for a shape runs the step eagerly, then captures."""
+        micro = len(batches)
+        shapes = {x.shape for x, _ in batches}
+        key = (*batches[0][0].shape, micro, opt)
+        graphs = self.graphs.get(key) if len(shapes) == 1 else None
+        self.zero_grad()
+        self.loss_total.fill_zero()
+        for tokens, targets in batches:
+            check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
+            self._upload(tokens, targets)
+            self.shape = tokens.shape
+            if graphs is not None:
+                graphs[0].replay()
+            else:
+                self._micro_step(micro)
+        self._set_scalars(lr, step, opt)
+        if graphs is not None:
+            graphs[1].replay()
+        else:
+            self._optimizer(opt)
+        loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
+        if graphs is None and len(shapes) == 1 and key not in self.graphs:  # everything is allocated and compiled now
+            self.graphs[key] = (Graph(lambda: self._micro_step(micro)), Graph(lambda: self._optimizer(opt)))
+        return loss, norm
+
+    def _micro_step(self, micro: int) -> None:
+        self._forward(1.0 / micro, True, 1.0 / micro)
+        self.backward()
+
+    # ---- state for checkpoints (same method names on the other models)
+
+    def get_params(self) -> np.ndarray:
+        return self.params.download()
+
+    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.adam_m.download(), self.adam_v.download()
+
+    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
+        self.params.upload(params)
+        self.params_bf16.upload(params.astype(BF16))
+        for buffer, host in ((self.adam_m, adam_m), (self.adam_v, adam_v)):
+            if host is None:
+                buffer.fill_zero()
+            else:
+                buffer.upload(host)

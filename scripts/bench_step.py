@@ -1,0 +1,218 @@
+"""One training step, ours against PyTorch, in one process on the GPU.
+
+Ours: llama.gpu_model_bf16.GPUModelBF16.train_step (forward, backward, clip, AdamW, CUDA graphs;
+the loss and norm are read once per step). PyTorch: the same architecture written below (RMSNorm,
+RoPE, SDPA with GQA, SwiGLU, untied head), bf16 autocast over fp32 weights, fused AdamW, global-norm
+clipping, torch.compile. For each config it prints ms/step, tok/s and peak device memory (torch:
+max_memory_allocated; ours: what our allocations hold), the ratios, and then a per-kernel breakdown
+of one eager step of ours (CUDA events around every launcher call).
+
+    python3 scripts/bench_step.py [--configs d12 llama3.2-1b] [--steps 12] [--json out.json]
+"""
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from llama import ops
+from llama.config import get_preset
+from llama.cuda import allocated_bytes, runtime
+from llama.optim import AdamWConfig
+from llama.reference import rope_cos_sin
+
+CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
+VOCAB = 128256
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        D, H, KV = c.head_dim, c.n_heads, c.n_kv_heads
+        self.attention_norm = torch.nn.Parameter(torch.ones(c.dim))
+        self.wqkv = torch.nn.Linear(c.dim, (H + 2 * KV) * D, bias=False)
+        self.wo = torch.nn.Linear(H * D, c.dim, bias=False)
+        self.ffn_norm = torch.nn.Parameter(torch.ones(c.dim))
+        self.w13 = torch.nn.Linear(c.dim, 2 * c.ffn_hidden_dim, bias=False)
+        self.w2 = torch.nn.Linear(c.ffn_hidden_dim, c.dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        c = self.c
+        B, T, _ = x.shape
+        D, H, KV = c.head_dim, c.n_heads, c.n_kv_heads
+        qkv = self.wqkv(F.rms_norm(x, (c.dim,), self.attention_norm, c.norm_eps)).view(B, T, H + 2 * KV, D)
+        q, k, v = qkv.split([H, KV, KV], dim=2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+        h = x + self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+        gate, up = self.w13(F.rms_norm(h, (c.dim,), self.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
+        return h + self.w2(F.silu(gate) * up)
+
+
+def rope(x, cos, sin):
+    """Meta's interleaved pairs: (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos); cos, sin (T, D/2)."""
+    x0, x1 = x.float()[..., 0::2], x.float()[..., 1::2]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2).type_as(x)
+
+
+class TorchLlama(torch.nn.Module):
+    def __init__(self, c, T):
+        super().__init__()
+        self.c = c
+        self.tok_embeddings = torch.nn.Embedding(c.vocab_size, c.dim)
+        self.layers = torch.nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.norm = torch.nn.Parameter(torch.ones(c.dim))
+        self.output = torch.nn.Linear(c.dim, c.vocab_size, bias=False)
+        cos, sin = rope_cos_sin(c, T)
+        self.register_buffer("cos", torch.tensor(cos, dtype=torch.float32))
+        self.register_buffer("sin", torch.tensor(sin, dtype=torch.float32))
+
+    def forward(self, tokens, targets):
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, self.cos, self.sin)
+        logits = self.output(F.rms_norm(x, (self.c.dim,), self.norm, self.c.norm_eps))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def median_step_ms(step, steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def bench_torch(c, B, T, steps):
+    torch.manual_seed(0)
+    model = TorchLlama(c, T).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    compiled = torch.compile(model)
+    tokens = torch.randint(0, c.vocab_size, (B, T), device="cuda")
+    targets = torch.randint(0, c.vocab_size, (B, T), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = compiled(tokens, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(3):  # compiles
+        step()
+    torch.cuda.reset_peak_memory_stats()
+    ms = median_step_ms(step, steps)
+    peak = torch.cuda.max_memory_allocated()
+    del model, opt, compiled
+    torch.cuda.empty_cache()
+    return ms, peak
+
+
+def bench_ours(c, B, T, steps):
+    from llama.gpu_model_bf16 import GPUModelBF16
+    before = allocated_bytes()
+    model = GPUModelBF16(c, B, T)
+    rng = np.random.default_rng(0)
+    batches = [[(rng.integers(0, c.vocab_size, (B, T)), rng.integers(0, c.vocab_size, (B, T)))] for _ in range(4)]
+    opt, done = AdamWConfig(), [0]
+
+    def step():
+        done[0] += 1
+        model.train_step(batches[done[0] % 4], 1e-4, done[0], opt)
+
+    for _ in range(3):  # the first step compiles and captures
+        step()
+    ms = median_step_ms(step, steps)
+    peak = allocated_bytes() - before
+    breakdown = kernel_breakdown(model, batches[0], opt)
+    del model
+    return ms, peak, breakdown
+
+
+def kernel_breakdown(model, batches, opt) -> dict:
+    """Milliseconds per launcher (GEMMs per layout) over one eager step, from CUDA events."""
+    drv, stream = runtime().drv, runtime().stream
+    names = ["gemm", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward",
+             "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16", "swiglu_backward_bf16",
+             "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16", "loss_accumulate",
+             "grad_norm_squared", "adamw_update_bf16"]
+    originals, events = {name: getattr(ops, name) for name in names}, []
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            label = name
+            if name == "gemm":
+                label = "gemm " + ("dW (tn)" if kwargs.get("trans_a") else "fwd (nt)" if kwargs.get("trans_b") else "dX (nn)")
+            start, end = drv.Event(), drv.Event()
+            start.record(stream)
+            fn(*args, **kwargs)
+            end.record(stream)
+            events.append((label, start, end))
+        return wrapper
+
+    for name in names:
+        setattr(ops, name, timed(name, originals[name]))
+    try:
+        model.zero_grad()
+        model.loss_total.fill_zero()
+        for tokens, targets in batches:
+            model._upload(tokens, targets)
+            model.shape = tokens.shape
+            model._micro_step(len(batches))
+        model._set_scalars(1e-4, 1, opt)
+        model._optimizer(opt)
+        runtime().synchronize()
+    finally:
+        for name in names:
+            setattr(ops, name, originals[name])
+    totals = defaultdict(float)
+    for label, start, end in events:
+        totals[label] += end.time_since(start)
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    runtime()  # our context first (the primary one, which torch shares)
+    results = {}
+    for name in args.configs:
+        B, T = CONFIGS[name]
+        c = get_preset(name).replace(vocab_size=VOCAB)
+        ours_ms, ours_peak, breakdown = bench_ours(c, B, T, args.steps)
+        torch_ms, torch_peak = bench_torch(c, B, T, args.steps)
+        results[name] = {"B": B, "T": T, "ours_ms": ours_ms, "torch_ms": torch_ms, "ours_bytes": ours_peak,
+                         "torch_bytes": torch_peak, "breakdown_ms": breakdown}
+        print(f"\n{name} (B{B} x T{T}): per-kernel breakdown of one eager step of ours, ms")
+        for label, ms in breakdown.items():
+            print(f"  {label:<28}{ms:8.2f}")
+    print(f"\ndevice: {runtime().name}; ours = bf16 kernels + CUDA graphs; torch = bf16 autocast + torch.compile "
+          f"+ fused AdamW")
+    print(f"{'config':<14}{'ours ms':>9}{'torch ms':>10}{'ours tok/s':>12}{'torch tok/s':>13}{'speed':>7}"
+          f"{'ours GB':>9}{'torch GB':>10}{'memory':>8}")
+    for name, r in results.items():
+        tokens = r["B"] * r["T"]
+        print(f"{name:<14}{r['ours_ms']:>9.1f}{r['torch_ms']:>10.1f}{tokens / r['ours_ms'] * 1e3:>12,.0f}"
+              f"{tokens / r['torch_ms'] * 1e3:>13,.0f}{r['torch_ms'] / r['ours_ms']:>7.2f}"
+              f"{r['ours_bytes'] / 1e9:>9.1f}{r['torch_bytes'] / 1e9:>10.1f}{r['ours_bytes'] / r['torch_bytes']:>8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
