@@ -1,6 +1,7 @@
-"""Plot train and val loss from an llm.c-style main.log into a PNG (needs matplotlib: pip install -e ".[plot]").
+"""Plot train and val loss from llm.c-style main.log files into a PNG (needs matplotlib: pip install -e ".[plot]").
 
     python scripts/plot_log.py out/main.log [-o loss.png]
+    python scripts/plot_log.py out/bf16/main.log out/fp32/main.log -o compare.png   # runs side by side
 
 A resumed run appends to main.log; for a step logged twice the later line wins.
 """
@@ -8,6 +9,7 @@ A resumed run appends to main.log; for a step logged twice the later line wins.
 import argparse
 import re
 import sys
+from pathlib import Path
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
 
@@ -25,7 +27,7 @@ def read_log(path: str) -> tuple[dict, dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", help="path to main.log")
+    parser.add_argument("logs", nargs="+", help="main.log paths; with several, each run is labelled by its folder")
     parser.add_argument("-o", "--output", default=None, help="PNG path (default: next to the log)")
     args = parser.parse_args(argv)
     try:
@@ -35,20 +37,24 @@ def main(argv=None) -> int:
     except ImportError:
         print('error: plotting needs matplotlib: pip install -e ".[plot]"', file=sys.stderr)
         return 2
-    try:
-        train, val = read_log(args.log)
-    except OSError as e:
-        print(f"error: cannot read {args.log}: {e.strerror}", file=sys.stderr)
-        return 2
-    if not train and not val:
-        print(f"error: {args.log} has no s:<step> trl:/tel: lines", file=sys.stderr)
-        return 2
-    output = args.output or args.log.rsplit(".", 1)[0] + ".png"
+    runs = []
+    for log in args.logs:
+        try:
+            train, val = read_log(log)
+        except OSError as e:
+            print(f"error: cannot read {log}: {e.strerror}", file=sys.stderr)
+            return 2
+        if not train and not val:
+            print(f"error: {log} has no s:<step> trl:/tel: lines", file=sys.stderr)
+            return 2
+        runs.append((Path(log).parent.name + " " if len(args.logs) > 1 else "", train, val))
+    output = args.output or args.logs[0].rsplit(".", 1)[0] + ".png"
     fig, ax = plt.subplots(figsize=(8, 5))
-    if train:
-        ax.plot(sorted(train), [train[s] for s in sorted(train)], label="train", linewidth=1)
-    if val:
-        ax.plot(sorted(val), [val[s] for s in sorted(val)], "o-", label="val")
+    for label, train, val in runs:
+        if train:
+            ax.plot(sorted(train), [train[s] for s in sorted(train)], label=label + "train", linewidth=1)
+        if val:
+            ax.plot(sorted(val), [val[s] for s in sorted(val)], "o-", label=label + "val")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)

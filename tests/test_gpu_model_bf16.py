@@ -70,12 +70,11 @@ def test_logits_without_targets():
     assert gpu.read_logits().shape == (2, 33, CONFIG.vocab_size)
 
 
+BATCHES = [batch(100 + i) for i in range(2)]  # two micro-batches per step, the same every step
+
+
 def run_steps(model, steps, start=0):
-    losses = []
-    for step in range(start, start + steps):
-        batches = [batch(100 + 2 * step + i) for i in range(2)]  # two micro-batches per step
-        losses.append(model.train_step(batches, 1e-3, step + 1, OPT))
-    return losses
+    return [model.train_step(BATCHES, 1e-3, step + 1, OPT) for step in range(start, start + steps)]
 
 
 def test_runs_are_bit_identical_and_resume_is_exact():
@@ -86,7 +85,7 @@ def test_runs_are_bit_identical_and_resume_is_exact():
     a, b = (GPUModelBF16(CONFIG, B=3, T=80, params=params) for _ in range(2))
     losses_a, losses_b = run_steps(a, 6), run_steps(b, 3)
     assert losses_a[:3] == losses_b
-    assert losses_a[-1][0] < losses_a[0][0]  # it learns
+    assert losses_a[-1][0] < losses_a[0][0] - 0.1  # it learns the two batches
     c = GPUModelBF16(CONFIG, B=3, T=80, params=b.get_params())
     c.set_state(b.get_params(), *b.get_optimizer_state())
     assert run_steps(c, 3, start=3) == losses_a[3:]
@@ -103,8 +102,8 @@ def test_captured_step_matches_the_eager_path():
     run_steps(a, 2)  # the second step replays the captured graphs
     for step in range(2):
         b.zero_grad()
-        for i in range(2):
-            b.forward(*batch(100 + 2 * step + i), loss_scale=0.5)
+        for tokens, targets in BATCHES:
+            b.forward(tokens, targets, loss_scale=0.5)
             b.backward()
         b.optimizer_step(1e-3, step + 1, OPT)
     assert np.array_equal(a.get_params().view(np.uint32), b.get_params().view(np.uint32))
