@@ -1,5 +1,6 @@
 // Flash attention in bf16, forward and backward: causal grouped-query attention with O(T) memory.
-// Ladder version 1 (dev/cuda/flash_attention_v1.cu): FA2-style on mma.sync m16n8k16 (sm_80 and newer).
+// Ladder version 2 (dev/cuda/flash_attention_v2.cu; v1 in dev/cuda/flash_attention_v1.cu): FA2-style on
+// mma.sync m16n8k16 (sm_80 and newer).
 //
 // Layouts (B batch, T time, H query heads, KV key/value heads, D head dim, 64 or 128):
 //   qkv   (B, T, (H + 2*KV) * D) bf16: per token [q heads 0..H-1 | k heads 0..KV-1 | v heads 0..KV-1],
@@ -14,17 +15,20 @@
 //         gradient of the QKV projection's output before RoPE.
 //
 // flash_attention_forward_d{64,128}: one CTA per (query head, batch, 128-row query tile), heaviest
-//   tiles first; 4 warps of 32 query rows. K/V tiles of 64 rows stream through double-buffered,
-//   XOR-swizzled shared memory by cp.async; S = Q K^T and O += P V on tensor cores (ldmatrix, .trans
-//   for V), online softmax in fp32 with exp2 and a log2(e)-prescaled scale. Tiles above the diagonal
-//   are skipped, only the tiles that cross it are masked. Rows past T read zeros and are not stored.
+//   tiles first; 4 warps of 32 query rows. K/V tiles of 64 (D = 64) or 32 (D = 128) rows stream through
+//   double-buffered, padded shared memory by cp.async; S = Q K^T and O += P V on tensor cores (ldmatrix,
+//   .trans for V), online softmax in fp32 with exp2 and a log2(e)-prescaled scale. Tiles above the
+//   diagonal are skipped (per warp), only the tiles that cross it are masked. Rows past T read zeros and
+//   are not stored.
 // flash_attention_backward_delta: delta = rowsum(dout * out), one warp per (token, head).
-// flash_attention_backward_dkdv_d{64,128}: one CTA per (kv head, batch, 128-row kv tile), 8 warps of
-//   16 kv rows; loops over the group's query heads and the 64-row query tiles at and after the
-//   diagonal: S^T = K Q^T, P^T = exp(S^T - lse), dV += P^T dO, dP^T = V dO^T,
-//   dS^T = P^T (dP^T - delta), dK += dS^T Q. dK, dV accumulate in registers: deterministic.
-// flash_attention_backward_dq_d{64,128}: one CTA per (query head, batch, 64-row query tile), 4 warps
-//   of 16 rows; loops over kv tiles up to the diagonal, recomputing S and P: dQ += dS K. Deterministic.
+// flash_attention_backward_dkdv_d{64,128}: one CTA per (kv head, batch, kv tile of 128 (D = 64) or 64
+//   (D = 128) rows), 4 warps of 32 or 16 kv rows, two CTAs per SM; loops over the group's query heads and
+//   the 32-row query tiles at and after the diagonal: S^T = K Q^T, P^T = exp(S^T - lse), dV += P^T dO,
+//   dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q. dK, dV accumulate in registers: deterministic.
+// flash_attention_backward_dq_d{64,128}: one CTA per (query head, batch, 128-row query tile), heaviest
+//   first, 4 warps of 32 rows; loops over 32-row kv tiles up to the diagonal, recomputing S and P:
+//   dQ += dS K. Deterministic. Both backward kernels hold P and dS as bf16 pairs (the precision of the
+//   products they feed).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -73,6 +77,10 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 unpack_bf16(uint32_t pair) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));
 }
 
 // ---- shared-memory tiles: (rows, D) bf16, row-major, each row padded by 8 values (16 bytes), so that the
@@ -131,37 +139,64 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-// acc (rows x N, N/8 accumulator tiles) += A (rows x K from a_frags or a tile) @ B (K x N, tile of n rows)
-// with K = KSTEPS * 16 starting at column 16 * k_step0 of the B tile; used for S = Q K^T, dP = dO V^T,
-// S^T = K Q^T and dP^T = V dO^T.
-template <int D, int NT, int KSTEPS>
-__device__ __forceinline__ void mma_abt(float acc[][4], const uint32_t a_frags[][4], uint32_t b_tile, int lane,
-                                        int k_step0 = 0) {
+// acc (MT m16 tiles of rows x NT n8 tiles) += A (the rows' A fragments, K = 16 * KSTEPS) @ B^T, B^T from a
+// tile of n rows starting at column 16 * k_step0; each B fragment is loaded once for all MT m-tiles. Used for
+// S = Q K^T, dP = dO V^T, S^T = K Q^T and dP^T = V dO^T.
+template <int D, int MT, int NT, int KSTEPS>
+__device__ __forceinline__ void mma_abt(float (&acc)[MT][NT][4], const uint32_t (&a_frags)[MT][KSTEPS][4],
+                                        uint32_t b_tile, int lane, int k_step0 = 0) {
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
         for (int n = 0; n < NT; n += 2) {
             uint32_t b[4];
             load_b_nk<D>(b, b_tile, n * 8, (k_step0 + kk) * 16, lane);
-            mma_bf16(acc[n], a_frags[kk], b[0], b[1]);
-            mma_bf16(acc[n + 1], a_frags[kk], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_bf16(acc[mt][n], a_frags[mt][kk], b[0], b[1]);
+                mma_bf16(acc[mt][n + 1], a_frags[mt][kk], b[2], b[3]);
+            }
         }
     }
 }
 
-// acc (16 x D) += P (16 x 16*KSTEPS, accumulator tiles) @ B (tile of k rows, D columns)
-template <int D, int KSTEPS>
-__device__ __forceinline__ void mma_pb(float acc[][4], const float p[][4], uint32_t b_tile, int lane) {
+// the same with the A fragments read from a row-major tile (rows row0.., 16 per m-tile), one k-step at a time
+template <int D, int MT, int NT>
+__device__ __forceinline__ void mma_abt_from_tile(float (&acc)[MT][NT][4], uint32_t a_tile, int row0,
+                                                  uint32_t b_tile, int lane) {
+#pragma unroll 1  // not unrolled: the compiler would hoist every k-step's A loads and spill at MT = 2
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[MT][1][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) load_a<D>(a[mt][0], a_tile, row0 + mt * 16, kk * 16, lane);
+        mma_abt<D, MT, NT, 1>(acc, a, b_tile, lane, kk);
+    }
+}
+
+// acc (MT m16 tiles x D) += P (MT m16 tiles x 16 * KSTEPS) @ B (tile of k rows, D columns), P given as bf16 pairs
+// in accumulator layout: p[mt][n][half] = (c[2 * half], c[2 * half + 1]) of accumulator tile n
+template <int D, int MT, int KSTEPS>
+__device__ __forceinline__ void mma_pb(float (&acc)[MT][D / 8][4], const uint32_t (&p)[MT][2 * KSTEPS][2],
+                                       uint32_t b_tile, int lane) {
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
-        uint32_t a[4];
-        c_to_a(a, p[2 * kk], p[2 * kk + 1]);
+        uint32_t a[MT][4];  // as c_to_a: tiles 2kk (columns 0-7 of the k-step) and 2kk + 1 (columns 8-15)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            a[mt][0] = p[mt][2 * kk][0];
+            a[mt][1] = p[mt][2 * kk][1];
+            a[mt][2] = p[mt][2 * kk + 1][0];
+            a[mt][3] = p[mt][2 * kk + 1][1];
+        }
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
             uint32_t b[4];
             load_b_kn<D>(b, b_tile, kk * 16, n * 8, lane);
-            mma_bf16(acc[n], a, b[0], b[1]);
-            mma_bf16(acc[n + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_bf16(acc[mt][n], a[mt], b[0], b[1]);
+                mma_bf16(acc[mt][n + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
@@ -253,87 +288,89 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
             for (int mt = 0; mt < M_TILES; ++mt) load_a_rows<D>(q_frags[mt], sQ, row_base + mt * 16, lane);
         }
 
-        // S = Q K^T (raw scores), this warp's 32 rows x BC keys
-        float s[M_TILES][NT_S][4] = {};
+        if (kv0 <= q0 + row_base + M_TILES * 16 - 1) {  // else every key of the tile is after this warp's rows
+            // S = Q K^T (raw scores), this warp's 32 rows x BC keys
+            float s[M_TILES][NT_S][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            uint32_t a[M_TILES][4];
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-                if constexpr (Q_IN_REGISTERS) {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) a[mt][i] = q_frags[mt][kk][i];
-                } else {
-                    load_a<D>(a[mt], sQ, row_base + mt * 16, kk * 16, lane);
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < NT_S; n += 2) {
-                uint32_t bk[4];
-                load_b_nk<D>(bk, k_tile, n * 8, kk * 16, lane);
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                uint32_t a[M_TILES][4];
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
-                    mma_bf16(s[mt][n], a[mt], bk[0], bk[1]);
-                    mma_bf16(s[mt][n + 1], a[mt], bk[2], bk[3]);
+                    if constexpr (Q_IN_REGISTERS) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) a[mt][i] = q_frags[mt][kk][i];
+                    } else {
+                        load_a<D>(a[mt], sQ, row_base + mt * 16, kk * 16, lane);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NT_S; n += 2) {
+                    uint32_t bk[4];
+                    load_b_nk<D>(bk, k_tile, n * 8, kk * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < M_TILES; ++mt) {
+                        mma_bf16(s[mt][n], a[mt], bk[0], bk[1]);
+                        mma_bf16(s[mt][n + 1], a[mt], bk[2], bk[3]);
+                    }
                 }
             }
-        }
 
-        if (kv0 + BC - 1 > q0) {  // the tile crosses the diagonal: mask keys after the query
+            if (kv0 + BC - 1 > q0) {  // the tile crosses the diagonal: mask keys after the query
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int row = q0 + row_base + mt * 16 + lane / 4 + 8 * (e >> 1);
+                            const int col = kv0 + n * 8 + 2 * (lane % 4) + (e & 1);
+                            if (col > row) s[mt][n][e] = -INFINITY;
+                        }
+            }
+
+            // online softmax: every row sees key 0 in tile 0, so row_max is finite from the first tile on
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int n = 0; n < NT_S; ++n)
+                for (int half = 0; half < 2; ++half) {
+                    float m = row_max[mt][half];
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int row = q0 + row_base + mt * 16 + lane / 4 + 8 * (e >> 1);
-                        const int col = kv0 + n * 8 + 2 * (lane % 4) + (e & 1);
-                        if (col > row) s[mt][n][e] = -INFINITY;
+                    for (int n = 0; n < NT_S; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * half], s[mt][n][2 * half + 1]));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 4 lanes of a row
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    const float alpha = exp2f((row_max[mt][half] - m) * scale_log2), m_scaled = m * scale_log2;
+                    row_max[mt][half] = m;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+                        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                            s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -m_scaled));
+                            sum += s[mt][n][e];
+                        }
+                    row_sum[mt][half] = row_sum[mt][half] * alpha + sum;  // this lane's columns only
+#pragma unroll
+                    for (int n = 0; n < NT_O; ++n) {
+                        o[mt][n][2 * half] *= alpha;
+                        o[mt][n][2 * half + 1] *= alpha;
                     }
-        }
-
-        // online softmax: every row sees key 0 in tile 0, so row_max is finite from the first tile on
-#pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                float m = row_max[mt][half];
-#pragma unroll
-                for (int n = 0; n < NT_S; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * half], s[mt][n][2 * half + 1]));
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 4 lanes of a row
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                const float alpha = exp2f((row_max[mt][half] - m) * scale_log2), m_scaled = m * scale_log2;
-                row_max[mt][half] = m;
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < NT_S; ++n)
-#pragma unroll
-                    for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                        s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -m_scaled));
-                        sum += s[mt][n][e];
-                    }
-                row_sum[mt][half] = row_sum[mt][half] * alpha + sum;  // this lane's columns only
-#pragma unroll
-                for (int n = 0; n < NT_O; ++n) {
-                    o[mt][n][2 * half] *= alpha;
-                    o[mt][n][2 * half + 1] *= alpha;
                 }
-            }
 
-        // O += P V
+            // O += P V
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-            uint32_t p[M_TILES][4];
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                uint32_t p[M_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) c_to_a(p[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+                for (int mt = 0; mt < M_TILES; ++mt) c_to_a(p[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
-            for (int n = 0; n < NT_O; n += 2) {
-                uint32_t bv[4];
-                load_b_kn<D>(bv, v_tile, kk * 16, n * 8, lane);
+                for (int n = 0; n < NT_O; n += 2) {
+                    uint32_t bv[4];
+                    load_b_kn<D>(bv, v_tile, kk * 16, n * 8, lane);
 #pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt) {
-                    mma_bf16(o[mt][n], p[mt], bv[0], bv[1]);
-                    mma_bf16(o[mt][n + 1], p[mt], bv[2], bv[3]);
+                    for (int mt = 0; mt < M_TILES; ++mt) {
+                        mma_bf16(o[mt][n], p[mt], bv[0], bv[1]);
+                        mma_bf16(o[mt][n + 1], p[mt], bv[2], bv[3]);
+                    }
                 }
             }
         }
@@ -399,14 +436,16 @@ extern "C" __global__ void flash_attention_backward_delta(float* delta, const bf
 }
 
 namespace bwd {
-constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * 32, BC = KV_WARPS * 16;  // dkdv kernel
-constexpr int Q_WARPS = 4, Q_THREADS = Q_WARPS * 32, Q_ROWS = Q_WARPS * 16, Q_BC = 64;  // dq kernel
-template <int D>  // query tile rows of the dkdv kernel (fewer at D = 128, where registers are short)
-__host__ __device__ constexpr int q_rows() { return D == 64 ? 64 : 32; }
+// dkdv kernel: 4 warps of KV_M_TILES * 16 kv rows; 32-row query tiles
+constexpr int KV_WARPS = 4, KV_THREADS = KV_WARPS * 32, BQ = 32;
+template <int D>  // kv rows per warp / 16: two at D = 64; one at D = 128, where dK and dV alone take 128 registers
+__host__ __device__ constexpr int kv_m_tiles() { return D == 64 ? 2 : 1; }
+template <int D>
+__host__ __device__ constexpr int kv_rows() { return KV_WARPS * kv_m_tiles<D>() * 16; }
 template <int D>  // K, V; Q, dO double-buffered; lse, delta double-buffered
-__host__ __device__ constexpr int dkdv_shared_bytes() {
-    return tile_bytes<D>(2 * BC + 4 * q_rows<D>()) + 4 * q_rows<D>() * 4;
-}
+__host__ __device__ constexpr int dkdv_shared_bytes() { return tile_bytes<D>(2 * kv_rows<D>() + 4 * BQ) + 4 * BQ * 4; }
+// dq kernel: 4 warps of 32 query rows; 32-row K/V tiles
+constexpr int Q_WARPS = 4, Q_THREADS = Q_WARPS * 32, Q_M_TILES = 2, Q_ROWS = Q_WARPS * Q_M_TILES * 16, Q_BC = 32;
 template <int D>  // Q, dO; K, V double-buffered
 __host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q_ROWS + 4 * Q_BC); }
 }  // namespace bwd
@@ -414,27 +453,18 @@ __host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q
 // launch configuration, read by the host (llama/ops.py) from the module: per head dim (64, 128), for the
 // forward, dkdv and dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes
 __constant__ int flash_attention_config[2][9] = {
-    {fwd::THREADS, fwd::BR, fwd::shared_bytes<64>(), bwd::KV_THREADS, bwd::BC, bwd::dkdv_shared_bytes<64>(),
+    {fwd::THREADS, fwd::BR, fwd::shared_bytes<64>(), bwd::KV_THREADS, bwd::kv_rows<64>(), bwd::dkdv_shared_bytes<64>(),
      bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<64>()},
-    {fwd::THREADS, fwd::BR, fwd::shared_bytes<128>(), bwd::KV_THREADS, bwd::BC, bwd::dkdv_shared_bytes<128>(),
-     bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<128>()},
+    {fwd::THREADS, fwd::BR, fwd::shared_bytes<128>(), bwd::KV_THREADS, bwd::kv_rows<128>(),
+     bwd::dkdv_shared_bytes<128>(), bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<128>()},
 };
 
-// the step hook sees each step's dS^T; none here (dev/cuda/flash_attention_v1.cu hooks a nondeterministic
-// dQ into it, to measure what the separate deterministic dQ kernel costs)
-struct NoStepHook {
-    template <int NT>
-    __device__ __forceinline__ void operator()(const float (&)[NT][4], uint32_t, int, int) const {}
-};
-
-template <int D, typename StepHook = NoStepHook>
+template <int D>
 __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                                     const float* delta, const float* cos_table,
-                                                    const float* sin_table, int T, int H, int KV,
-                                                    StepHook step_hook = StepHook()) {
+                                                    const float* sin_table, int T, int H, int KV) {
     using namespace bwd;
-    constexpr bool KV_IN_REGISTERS = D == 64;  // at D = 128 registers hold dK, dV, S, dP: K, V A-fragments reload
-    constexpr int BQ = q_rows<D>(), KSTEPS = D / 16, NT_Q = BQ / 8, NT_D = D / 8, TILE_Q = tile_bytes<D>(BQ);
+    constexpr int MT = kv_m_tiles<D>(), BC = kv_rows<D>(), NT_Q = BQ / 8, NT_D = D / 8, TILE_Q = tile_bytes<D>(BQ);
     extern __shared__ __align__(128) unsigned char shared[];
     const uint32_t sK = smem_address(shared), sV = sK + tile_bytes<D>(BC), sQ = sV + tile_bytes<D>(BC),
                    sdO = sQ + 2 * TILE_Q;
@@ -458,6 +488,7 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
                                      out_stride);
     };
     // threads < BQ fetch lse (log2 units, +inf past T: P = 0 there), threads BQ..2BQ-1 delta (0 past T)
+    static_assert(2 * BQ <= KV_THREADS, "one thread per lse and delta value");
     auto fetch_row_stats = [&](int i) {
         if (threadIdx.x >= 2 * BQ) return 0.0f;
         const int pos = q_start(i) + threadIdx.x % BQ;
@@ -476,17 +507,15 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
     cp_async_commit();
     store_row_stats(fetch_row_stats(0), 0);
 
-    const int row_base = warp * 16, kv_row = kv0 + row_base + g;  // this lane's kv rows: kv_row, kv_row + 8
-    float dk[NT_D][4] = {}, dv[NT_D][4] = {};
-    uint32_t k_frags[KV_IN_REGISTERS ? KSTEPS : 1][4], v_frags[KV_IN_REGISTERS ? KSTEPS : 1][4];
+    const int row_base = warp * MT * 16;  // this warp's first kv row in the tile; m-tile mt, lane: rows +mt*16+g, +8
+    float dk[MT][NT_D][4] = {}, dv[MT][NT_D][4] = {};
 
     for (int i = 0; i < steps; ++i) {
         const int buf = i & 1, q0 = q_start(i);
-        float next_stats = 0.0f;
-        if (i + 1 < steps) {
+        if (i + 1 < steps) {  // buffer buf ^ 1 was last read before the previous step's closing barrier
             load_q_tiles(i + 1, buf ^ 1);
             cp_async_commit();
-            next_stats = fetch_row_stats(i + 1);
+            store_row_stats(fetch_row_stats(i + 1), buf ^ 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -495,76 +524,71 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
         const uint32_t q_tile = sQ + buf * TILE_Q, do_tile = sdO + buf * TILE_Q;
         const float* lse2 = s_lse + buf * BQ;
         const float* dlt = s_delta + buf * BQ;
-        if (KV_IN_REGISTERS && i == 0) {
-            load_a_rows<D>(k_frags, sK, row_base, lane);
-            load_a_rows<D>(v_frags, sV, row_base, lane);
+
+        if (q0 + BQ - 1 >= kv0 + row_base) {  // else every query of the tile is before this warp's kv rows
+            // S^T = K Q^T (MT * 16 kv rows x BQ queries), then P^T = exp(S^T - lse), zero where query < key
+            // P^T is kept as bf16 pairs (the precision of the dV product), which also forms dS^T: registers for MT = 2
+            float s[MT][NT_Q][4] = {};
+            mma_abt_from_tile<D, MT, NT_Q>(s, sK, row_base, q_tile, lane);
+            const bool crosses_diagonal = q0 < kv0 + row_base + MT * 16 - 1;
+            uint32_t p[MT][NT_Q][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NT_Q; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int col = n * 8 + 2 * t4 + (e & 1), kv_row = kv0 + row_base + mt * 16 + g + 8 * (e >> 1);
+                        s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -lse2[col]));
+                        if (crosses_diagonal && q0 + col < kv_row) s[mt][n][e] = 0.0f;
+                    }
+                    p[mt][n][0] = pack_bf16(s[mt][n][0], s[mt][n][1]);
+                    p[mt][n][1] = pack_bf16(s[mt][n][2], s[mt][n][3]);
+                }
+
+            // dV += P^T dO
+            mma_pb<D, MT, BQ / 16>(dv, p, do_tile, lane);
+
+            // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), also as bf16 pairs
+            float dp[MT][NT_Q][4] = {};
+            mma_abt_from_tile<D, MT, NT_Q>(dp, sV, row_base, do_tile, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NT_Q; ++n)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const float2 pp = unpack_bf16(p[mt][n][half]), dl = *reinterpret_cast<const float2*>(
+                                                                           dlt + n * 8 + 2 * t4);
+                        p[mt][n][half] = pack_bf16(pp.x * (dp[mt][n][2 * half] - dl.x),
+                                                   pp.y * (dp[mt][n][2 * half + 1] - dl.y));
+                    }
+
+            // dK += dS^T Q
+            mma_pb<D, MT, BQ / 16>(dk, p, q_tile, lane);
         }
 
-        // S^T = K Q^T (16 kv rows x BQ queries), then P^T = exp(S^T - lse), zero where query < key
-        float s[NT_Q][4] = {};
-        if constexpr (KV_IN_REGISTERS) {
-            mma_abt<D, NT_Q, KSTEPS>(s, k_frags, q_tile, lane);
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
-                uint32_t a[1][4];
-                load_a<D>(a[0], sK, row_base, kk * 16, lane);
-                mma_abt<D, NT_Q, 1>(s, a, q_tile, lane, kk);
-            }
-        }
-        const bool crosses_diagonal = q0 < kv0 + BC - 1;
-#pragma unroll
-        for (int n = 0; n < NT_Q; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = n * 8 + 2 * t4 + (e & 1);
-                s[n][e] = exp2f(fmaf(s[n][e], scale_log2, -lse2[col]));
-                if (crosses_diagonal && q0 + col < kv_row + 8 * (e >> 1)) s[n][e] = 0.0f;
-            }
-
-        // dV += P^T dO
-        mma_pb<D, BQ / 16>(dv, s, do_tile, lane);
-
-        // dP^T = V dO^T, then dS^T = P^T (dP^T - delta)
-        float dp[NT_Q][4] = {};
-        if constexpr (KV_IN_REGISTERS) {
-            mma_abt<D, NT_Q, KSTEPS>(dp, v_frags, do_tile, lane);
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
-                uint32_t a[1][4];
-                load_a<D>(a[0], sV, row_base, kk * 16, lane);
-                mma_abt<D, NT_Q, 1>(dp, a, do_tile, lane, kk);
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT_Q; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[n][e] = s[n][e] * (dp[n][e] - dlt[n * 8 + 2 * t4 + (e & 1)]);
-
-        // dK += dS^T Q
-        mma_pb<D, BQ / 16>(dk, dp, q_tile, lane);
-        step_hook(dp, sK, q_head(i), q0);  // dS^T, the K tile, query head and first query of this step
-
-        if (i + 1 < steps) store_row_stats(next_stats, buf ^ 1);
         __syncthreads();  // the next iteration's prefetch overwrites this buffer
     }
 
     const long long kv_base = (long long)b * T * stride;
-    store_rows<D>(dqkv + kv_base + (H + kv_head) * D, stride, dk, rsqrtf((float)D), kv0 + row_base, T, cos_table,
-                  sin_table, lane);
-    store_rows<D>(dqkv + kv_base + (H + KV + kv_head) * D, stride, dv, 1.0f, kv0 + row_base, T, nullptr, nullptr,
-                  lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int pos0 = kv0 + row_base + mt * 16;
+        store_rows<D>(dqkv + kv_base + (H + kv_head) * D, stride, dk[mt], rsqrtf((float)D), pos0, T, cos_table,
+                      sin_table, lane);
+        store_rows<D>(dqkv + kv_base + (H + KV + kv_head) * D, stride, dv[mt], 1.0f, pos0, T, nullptr, nullptr, lane);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(bwd::KV_THREADS)
+extern "C" __global__ void __launch_bounds__(bwd::KV_THREADS, 2)
     flash_attention_backward_dkdv_d64(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                       const float* delta, const float* cos_table, const float* sin_table, int T,
                                       int H, int KV) {
     flash_backward_dkdv<64>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV);
 }
 
-extern "C" __global__ void __launch_bounds__(bwd::KV_THREADS)
+extern "C" __global__ void __launch_bounds__(bwd::KV_THREADS, 2)
     flash_attention_backward_dkdv_d128(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                        const float* delta, const float* cos_table, const float* sin_table, int T,
                                        int H, int KV) {
@@ -577,7 +601,7 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
                                                   int T, int H, int KV) {
     using namespace bwd;
     constexpr bool A_IN_REGISTERS = D == 64;  // Q, dO A-fragments kept in registers, else reloaded
-    constexpr int KSTEPS = D / 16, NT_K = Q_BC / 8, NT_D = D / 8, TILE_KV = tile_bytes<D>(Q_BC);
+    constexpr int MT = Q_M_TILES, KSTEPS = D / 16, NT_K = Q_BC / 8, NT_D = D / 8, TILE_KV = tile_bytes<D>(Q_BC);
     extern __shared__ __align__(128) unsigned char shared[];
     const uint32_t sQ = smem_address(shared), sdO = sQ + tile_bytes<D>(Q_ROWS), sK = sdO + tile_bytes<D>(Q_ROWS),
                    sV = sK + 2 * TILE_KV;
@@ -595,17 +619,19 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
     load_tile<Q_BC, D, Q_THREADS>(sV, v_src, 0, T, stride);
     cp_async_commit();
 
-    const int row_base = warp * 16, row = q0 + row_base + g;  // this lane's rows: row, row + 8
-    float lse2[2], dlt[2];
+    const int row_base = warp * MT * 16, row = q0 + row_base + g;  // m-tile mt, lane: rows row + mt*16, +8
+    float lse2[MT][2], dlt[MT][2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int pos = row + 8 * half;
-        const long long at = ((long long)b * H + h) * T + pos;
-        lse2[half] = pos < T ? lse[at] * LOG2E : 0.0f;
-        dlt[half] = pos < T ? delta[at] : 0.0f;
-    }
-    float dq[NT_D][4] = {};
-    uint32_t q_frags[A_IN_REGISTERS ? KSTEPS : 1][4], do_frags[A_IN_REGISTERS ? KSTEPS : 1][4];
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int pos = row + mt * 16 + 8 * half;
+            const long long at = ((long long)b * H + h) * T + pos;
+            lse2[mt][half] = pos < T ? lse[at] * LOG2E : 0.0f;
+            dlt[mt][half] = pos < T ? delta[at] : 0.0f;
+        }
+    float dq[MT][NT_D][4] = {};
+    uint32_t q_frags[MT][A_IN_REGISTERS ? KSTEPS : 1][4], do_frags[MT][A_IN_REGISTERS ? KSTEPS : 1][4];
 
     for (int j = 0; j < n_tiles; ++j) {
         const int kv0 = j * Q_BC, buf = j & 1;
@@ -620,65 +646,70 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
         __syncthreads();
         const uint32_t k_tile = sK + buf * TILE_KV, v_tile = sV + buf * TILE_KV;
         if (A_IN_REGISTERS && j == 0) {
-            load_a_rows<D>(q_frags, sQ, row_base, lane);
-            load_a_rows<D>(do_frags, sdO, row_base, lane);
-        }
-
-        // S = Q K^T, P = exp(S - lse), zero after the diagonal
-        float s[NT_K][4] = {};
-        if constexpr (A_IN_REGISTERS) {
-            mma_abt<D, NT_K, KSTEPS>(s, q_frags, k_tile, lane);
-        } else {
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
-                uint32_t a[1][4];
-                load_a<D>(a[0], sQ, row_base, kk * 16, lane);
-                mma_abt<D, NT_K, 1>(s, a, k_tile, lane, kk);
+            for (int mt = 0; mt < MT; ++mt) {
+                load_a_rows<D>(q_frags[mt], sQ, row_base + mt * 16, lane);
+                load_a_rows<D>(do_frags[mt], sdO, row_base + mt * 16, lane);
             }
         }
-        const bool crosses_diagonal = kv0 + Q_BC - 1 > q0;
-#pragma unroll
-        for (int n = 0; n < NT_K; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[n][e] = exp2f(fmaf(s[n][e], scale_log2, -lse2[e >> 1]));
-                if (crosses_diagonal && kv0 + n * 8 + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) s[n][e] = 0.0f;
-            }
 
-        // dP = dO V^T, dS = P (dP - delta)
-        float dp[NT_K][4] = {};
-        if constexpr (A_IN_REGISTERS) {
-            mma_abt<D, NT_K, KSTEPS>(dp, do_frags, v_tile, lane);
-        } else {
+        if (kv0 <= q0 + row_base + MT * 16 - 1) {  // else every key of the tile is after this warp's rows
+            // S = Q K^T, P = exp(S - lse), zero after the diagonal
+            // P is kept as bf16 pairs (as in the dK/dV kernel, where it also feeds dV: the same dS in both)
+            float s[MT][NT_K][4] = {};
+            if constexpr (A_IN_REGISTERS) mma_abt<D, MT, NT_K, KSTEPS>(s, q_frags, k_tile, lane);
+            else mma_abt_from_tile<D, MT, NT_K>(s, sQ, row_base, k_tile, lane);
+            const bool crosses_diagonal = kv0 + Q_BC - 1 > q0 + row_base;
+            uint32_t p[MT][NT_K][2];
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
-                uint32_t a[1][4];
-                load_a<D>(a[0], sdO, row_base, kk * 16, lane);
-                mma_abt<D, NT_K, 1>(dp, a, v_tile, lane, kk);
-            }
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NT_K; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -lse2[mt][e >> 1]));
+                        if (crosses_diagonal && kv0 + n * 8 + 2 * t4 + (e & 1) > row + mt * 16 + 8 * (e >> 1))
+                            s[mt][n][e] = 0.0f;
+                    }
+                    p[mt][n][0] = pack_bf16(s[mt][n][0], s[mt][n][1]);
+                    p[mt][n][1] = pack_bf16(s[mt][n][2], s[mt][n][3]);
+                }
+
+            // dP = dO V^T, dS = P (dP - delta), as bf16 pairs
+            float dp[MT][NT_K][4] = {};
+            if constexpr (A_IN_REGISTERS) mma_abt<D, MT, NT_K, KSTEPS>(dp, do_frags, v_tile, lane);
+            else mma_abt_from_tile<D, MT, NT_K>(dp, sdO, row_base, v_tile, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NT_K; ++n)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const float2 pp = unpack_bf16(p[mt][n][half]);
+                        p[mt][n][half] = pack_bf16(pp.x * (dp[mt][n][2 * half] - dlt[mt][half]),
+                                                   pp.y * (dp[mt][n][2 * half + 1] - dlt[mt][half]));
+                    }
+
+            // dQ += dS K
+            mma_pb<D, MT, Q_BC / 16>(dq, p, k_tile, lane);
         }
-#pragma unroll
-        for (int n = 0; n < NT_K; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[n][e] = s[n][e] * (dp[n][e] - dlt[e >> 1]);
-
-        // dQ += dS K
-        mma_pb<D, Q_BC / 16>(dq, dp, k_tile, lane);
         __syncthreads();
     }
 
-    store_rows<D>(dqkv + (long long)b * T * stride + h * D, stride, dq, rsqrtf((float)D), q0 + row_base, T, cos_table,
-                  sin_table, lane);
+    bf16* dq_dst = dqkv + (long long)b * T * stride + h * D;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        store_rows<D>(dq_dst, stride, dq[mt], rsqrtf((float)D), q0 + row_base + mt * 16, T, cos_table, sin_table, lane);
 }
 
-extern "C" __global__ void __launch_bounds__(bwd::Q_THREADS)
+extern "C" __global__ void __launch_bounds__(bwd::Q_THREADS, 2)
     flash_attention_backward_dq_d64(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                     const float* delta, const float* cos_table, const float* sin_table, int T, int H,
                                     int KV) {
     flash_backward_dq<64>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV);
 }
 
-extern "C" __global__ void __launch_bounds__(bwd::Q_THREADS)
+extern "C" __global__ void __launch_bounds__(bwd::Q_THREADS, 2)
     flash_attention_backward_dq_d128(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                      const float* delta, const float* cos_table, const float* sin_table, int T, int H,
                                      int KV) {

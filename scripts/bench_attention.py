@@ -1,7 +1,8 @@
-"""Causal GQA attention in bf16: our flash attention (kernels/flash_attention.cu) against
+"""Causal GQA attention in bf16: our flash attention, each version of the ladder asked for (dev/cuda/
+flash_attention_v<N>.cu; the last is kernels/flash_attention.cu), against
 torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True), measured in the same run.
 
-    python scripts/bench_attention.py [--repeats 30] [--shapes 16,12,4,1024,64 8,32,8,2048,64 ...]
+    python scripts/bench_attention.py [--versions 1 2] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
 TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 3.5x that forward+backward;
 median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous (B, H, T, D) q, k, v
@@ -19,19 +20,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
 
 import flash_attention as ladder  # noqa: E402  (dev/cuda/flash_attention.py)
-from llama import ops  # noqa: E402
 from llama.cuda import runtime  # noqa: E402
 
 SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128)]
 
 
-def bench_ours(B, H, KV, T, D, repeats):
-    buf = ladder.Buffers(B, T, H, KV, D)
-    src = ops.FlashSource()
+def bench_ours(buf, version, repeats):
+    src = ladder.source(version)
     forward = ladder.time_ms(lambda: buf.forward(src), repeats)
     backward = ladder.time_ms(lambda: buf.backward(src), repeats)
-    atomic = ladder.time_ms(lambda: buf.backward_atomic(ladder.source(1)), repeats)
     both = ladder.time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats)
+    atomic = None
+    if version == ladder.ATOMIC_DQ_VERSION:
+        atomic = ladder.time_ms(lambda: buf.backward_atomic(src), repeats)
     extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.delta, buf.dqkv))
     return {"fwd_ms": forward, "fwdbwd_ms": both, "bwd_ms": backward, "bwd_atomic_ms": atomic, "memory": extra}
 
@@ -67,6 +68,7 @@ def bench_sdpa(B, H, KV, T, D, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2], help="ladder versions to time")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
     args = parser.parse_args()
@@ -75,24 +77,27 @@ def main():
     rows = []
     for B, H, KV, T, D in shapes:
         flops = 2 * B * H * T * T * D
-        ours, sdpa = bench_ours(B, H, KV, T, D, args.repeats), bench_sdpa(B, H, KV, T, D, args.repeats)
-        row = {"shape": f"{B},{H},{KV},{T},{D}",
-               "fwd": flops / ours["fwd_ms"] / 1e9, "sdpa_fwd": flops / sdpa["fwd_ms"] / 1e9,
-               "fb": 3.5 * flops / ours["fwdbwd_ms"] / 1e9, "sdpa_fb": 3.5 * flops / sdpa["fwdbwd_ms"] / 1e9,
-               "bwd_ms": ours["bwd_ms"], "bwd_atomic_ms": ours["bwd_atomic_ms"],
-               "mem": ours["memory"] / 2**20, "sdpa_mem": sdpa["memory"] / 2**20}
-        rows.append(row)
-        print(row, flush=True)
-    print("\nTFLOP/s (ratio = ours / SDPA); backward ms deterministic vs atomic dQ (dev variant); "
-          "MiB beyond the inputs")
-    header = (f"{'B,H,KV,T,D':<20}{'fwd':>7}{'sdpa':>7}{'ratio':>7}{'fwd+bwd':>9}{'sdpa':>7}{'ratio':>7}"
-              f"{'bwd det':>9}{'atomic':>8}{'det cost':>9}{'mem':>8}{'sdpa':>8}")
-    print(header)
+        buf = ladder.Buffers(B, T, H, KV, D)
+        ours = {v: bench_ours(buf, v, args.repeats) for v in args.versions}
+        del buf
+        sdpa = bench_sdpa(B, H, KV, T, D, args.repeats)
+        for name, r in [(f"v{v}", ours[v]) for v in args.versions] + [("sdpa", sdpa)]:
+            row = {"shape": f"{B},{H},{KV},{T},{D}", "name": name, "fwd": flops / r["fwd_ms"] / 1e9,
+                   "fb": 3.5 * flops / r["fwdbwd_ms"] / 1e9, "sdpa_fwd": flops / sdpa["fwd_ms"] / 1e9,
+                   "sdpa_fb": 3.5 * flops / sdpa["fwdbwd_ms"] / 1e9, "bwd_ms": r.get("bwd_ms"),
+                   "bwd_atomic_ms": r.get("bwd_atomic_ms"), "mem": r["memory"] / 2**20}
+            rows.append(row)
+            print(row, flush=True)
+    print("\nTFLOP/s (ratio = ours / SDPA); backward ms, and for v1 its dev-only atomic-dQ backward and what "
+          "determinism costs; MiB beyond the inputs")
+    print(f"{'B,H,KV,T,D':<20}{'':<6}{'fwd':>7}{'ratio':>7}{'fwd+bwd':>9}{'ratio':>7}"
+          f"{'bwd ms':>9}{'atomic':>8}{'det cost':>9}{'mem':>8}")
     for r in rows:
-        print(f"{r['shape']:<20}{r['fwd']:7.0f}{r['sdpa_fwd']:7.0f}{r['fwd'] / r['sdpa_fwd']:7.2f}"
-              f"{r['fb']:9.0f}{r['sdpa_fb']:7.0f}{r['fb'] / r['sdpa_fb']:7.2f}"
-              f"{r['bwd_ms']:9.3f}{r['bwd_atomic_ms']:8.3f}{r['bwd_ms'] / r['bwd_atomic_ms'] - 1:+9.0%}"
-              f"{r['mem']:8.0f}{r['sdpa_mem']:8.0f}")
+        bwd = f"{r['bwd_ms']:9.3f}" if r["bwd_ms"] is not None else f"{'':9}"
+        atomic = (f"{r['bwd_atomic_ms']:8.3f}{r['bwd_ms'] / r['bwd_atomic_ms'] - 1:+9.0%}"
+                  if r["bwd_atomic_ms"] is not None else f"{'':17}")
+        print(f"{r['shape']:<20}{r['name']:<6}{r['fwd']:7.0f}{r['fwd'] / r['sdpa_fwd']:7.2f}"
+              f"{r['fb']:9.0f}{r['fb'] / r['sdpa_fb']:7.2f}{bwd}{atomic}{r['mem']:8.0f}")
 
 
 if __name__ == "__main__":

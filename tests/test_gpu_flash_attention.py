@@ -1,6 +1,10 @@
-"""bf16 flash attention (kernels/flash_attention.cu) against the float64 reference of the same
-bf16-rounded inputs: O, LSE, dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, D = 64
-and 128, B = 1 and 3; outputs NaN-poisoned first; determinism, the fused inverse RoPE, no allocation."""
+"""bf16 flash attention (kernels/flash_attention.cu, ladder version 2, and version 1 kept in
+dev/cuda/flash_attention_v1.cu) against the float64 reference of the same bf16-rounded inputs: O, LSE,
+dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, D = 64 and 128, B = 1 and 3; outputs
+NaN-poisoned first; determinism, the fused inverse RoPE, no allocation."""
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +23,20 @@ CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 
          (1, 2048, 2, 1)]
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
+import flash_attention as ladder  # noqa: E402  (dev/cuda/flash_attention.py)
+
+VERSIONS = [1, 2]  # 2 is the production build (kernels/flash_attention.cu), 1 the dev/cuda ladder's
+
+
 @pytest.fixture(scope="module")
 def ops():
     from llama import ops
     return ops
+
+
+def flash_source(ops, version):
+    return ops.FlashSource() if version == VERSIONS[-1] else ladder.source(version)
 
 
 def bf16_randn(*shape) -> np.ndarray:
@@ -35,15 +49,16 @@ def to_bf16(x: np.ndarray):
     return to_device(x.astype(BF16))
 
 
-def run_forward(ops, qkv_d, B, T, H, KV, D):
+def run_forward(ops, qkv_d, B, T, H, KV, D, version=VERSIONS[-1]):
     out, lse = poisoned((B, T, H * D), BF16), poisoned((B, H, T))
-    ops.flash_attention_forward(out, lse, qkv_d, H, KV)
+    ops.flash_attention_forward(out, lse, qkv_d, H, KV, source=flash_source(ops, version))
     return out, lse
 
 
-def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None):
+def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None, version=VERSIONS[-1]):
     dqkv, delta = poisoned(qkv_d.shape, BF16), poisoned(lse.shape)
-    ops.flash_attention_backward(dqkv, delta, dout_d, out, lse, qkv_d, H, KV, cos, sin)
+    ops.flash_attention_backward(dqkv, delta, dout_d, out, lse, qkv_d, H, KV, cos, sin,
+                                 source=flash_source(ops, version))
     return dqkv
 
 
@@ -62,42 +77,45 @@ def check_dqkv(name, dqkv, expected, H, KV, D, T):
         assert err <= TOL, f"{name}_{part}: relative error {err:.3e} > {TOL}"
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B, T, H, KV", CASES)
-def test_flash_attention(ops, B, T, H, KV, D):
+def test_flash_attention(ops, B, T, H, KV, D, version):
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
-    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
     ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
-    check("flash_attention_forward_out", out, ref_out, tol=TOL)
-    check("flash_attention_forward_lse", lse, ref_lse, tol=TOL)
-    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV)
+    check(f"flash_attention_v{version}_forward_out", out, ref_out, tol=TOL)
+    check(f"flash_attention_v{version}_forward_lse", lse, ref_lse, tol=TOL)
+    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, version=version)
     expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
-    check_dqkv("flash_attention_backward", dqkv, expected, H, KV, D, T)
+    check_dqkv(f"flash_attention_v{version}_backward", dqkv, expected, H, KV, D, T)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("D", [64, 128])
-def test_flash_attention_backward_fused_rope(ops, D):
+def test_flash_attention_backward_fused_rope(ops, D, version):
     B, T, H, KV = 2, 300, 4, 1
     config = get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV)
     cos, sin = (x.astype(np.float32).astype(np.float64) for x in ref.rope_cos_sin(config, T + 5))
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
-    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
-    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin))
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
+    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), version)
     ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
     expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
-    check_dqkv("flash_attention_backward_rope", dqkv, expected, H, KV, D, T)
+    check_dqkv(f"flash_attention_v{version}_backward_rope", dqkv, expected, H, KV, D, T)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("D", [64, 128])
-def test_flash_attention_deterministic(ops, D):
+def test_flash_attention_deterministic(ops, D, version):
     B, T, H, KV = 2, 777, 8, 2
     qkv_d, dout_d = to_bf16(bf16_randn(B, T, (H + 2 * KV) * D)), to_bf16(bf16_randn(B, T, H * D))
     runs = []
     for _ in range(2):
-        out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
-        dqkv = run_backward(ops, dout_d, out, lse, qkv_d, H, KV)
+        out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
+        dqkv = run_backward(ops, dout_d, out, lse, qkv_d, H, KV, version=version)
         runs.append([a.download().view(np.uint16) if a.dtype == BF16 else a.download().view(np.uint32)
                      for a in (out, lse, dqkv)])
     for name, first, second in zip(("out", "lse", "dqkv"), *runs):
@@ -134,19 +152,15 @@ def test_flash_attention_allocates_nothing(ops):
 def test_flash_attention_atomic_dq_dev_variant(ops, D):
     """The dev-only nondeterministic backward (dev/cuda/flash_attention_v1.cu: dQ by fp32 atomics) that
     scripts/bench_attention.py times against the deterministic one computes the same gradients."""
-    import sys
-    from pathlib import Path
     from llama.cuda import empty
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
-    import flash_attention as ladder
     B, T, H, KV = 2, 333, 4, 1
     cos, sin = (x.astype(np.float32).astype(np.float64) for x in
                 ref.rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
-    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, ladder.ATOMIC_DQ_VERSION)
     dqkv = poisoned(qkv_d.shape, BF16)
-    ladder.backward_atomic_dq(ladder.source(1), dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out,
+    ladder.backward_atomic_dq(ladder.source(ladder.ATOMIC_DQ_VERSION), dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out,
                               lse, qkv_d, H, KV, dev(cos), dev(sin))
     ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
     expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)

@@ -1,12 +1,11 @@
 """Runner of the flash attention ladder (dev/cuda/flash_attention_v<N>.cu), as llm.c's dev/cuda:
-compile one version, check it against the float64 reference on random inputs, time it.
+compile versions, check each against the float64 reference on random inputs, time them side by side.
 
-    python dev/cuda/flash_attention.py --version 1 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
+    python dev/cuda/flash_attention.py --versions 1 2 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
 
-Checks forward (out, lse) and backward (dq, dk, dv, deterministic dQ kernel and the atomic-dQ variant)
-at a small shape first (--check-T), then times forward, backward and the atomic-dQ backward with CUDA
-events (torch's when torch is importable) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal),
-backward 2.5x that.
+Checks forward (out, lse) and backward (dq, dk, dv; for v1 also its atomic-dQ variant) at a small shape
+first (--check-T), then times forward, backward (and v1's atomic-dQ backward) with CUDA events (torch's
+when torch is importable) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal), backward 2.5x that.
 """
 
 from __future__ import annotations
@@ -25,6 +24,9 @@ from llama import reference as ref  # noqa: E402
 from llama.cuda import BF16, empty, runtime, to_device  # noqa: E402
 
 DEV_DIR = Path(__file__).resolve().parent
+
+
+ATOMIC_DQ_VERSION = 1  # the ladder version that carries the dev-only atomic-dQ backward
 
 
 def source(version: int) -> ops.FlashSource:
@@ -91,7 +93,8 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
     buf.forward(src)
     errors = {"out": relative_error(buf.out.download(), ref_out), "lse": relative_error(buf.lse.download(), ref_lse)}
     parts = {"dq": slice(0, H * D), "dk": slice(H * D, (H + KV) * D), "dv": slice((H + KV) * D, None)}
-    for name, run in (("", buf.backward), ("atomic ", buf.backward_atomic)):
+    runs = [("", buf.backward)] + [("atomic ", buf.backward_atomic)] * (version == ATOMIC_DQ_VERSION)
+    for name, run in runs:
         run(src)
         dqkv = buf.dqkv.download()
         for part, cols in parts.items():
@@ -127,7 +130,7 @@ def time_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", type=int, default=1)
+    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2])
     for name, default in (("B", 8), ("H", 32), ("KV", 8), ("T", 2048), ("D", 64)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--check-T", type=int, default=1000,
@@ -135,25 +138,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     B, H, KV, T, D = args.B, args.H, args.KV, args.T, args.D
-    print(f"flash_attention_v{args.version} on {runtime().name}")
     if H % KV:
         sys.exit(f"{H} query heads cannot share {KV} kv heads")
-    errors = check(args.version, 2, args.check_T, H // KV, 1, D)
-    print(f"check B=2 T={args.check_T} H={H // KV} KV=1 D={D}: " +
-          ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
-    if max(errors.values()) > 1e-2:
-        sys.exit("FAILED: relative error above 1e-2")
+    print(f"flash attention ladder on {runtime().name}")
+    for version in args.versions:
+        errors = check(version, 2, args.check_T, H // KV, 1, D)
+        print(f"v{version} check B=2 T={args.check_T} H={H // KV} KV=1 D={D}: " +
+              ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+        if max(errors.values()) > 1e-2:
+            sys.exit(f"FAILED: v{version} relative error above 1e-2")
 
-    src, buf = source(args.version), Buffers(B, T, H, KV, D)
-    flops = 2 * B * H * T * T * D
-    forward = time_ms(lambda: buf.forward(src), args.repeats)
-    backward = time_ms(lambda: buf.backward(src), args.repeats)
-    atomic = time_ms(lambda: buf.backward_atomic(src), args.repeats)
-    print(f"B={B} H={H} KV={KV} T={T} D={D}")
-    print(f"forward            {forward:8.3f} ms  {flops / forward / 1e9:6.1f} TFLOP/s")
-    print(f"backward           {backward:8.3f} ms  {2.5 * flops / backward / 1e9:6.1f} TFLOP/s  (deterministic)")
-    print(f"backward atomic dQ {atomic:8.3f} ms  {2.5 * flops / atomic / 1e9:6.1f} TFLOP/s  (nondeterministic)")
-    print(f"forward+backward   {forward + backward:8.3f} ms  {3.5 * flops / (forward + backward) / 1e9:6.1f} TFLOP/s")
+    buf, flops = Buffers(B, T, H, KV, D), 2 * B * H * T * T * D
+    print(f"B={B} H={H} KV={KV} T={T} D={D}: ms (TFLOP/s)")
+    print(f"{'version':<9}{'forward':>17}{'backward':>17}{'forward+backward':>19}")
+    for version in args.versions:
+        src = source(version)
+        forward = time_ms(lambda: buf.forward(src), args.repeats)
+        backward = time_ms(lambda: buf.backward(src), args.repeats)
+        print(f"v{version:<8}{forward:9.3f} ({flops / forward / 1e9:4.0f}){backward:9.3f} "
+              f"({2.5 * flops / backward / 1e9:4.0f}){forward + backward:11.3f} "
+              f"({3.5 * flops / (forward + backward) / 1e9:4.0f})")
+        if version == ATOMIC_DQ_VERSION:
+            atomic = time_ms(lambda: buf.backward_atomic(src), args.repeats)
+            print(f"  v{version} backward with atomic dQ (nondeterministic): {atomic:.3f} ms "
+                  f"({2.5 * flops / atomic / 1e9:.0f}); determinism costs {backward / atomic - 1:+.0%}")
 
 
 if __name__ == "__main__":
