@@ -72,7 +72,7 @@ class GPUModelBF16(TrainStep):
         layer = kept if self.recompute else kept | recomputed
         shared = {"branch": (N, C), "residual": (N, C), "lnf": (N, C), "rstdf": (N,), "losses": (N,),
                   "logits": (min(CLASSIFIER_CHUNK, N), c.vocab_size),
-                  "dresidual": (N, C), "dln": (N, C), "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D),
+                  "dresidual": (N, C), "dln": (N, C), "datt": (b, t, H * D),
                   "dqkv": (b, t, (H + 2 * KV) * D), "delta": (b, H, t)}
         return layer, shared | (recomputed if self.recompute else {})
 
@@ -222,13 +222,14 @@ class GPUModelBF16(TrainStep):
             pre, a = f"layers.{i}.", layers[i]
             if self.recompute:
                 ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            ops.gemm(s["dffn"], dx, self.weight(pre + "feed_forward.w2.weight"))
             ops.gemm(grad(pre + "feed_forward.w2.weight"), dx, a["ffn"], trans_a=True, accumulate=True)
-            ops.swiglu_backward_bf16(s["dgate_up"], s["dffn"], a["gate_up"])
+            dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
+            ops.gemm(dffn, dx, self.weight(pre + "feed_forward.w2.weight"))
+            ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
             if self.recompute:
                 ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.weight(pre + "ffn_norm.weight"), c.norm_eps)
-            ops.gemm(s["dln"], s["dgate_up"], self._fused(self.params_bf16, L.w13(i)))
-            ops.gemm(self._fused(self.grads, L.w13(i)), s["dgate_up"], a["ln2"], trans_a=True, accumulate=True)
+            ops.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
+            ops.gemm(self._fused(self.grads, L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
                                       self.weight(pre + "ffn_norm.weight"), a["rstd2"])
             ops.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
