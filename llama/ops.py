@@ -698,10 +698,12 @@ def fused_classifier_bf16(logits: DeviceArray, losses: DeviceArray, targets: Dev
     _check("logits", logits, (n, V), BF16)
     _check("losses", losses, (n,))
     _check("targets", targets, (n,), I32)
-    cached_vectors = min(V // 8 + 1, _max_shared_bytes() // 16)  # as much of a row as shared memory holds
-    _kernel("classifier", "fused_classifier_bf16", "PPPifi")((n,), CLASSIFIER_BLOCK, logits.ptr, losses.ptr,
-                                                             targets.ptr, V, np.float32(dloss), cached_vectors,
-                                                             shared=cached_vectors * 16)
+    # thread t keeps vectors t + k * CLASSIFIER_BLOCK of a row: as many slots as shared memory holds,
+    # then CLASSIFIER_REG_VECTORS in registers (kernels/classifier.cu); one block per multiprocessor
+    smem_slots = min(math.ceil(V // 8 / CLASSIFIER_BLOCK), _max_shared_bytes() // (16 * CLASSIFIER_BLOCK))
+    _kernel("classifier", "fused_classifier_bf16", "PPPiifi")(
+        (max(1, min(n, multiprocessors())),), CLASSIFIER_BLOCK, logits.ptr, losses.ptr, targets.ptr, n, V,
+        np.float32(dloss), smem_slots, shared=smem_slots * CLASSIFIER_BLOCK * 16)
 
 
 def loss_accumulate(total: DeviceArray, losses: DeviceArray, scale: float) -> None:
