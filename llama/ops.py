@@ -527,6 +527,7 @@ def adamw_update(params: DeviceArray, grads: DeviceArray, m: DeviceArray, v: Dev
 # (llama.cuda.zeros); every launch leaves the counters at zero again.
 
 EMBEDDING_SEGMENT = 16  # positions per segment, as in kernels/embedding.cu
+EMBEDDING_FORWARD_VECTORS = 4  # 16-byte vectors per thread of embedding_forward_bf16, as in kernels/embedding.cu
 RMSNORM_BF16_PARTS, RMSNORM_BF16_GROUP = 256, 16  # fixed row partition of the dweight sums, and its grouping
 GRAD_NORM_BLOCKS = 512  # fixed, so that the grad norm is the same on every GPU
 ADAMW_SCALARS = 3  # lr, 1 - beta1^step, 1 - beta2^step
@@ -556,8 +557,8 @@ def embedding_forward_bf16(out: DeviceArray, tokens: DeviceArray, wte: DeviceArr
     _check("wte", wte, (V, C), BF16)
     _check("out", out, (N, C), BF16)
     _check_vectors(C, out=out, wte=wte)
-    _kernel("embedding", "embedding_forward_bf16", "PPPii")(_blocks(N * C // 8), BLOCK, out.ptr, tokens.ptr, wte.ptr,
-                                                             N, C)
+    _kernel("embedding", "embedding_forward_bf16", "PPPii")(_blocks(N * C // 8, BLOCK * EMBEDDING_FORWARD_VECTORS),
+                                                             BLOCK, out.ptr, tokens.ptr, wte.ptr, N, C)
 
 
 def token_segments(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
