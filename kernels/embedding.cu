@@ -100,13 +100,8 @@ extern "C" __global__ void __launch_bounds__(1024) embedding_backward_bf16(
         store_f32x8(partial + (long long)blockIdx.x * C + c, sum);
         const int first = blockIdx.x - index;
         if (!arrive_last(&counters[first], count)) return;
-        for (int k = 0; k < 8; k++) sum[k] = 0.0f;
-        for (int s = first; s < first + count; s++) {
-            float p[8];
-            load_f32x8_l2(p, partial + (long long)s * C + c);
-            for (int k = 0; k < 8; k++) sum[k] += p[k];
-        }
-        load_f32x8(w, row);
+        sum_partial_rows(dwte + (long long)token * C, partial + (long long)first * C, count, C, true);
+        return;
     }
     for (int k = 0; k < 8; k++) w[k] += sum[k];
     store_f32x8(row, w);

@@ -107,32 +107,6 @@ extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln
     }
 }
 
-#define PARTIAL_ROWS_IN_FLIGHT 4  // partial rows loaded before they are added (in order), so L2 latency overlaps
-
-// out (C,) = (or +=) the sum of the P rows of partial (P, C) in order; all threads of the block
-__device__ void sum_partial_rows(float* out, const float* partial, int P, int C, bool accumulate) {
-    const int threads = blockDim.x * blockDim.y;
-    for (int c = (threadIdx.y * blockDim.x + threadIdx.x) * 8; c < C; c += threads * 8) {
-        float sum[8] = {};
-        for (int p0 = 0; p0 < P; p0 += PARTIAL_ROWS_IN_FLIGHT) {
-            float v[PARTIAL_ROWS_IN_FLIGHT][8];
-#pragma unroll
-            for (int u = 0; u < PARTIAL_ROWS_IN_FLIGHT; u++)
-                if (p0 + u < P) load_f32x8_l2(v[u], partial + (long long)(p0 + u) * C + c);
-#pragma unroll
-            for (int u = 0; u < PARTIAL_ROWS_IN_FLIGHT; u++)
-                if (p0 + u < P)
-                    for (int k = 0; k < 8; k++) sum[k] += v[u][k];
-        }
-        if (accumulate) {
-            float o[8];
-            load_f32x8(o, out + c);
-            for (int k = 0; k < 8; k++) sum[k] += o[k];
-        }
-        store_f32x8(out + c, sum);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_backward_bf16(
     bf16* dresidual, float* dweight, float* partial, float* group_partial, unsigned int* counters, const bf16* dln,
     const bf16* h, const bf16* weight, const float* rstd, int N, int C, int rows_per_part, int group) {
