@@ -2,6 +2,7 @@
 // - 16-byte vectors: 8 bf16 in one uint4, converted to and from 8 floats (float to bf16 rounds to
 //   nearest even). The kernels compute in fp32 and move memory in these vectors.
 // - row_sum: a sum over the threads of one row of a 2D block (threadIdx.y picks the row).
+// - sum_partial_rows: out (C,) = or += the rows of partial (P, C) added in order, a block's last step.
 // - arrive_last: the handshake that lets the last block of a launch (or of a group of blocks) finish
 //   a reduction over the others' partial results, so a deterministic reduction takes one launch.
 #pragma once
@@ -67,6 +68,32 @@ __device__ __forceinline__ T row_sum(T v) {
     T total = T(0);
     for (int w = 0; w < warps_per_row; w++) total += partial[threadIdx.y * warps_per_row + w];
     return total;
+}
+
+#define PARTIAL_ROWS_IN_FLIGHT 4  // partial rows loaded before they are added (in order), so L2 latency overlaps
+
+// out (C,) = (or +=) the sum of the P rows of partial (P, C) in order; all threads of the block
+__device__ void sum_partial_rows(float* out, const float* partial, int P, int C, bool accumulate) {
+    const int threads = blockDim.x * blockDim.y;
+    for (int c = (threadIdx.y * blockDim.x + threadIdx.x) * 8; c < C; c += threads * 8) {
+        float sum[8] = {};
+        for (int p0 = 0; p0 < P; p0 += PARTIAL_ROWS_IN_FLIGHT) {
+            float v[PARTIAL_ROWS_IN_FLIGHT][8];
+#pragma unroll
+            for (int u = 0; u < PARTIAL_ROWS_IN_FLIGHT; u++)
+                if (p0 + u < P) load_f32x8_l2(v[u], partial + (long long)(p0 + u) * C + c);
+#pragma unroll
+            for (int u = 0; u < PARTIAL_ROWS_IN_FLIGHT; u++)
+                if (p0 + u < P)
+                    for (int k = 0; k < 8; k++) sum[k] += v[u][k];
+        }
+        if (accumulate) {
+            float o[8];
+            load_f32x8(o, out + c);
+            for (int k = 0; k < 8; k++) sum[k] += o[k];
+        }
+        store_f32x8(out + c, sum);
+    }
 }
 
 // True in the block that arrives last at `counter` among `blocks` arrivals. Every thread of the block

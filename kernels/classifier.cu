@@ -6,21 +6,29 @@
 // so that both stay accurate when the loss is near zero.
 //
 // fused_classifier_bf16: the same for bf16 logits (n, V) of a chunk of n tokens, any V; losses (n,) fp32,
-//   dlogits written over the logits in bf16. The row is read in 16-byte vectors (the elements before
-//   the row's first 16-byte boundary and after its last one, fewer than 8 each, one per thread). Each
-//   thread keeps an online max m and `rest`, the sum of exp(x - m) over its elements except the one
-//   at m (whose term is the implicit 1), in fp32. The block adds the threads' terms in double without
+//   dlogits written over the logits in bf16. Persistent: one 1024-thread block per multiprocessor
+//   (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte vectors
+//   (the elements before its first 16-byte boundary and after its last one, fewer than 8 each, one per
+//   thread); thread t owns vectors t + k * blockDim.x. Its first `smem_slots` ones stay in dynamic
+//   shared memory between the passes (smem_slots * blockDim.x * 16 bytes; slot k of thread t at
+//   k * blockDim.x + t, read back only by t), the next CLASSIFIER_REG_VECTORS in registers, and any
+//   beyond those (V above ~131k on Hopper) are read again in the gradient pass. The gradient pass of
+//   row r refills each slot, once it has been read, with row r + gridDim.x (cp.async into shared
+//   memory in two commit groups, plain loads into registers), so reading the next row overlaps writing
+//   this one and the max/sum pass reads on-chip memory only.
+//   Each thread keeps an online max m and `rest`, the sum of exp(x - m) over its elements except the
+//   one at m (whose term is the implicit 1), in fp32. The block adds the threads' terms in double without
 //   the implicit 1 of the row's maximum, so rest_total = sum - 1 stays accurate when the model is
 //   confident: loss = log1p(rest_total) - (x[target] - max) and the target's gradient
 //   (expm1(x[target] - max) - rest_total) / sum lose nothing to cancellation. Per-element exponentials
-//   use the fast __expf (relative error ~1e-6 over the logits' range), which keeps the kernel
-//   memory-bound. The first pass keeps the row's first `cached_vectors` vectors in dynamic shared
-//   memory (cached_vectors * 16 bytes; up to ~90% of a 128256-wide row on Hopper), so the second pass
-//   reads only the rest again from global memory, with streaming hints, as it writes the gradient.
+//   are ex2.approx of fmaf(x, log2 e, -m log2 e) (relative error ~1e-6 over the logits' range), which
+//   keeps the kernel memory-bound; a vector that raises a thread's max takes the exact path, which
+//   finds the implicit 1.
 // loss_accumulate: total (1,) += scale * sum(losses (n,)), one block, in a fixed order.
 #include "bf16.cuh"
 
-#define CLASSIFIER_UNROLL 4  // 16-byte loads in flight per thread
+#define CLASSIFIER_UNROLL 2       // 16-byte loads in flight per thread where a row is read past the kept part
+#define CLASSIFIER_REG_VECTORS 2  // 16-byte vectors of a row each thread keeps in registers between the passes
 
 extern "C" __global__ void fused_classifier(float* logits, float* losses, const int* targets, int V, float dloss) {
     float* x = logits + (long long)blockIdx.x * V;
@@ -49,7 +57,7 @@ extern "C" __global__ void fused_classifier(float* logits, float* losses, const 
     }
 }
 
-// add COUNT values to the online state (m, rest) of one thread
+// add COUNT values to the online state (m, rest) of one thread, finding the implicit 1 of a new max
 template <int COUNT>
 __device__ __forceinline__ void online_softmax_update(float& m, float& rest, const float* v) {
     float v_max = v[0];
@@ -67,76 +75,196 @@ __device__ __forceinline__ void online_softmax_update(float& m, float& rest, con
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) fused_classifier_bf16(bf16* logits, float* losses,
-                                                                         const int* targets, int V, float dloss,
-                                                                         int cached_vectors) {
-    extern __shared__ uint4 cached[];  // (cached_vectors,): each thread reads back only what it wrote
-    bf16* x = logits + (long long)blockIdx.x * V;
-    const int target = targets[blockIdx.x];
-    const float target_logit = __bfloat162float(x[target]);
-    const int head = min(V, (int)((16 - reinterpret_cast<size_t>(x) % 16) % 16 / 2));
-    const int vectors = (V - head) / 8, tail = head + vectors * 8;
-    uint4* xv = reinterpret_cast<uint4*>(x + head);
-    const int stride = blockDim.x;
-    // the head and tail elements, at most 7 each: thread j < head takes element j, the next ones the tail
-    const bool has_scalar = threadIdx.x < head + V - tail;
-    const int scalar = threadIdx.x < head ? threadIdx.x : tail + threadIdx.x - head;
+#define LOG2E 1.4426950408889634f
 
-    float m = -INFINITY, rest = 0.0f;
-    if (has_scalar) {
-        const float v = __bfloat162float(x[scalar]);
-        online_softmax_update<1>(m, rest, &v);
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// add a vector of 8 logits to the online state: one fmaf and one ex2 per element, unless it raises the max
+__device__ __forceinline__ void online_softmax_update8(float& m, float& rest, uint4 raw) {
+    float v[8];
+    unpack_bf16x8(v, raw);
+    float v_max = v[0];
+#pragma unroll
+    for (int k = 1; k < 8; k++) v_max = fmaxf(v_max, v[k]);
+    if (v_max > m) {  // rare once a thread has seen a few vectors
+        online_softmax_update<8>(m, rest, v);
+        return;
     }
-    for (int i = threadIdx.x; i < vectors; i += CLASSIFIER_UNROLL * stride) {
-        uint4 raw[CLASSIFIER_UNROLL];
+    const float shift = m * LOG2E;
+    float sum = 0.0f;
 #pragma unroll
-        for (int u = 0; u < CLASSIFIER_UNROLL; u++)
-            if (i + u * stride < vectors) raw[u] = xv[i + u * stride];
+    for (int k = 0; k < 8; k++) sum += fast_exp2(fmaf(v[k], LOG2E, -shift));
+    rest += sum;
+}
+
+// dlogits (softmax - onehot) * dloss of a vector of 8 logits; the target is element `target_at` of it
+// if 0 <= target_at < 8. lse_log2 = log-sum-exp of the row times log2 e.
+__device__ __forceinline__ uint4 softmax_gradient8(uint4 raw, float lse_log2, float dloss, int target_at,
+                                                   float dtarget) {
+    float v[8];
+    unpack_bf16x8(v, raw);
 #pragma unroll
-        for (int u = 0; u < CLASSIFIER_UNROLL; u++) {
-            const int vec = i + u * stride;
-            if (vec < vectors) {
-                if (vec < cached_vectors) cached[vec] = raw[u];
-                float v[8];
-                unpack_bf16x8(v, raw[u]);
-                online_softmax_update<8>(m, rest, v);
+    for (int k = 0; k < 8; k++) v[k] = fast_exp2(fmaf(v[k], LOG2E, -lse_log2)) * dloss;
+    if ((unsigned)target_at < 8u) {
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k == target_at) v[k] = dtarget;
+    }
+    return pack_bf16x8(v);
+}
+
+// 16 bytes from global to shared memory, asynchronously (through L2 only); the commit groups complete in order
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>  // wait until at most PENDING of this thread's commit groups are in flight
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+
+// One row of the logits: its elements before the first 16-byte boundary (head, < 8), its whole 16-byte
+// vectors, and the elements after them (from tail on, < 8).
+struct LogitsRow {
+    bf16* x;
+    uint4* vectors_at;
+    int head, vectors, tail;
+    __device__ LogitsRow(bf16* logits, int row, int V) {
+        x = logits + (long long)row * V;
+        head = min(V, (int)((16 - reinterpret_cast<size_t>(x) % 16) % 16 / 2));
+        vectors = (V - head) / 8;
+        tail = head + vectors * 8;
+        vectors_at = reinterpret_cast<uint4*>(x + head);
+    }
+    // this thread's head or tail element, or -1: thread j < head takes element j, the next ones the tail
+    __device__ int scalar(int V) const {
+        const int j = threadIdx.x;
+        return j < head ? j : j < head + V - tail ? tail + j - head : -1;
+    }
+};
+
+// this thread's shared-memory slots [first, last) of `row` copied in, as one commit group
+__device__ __forceinline__ void fetch_slots(uint4* cached, const LogitsRow& row, int first, int last) {
+    for (int k = first; k < last; k++) {
+        const int vec = k * blockDim.x + threadIdx.x;
+        if (vec < row.vectors) cp_async_16(cached + vec, row.vectors_at + vec);
+    }
+    cp_async_commit();
+}
+
+// the gradient pass over this thread's slots [first, last) of `row`, refilling each, once read, with the
+// vector of the next row (next_vectors of them at next_at; 0 if there is no next row), as one commit group
+__device__ __forceinline__ void write_slots(uint4* cached, const LogitsRow& row, const uint4* next_at,
+                                            int next_vectors, int first, int last, float lse_log2, float dloss,
+                                            int target, float dtarget) {
+    for (int k = first; k < last; k++) {
+        const int vec = k * blockDim.x + threadIdx.x;
+        if (vec < row.vectors)  // the store depends on the read, and the copy is issued after the store
+            __stcs(row.vectors_at + vec,
+                   softmax_gradient8(cached[vec], lse_log2, dloss, target - row.head - vec * 8, dtarget));
+        if (vec < next_vectors) cp_async_16(cached + vec, next_at + vec);
+    }
+    cp_async_commit();
+}
+
+extern "C" __global__ void __launch_bounds__(1024, 1) fused_classifier_bf16(bf16* logits, float* losses,
+                                                                            const int* targets, int n, int V,
+                                                                            float dloss, int smem_slots) {
+    extern __shared__ uint4 cached[];  // (smem_slots, blockDim.x): each thread reads back only its own slots
+    const int stride = blockDim.x, half = smem_slots / 2;
+    const int held_first = smem_slots * stride, rest_first = held_first + CLASSIFIER_REG_VECTORS * stride;
+    uint4 held[CLASSIFIER_REG_VECTORS] = {};  // this thread's vectors held_first + j * stride + threadIdx.x
+
+    if (blockIdx.x >= n) return;
+    LogitsRow row(logits, blockIdx.x, V);
+    fetch_slots(cached, row, 0, half);
+    fetch_slots(cached, row, half, smem_slots);
+#pragma unroll
+    for (int j = 0; j < CLASSIFIER_REG_VECTORS; j++) {
+        const int vec = held_first + j * stride + threadIdx.x;
+        if (vec < row.vectors) held[j] = __ldcs(row.vectors_at + vec);
+    }
+
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        const int target = targets[r];
+        const float target_logit = __bfloat162float(row.x[target]);
+        const int scalar = row.scalar(V);
+        const float scalar_logit = scalar >= 0 ? __bfloat162float(row.x[scalar]) : 0.0f;
+
+        // pass 1: online max and sum, from shared memory and registers (and global memory past them)
+        float m = -INFINITY, rest = 0.0f;
+        cp_async_wait<1>();
+        for (int k = 0; k < half; k++) {
+            const int vec = k * stride + threadIdx.x;
+            if (vec < row.vectors) online_softmax_update8(m, rest, cached[vec]);
+        }
+        cp_async_wait<0>();
+        for (int k = half; k < smem_slots; k++) {
+            const int vec = k * stride + threadIdx.x;
+            if (vec < row.vectors) online_softmax_update8(m, rest, cached[vec]);
+        }
+#pragma unroll
+        for (int j = 0; j < CLASSIFIER_REG_VECTORS; j++)
+            if (held_first + j * stride + threadIdx.x < row.vectors) online_softmax_update8(m, rest, held[j]);
+        for (int i = rest_first + threadIdx.x; i < row.vectors; i += CLASSIFIER_UNROLL * stride) {
+            uint4 raw[CLASSIFIER_UNROLL];
+#pragma unroll
+            for (int u = 0; u < CLASSIFIER_UNROLL; u++)
+                if (i + u * stride < row.vectors) raw[u] = row.vectors_at[i + u * stride];
+#pragma unroll
+            for (int u = 0; u < CLASSIFIER_UNROLL; u++)
+                if (i + u * stride < row.vectors) online_softmax_update8(m, rest, raw[u]);
+        }
+        if (scalar >= 0) online_softmax_update<1>(m, rest, &scalar_logit);
+
+        const float row_max = block_max(m);
+        // the threads holding the row max contribute rest (and count their implicit 1s), the others all
+        const bool at_max = m == row_max;
+        const int ones = block_sum(at_max ? 1 : 0);
+        const double rest_total =
+            block_sum(at_max ? (double)rest : m == -INFINITY ? 0.0 : (1.0 + rest) * (double)expf(m - row_max)) +
+            (ones - 1);
+        const double sum = 1.0 + rest_total;
+        const double target_shift = (double)target_logit - row_max;
+        if (threadIdx.x == 0) losses[r] = (float)(log1p(rest_total) - target_shift);
+        const float lse_log2 = (row_max + (float)log(sum)) * LOG2E;
+        const float dtarget = (float)((expm1(target_shift) - rest_total) / sum) * dloss;
+
+        // pass 2: the gradient, refilling shared memory and registers with the next row
+        const bool has_next = r + gridDim.x < n;
+        const LogitsRow next(logits, has_next ? r + gridDim.x : r, V);
+        const int next_vectors = has_next ? next.vectors : 0;
+        write_slots(cached, row, next.vectors_at, next_vectors, 0, half, lse_log2, dloss, target, dtarget);
+        write_slots(cached, row, next.vectors_at, next_vectors, half, smem_slots, lse_log2, dloss, target, dtarget);
+#pragma unroll
+        for (int j = 0; j < CLASSIFIER_REG_VECTORS; j++) {
+            const int vec = held_first + j * stride + threadIdx.x;
+            if (vec < row.vectors)
+                __stcs(row.vectors_at + vec,
+                       softmax_gradient8(held[j], lse_log2, dloss, target - row.head - vec * 8, dtarget));
+            if (vec < next_vectors) held[j] = __ldcs(next.vectors_at + vec);
+        }
+        for (int i = rest_first + threadIdx.x; i < row.vectors; i += CLASSIFIER_UNROLL * stride) {
+            uint4 raw[CLASSIFIER_UNROLL];
+#pragma unroll
+            for (int u = 0; u < CLASSIFIER_UNROLL; u++)
+                if (i + u * stride < row.vectors) raw[u] = __ldcs(row.vectors_at + i + u * stride);
+#pragma unroll
+            for (int u = 0; u < CLASSIFIER_UNROLL; u++) {
+                const int vec = i + u * stride;
+                if (vec < row.vectors)
+                    __stcs(row.vectors_at + vec,
+                           softmax_gradient8(raw[u], lse_log2, dloss, target - row.head - vec * 8, dtarget));
             }
         }
-    }
-    const float row_max = block_max(m);
-    // the threads holding the row max contribute rest (and count their implicit 1s), the others all
-    const bool at_max = m == row_max;
-    const int ones = block_sum(at_max ? 1 : 0);
-    const double rest_total =
-        block_sum(at_max ? (double)rest : m == -INFINITY ? 0.0 : (1.0 + rest) * (double)expf(m - row_max)) +
-        (ones - 1);
-    const double sum = 1.0 + rest_total;
-    const double target_shift = (double)target_logit - row_max;
-    if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log1p(rest_total) - target_shift);
-    const float lse = row_max + (float)log(sum);
-    const float dtarget = (float)((expm1(target_shift) - rest_total) / sum) * dloss;
-
-    if (has_scalar)
-        x[scalar] = __float2bfloat16_rn(scalar == target ? dtarget : __expf(__bfloat162float(x[scalar]) - lse) * dloss);
-    for (int i = threadIdx.x; i < vectors; i += CLASSIFIER_UNROLL * stride) {
-        uint4 raw[CLASSIFIER_UNROLL];
-#pragma unroll
-        for (int u = 0; u < CLASSIFIER_UNROLL; u++)
-            if (i + u * stride < vectors)
-                raw[u] = i + u * stride < cached_vectors ? cached[i + u * stride] : __ldcs(xv + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < CLASSIFIER_UNROLL; u++) {
-            const int vec = i + u * stride;
-            if (vec < vectors) {
-                float v[8];
-                unpack_bf16x8(v, raw[u]);
-                for (int k = 0; k < 8; k++) {
-                    const int e = head + vec * 8 + k;
-                    v[k] = e == target ? dtarget : __expf(v[k] - lse) * dloss;
-                }
-                __stcs(xv + vec, pack_bf16x8(v));
-            }
-        }
+        if (scalar >= 0)
+            row.x[scalar] = __float2bfloat16_rn(
+                scalar == target ? dtarget : fast_exp2(fmaf(scalar_logit, LOG2E, -lse_log2)) * dloss);
+        row = next;
     }
 }
 

@@ -20,6 +20,7 @@
 
 #define EMBEDDING_SEGMENT 16  // rows per segment; ops.EMBEDDING_SEGMENT matches it
 #define EMBEDDING_BATCH 8     // rows loaded at once
+#define EMBEDDING_FORWARD_VECTORS 4  // 16-byte vectors per thread; ops.EMBEDDING_FORWARD_VECTORS matches it
 
 extern "C" __global__ void embedding_forward(float* out, const int* tokens, const float* wte, int N, int C) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -41,13 +42,30 @@ extern "C" __global__ void embedding_backward(float* dwte, const float* dout, co
 }
 
 // one thread per 8 columns of one row: grid covers N * C / 8 threads
+// each thread copies EMBEDDING_FORWARD_VECTORS vectors, blockDim.x apart: all token loads, then all row
+// loads, in flight together
 extern "C" __global__ void embedding_forward_bf16(bf16* out, const int* tokens, const bf16* wte, int N, int C) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long first = (long long)blockIdx.x * blockDim.x * EMBEDDING_FORWARD_VECTORS + threadIdx.x;
     const int vectors_per_row = C / 8;
-    if (idx >= (long long)N * vectors_per_row) return;
-    const int n = idx / vectors_per_row, c = idx % vectors_per_row * 8;
-    *reinterpret_cast<uint4*>(out + (long long)n * C + c) =
-        *reinterpret_cast<const uint4*>(wte + (long long)tokens[n] * C + c);
+    const long long vectors = (long long)N * vectors_per_row;
+    int token[EMBEDDING_FORWARD_VECTORS];
+    uint4 row[EMBEDDING_FORWARD_VECTORS];
+#pragma unroll
+    for (int u = 0; u < EMBEDDING_FORWARD_VECTORS; u++) {
+        const long long idx = first + u * blockDim.x;
+        if (idx < vectors) token[u] = tokens[idx / vectors_per_row];
+    }
+#pragma unroll
+    for (int u = 0; u < EMBEDDING_FORWARD_VECTORS; u++) {
+        const long long idx = first + u * blockDim.x;
+        if (idx < vectors)
+            row[u] = *reinterpret_cast<const uint4*>(wte + (long long)token[u] * C + idx % vectors_per_row * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < EMBEDDING_FORWARD_VECTORS; u++) {
+        const long long idx = first + u * blockDim.x;
+        if (idx < vectors) reinterpret_cast<uint4*>(out)[idx] = row[u];
+    }
 }
 
 // grid (N,): one block per segment, blockDim.x = C / 8
@@ -82,13 +100,8 @@ extern "C" __global__ void __launch_bounds__(1024) embedding_backward_bf16(
         store_f32x8(partial + (long long)blockIdx.x * C + c, sum);
         const int first = blockIdx.x - index;
         if (!arrive_last(&counters[first], count)) return;
-        for (int k = 0; k < 8; k++) sum[k] = 0.0f;
-        for (int s = first; s < first + count; s++) {
-            float p[8];
-            load_f32x8_l2(p, partial + (long long)s * C + c);
-            for (int k = 0; k < 8; k++) sum[k] += p[k];
-        }
-        load_f32x8(w, row);
+        sum_partial_rows(dwte + (long long)token * C, partial + (long long)first * C, count, C, true);
+        return;
     }
     for (int k = 0; k < 8; k++) w[k] += sum[k];
     store_f32x8(row, w);

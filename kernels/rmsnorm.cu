@@ -107,25 +107,6 @@ extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln
     }
 }
 
-// out (C,) = (or +=) the sum of the P rows of partial (P, C) in order; all threads of the block
-__device__ void sum_partial_rows(float* out, const float* partial, int P, int C, bool accumulate) {
-    const int threads = blockDim.x * blockDim.y;
-    for (int c = (threadIdx.y * blockDim.x + threadIdx.x) * 8; c < C; c += threads * 8) {
-        float sum[8] = {};
-        for (int p = 0; p < P; p++) {
-            float v[8];
-            load_f32x8_l2(v, partial + (long long)p * C + c);
-            for (int k = 0; k < 8; k++) sum[k] += v[k];
-        }
-        if (accumulate) {
-            float o[8];
-            load_f32x8(o, out + c);
-            for (int k = 0; k < 8; k++) sum[k] += o[k];
-        }
-        store_f32x8(out + c, sum);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_backward_bf16(
     bf16* dresidual, float* dweight, float* partial, float* group_partial, unsigned int* counters, const bf16* dln,
     const bf16* h, const bf16* weight, const float* rstd, int N, int C, int rows_per_part, int group) {
@@ -135,29 +116,43 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_backward_bf16(
     float w[8] = {}, dw[8] = {};
     if (in_row) load_bf16x8(w, weight + c);
     const int first = blockIdx.x * rows_per_part, last = min(N, first + rows_per_part);
-    for (int base = first; base < last; base += blockDim.y) {  // the same trip count for the whole block
-        const int row = base + threadIdx.y;
-        const bool active = in_row && row < last;
-        const long long i = (long long)row * C + c;
-        float d[8] = {}, x[8] = {}, r = 0.0f;
-        uint4 dres = {};
-        if (active) {
-            load_bf16x8(d, dln + i);
-            load_bf16x8(x, h + i);
+    // this thread's row of each step, its inputs loaded one step ahead so that their latency overlaps the
+    // step before (the row sum's barriers)
+    uint4 d_raw = {}, x_raw = {}, dres = {};
+    float r = 0.0f;
+    const auto load_row = [&](int row) {
+        if (in_row && row < last) {
+            const long long i = (long long)row * C + c;
+            d_raw = *reinterpret_cast<const uint4*>(dln + i);
+            x_raw = *reinterpret_cast<const uint4*>(h + i);
             dres = *reinterpret_cast<const uint4*>(dresidual + i);
             r = rstd[row];
         }
-        float dot = 0.0f;
-        for (int k = 0; k < 8; k++) dot += d[k] * w[k] * x[k];
-        const float scale = r * r * row_sum(dot) / C;
+    };
+    load_row(first + threadIdx.y);
+    for (int base = first; base < last; base += blockDim.y) {  // the same trip count for the whole block
+        const int row = base + threadIdx.y;
+        const bool active = in_row && row < last;
+        const uint4 d_row = d_raw, x_row = x_raw, dres_row = dres;
+        const float r_row = r;
+        load_row(row + blockDim.y);
+        float d[8], x[8], dot = 0.0f;
+        if (active) {
+            unpack_bf16x8(d, d_row);
+            unpack_bf16x8(x, x_row);
+            for (int k = 0; k < 8; k++) dot += d[k] * w[k] * x[k];
+        }
+        const float scale = r_row * r_row * row_sum(dot) / C;
         if (active) {
             float dx[8];
-            unpack_bf16x8(dx, dres);
+            unpack_bf16x8(d, d_row);  // again: the packed rows are what stays live across the barriers
+            unpack_bf16x8(x, x_row);
+            unpack_bf16x8(dx, dres_row);
             for (int k = 0; k < 8; k++) {
-                dx[k] += r * (d[k] * w[k] - x[k] * scale);
-                dw[k] += d[k] * x[k] * r;
+                dx[k] += r_row * (d[k] * w[k] - x[k] * scale);
+                dw[k] += d[k] * x[k] * r_row;
             }
-            store_bf16x8(dresidual + i, dx);
+            store_bf16x8(dresidual + (long long)row * C + c, dx);
         }
     }
     // this block's row of partial: its row slices' sums in order

@@ -527,6 +527,7 @@ def adamw_update(params: DeviceArray, grads: DeviceArray, m: DeviceArray, v: Dev
 # (llama.cuda.zeros); every launch leaves the counters at zero again.
 
 EMBEDDING_SEGMENT = 16  # positions per segment, as in kernels/embedding.cu
+EMBEDDING_FORWARD_VECTORS = 4  # 16-byte vectors per thread of embedding_forward_bf16, as in kernels/embedding.cu
 RMSNORM_BF16_PARTS, RMSNORM_BF16_GROUP = 256, 16  # fixed row partition of the dweight sums, and its grouping
 GRAD_NORM_BLOCKS = 512  # fixed, so that the grad norm is the same on every GPU
 ADAMW_SCALARS = 3  # lr, 1 - beta1^step, 1 - beta2^step
@@ -556,8 +557,8 @@ def embedding_forward_bf16(out: DeviceArray, tokens: DeviceArray, wte: DeviceArr
     _check("wte", wte, (V, C), BF16)
     _check("out", out, (N, C), BF16)
     _check_vectors(C, out=out, wte=wte)
-    _kernel("embedding", "embedding_forward_bf16", "PPPii")(_blocks(N * C // 8), BLOCK, out.ptr, tokens.ptr, wte.ptr,
-                                                             N, C)
+    _kernel("embedding", "embedding_forward_bf16", "PPPii")(_blocks(N * C // 8, BLOCK * EMBEDDING_FORWARD_VECTORS),
+                                                             BLOCK, out.ptr, tokens.ptr, wte.ptr, N, C)
 
 
 def token_segments(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -703,10 +704,12 @@ def fused_classifier_bf16(logits: DeviceArray, losses: DeviceArray, targets: Dev
     _check("logits", logits, (n, V), BF16)
     _check("losses", losses, (n,))
     _check("targets", targets, (n,), I32)
-    cached_vectors = min(V // 8 + 1, _max_shared_bytes() // 16)  # as much of a row as shared memory holds
-    _kernel("classifier", "fused_classifier_bf16", "PPPifi")((n,), CLASSIFIER_BLOCK, logits.ptr, losses.ptr,
-                                                             targets.ptr, V, np.float32(dloss), cached_vectors,
-                                                             shared=cached_vectors * 16)
+    # thread t keeps vectors t + k * CLASSIFIER_BLOCK of a row: as many slots as shared memory holds,
+    # then CLASSIFIER_REG_VECTORS in registers (kernels/classifier.cu); one block per multiprocessor
+    smem_slots = min(math.ceil(V // 8 / CLASSIFIER_BLOCK), _max_shared_bytes() // (16 * CLASSIFIER_BLOCK))
+    _kernel("classifier", "fused_classifier_bf16", "PPPiifi")(
+        (max(1, min(n, multiprocessors())),), CLASSIFIER_BLOCK, logits.ptr, losses.ptr, targets.ptr, n, V,
+        np.float32(dloss), smem_slots, shared=smem_slots * CLASSIFIER_BLOCK * 16)
 
 
 def loss_accumulate(total: DeviceArray, losses: DeviceArray, scale: float) -> None:
