@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.test_signals import check_stop_and_resume_is_exact
 from tests.test_train import BASE, check_resume_is_exact, corpus, losses, run  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gpu
@@ -20,3 +21,7 @@ def test_gpu_and_cpu_losses_agree_for_20_steps(corpus, tmp_path):
 
 def test_gpu_resume_is_exact(corpus, tmp_path):
     check_resume_is_exact(tmp_path, corpus, "cuda")
+
+
+def test_gpu_ctrl_c_and_resume_reproduce_the_uninterrupted_run(corpus, tmp_path, capfd, monkeypatch):
+    check_stop_and_resume_is_exact(tmp_path, corpus, capfd, monkeypatch, "cuda")
