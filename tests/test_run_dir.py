@@ -174,3 +174,23 @@ def test_leftovers_of_a_crashed_checkpoint_are_removed(corpus, tmp_path):
     shutil.copytree(tmp_path / "out" / "ckpt_00000006", tmp_path / "out" / ".tmp_ckpt_00000008")
     assert run(*BASE, *corpus, "-x", "8", "-n", "2", "-o", "out", "--resume") == 0
     assert not list((tmp_path / "out").glob(".tmp*"))
+
+
+def test_without_flock_the_pid_decides(corpus, tmp_path, capsys, monkeypatch):
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "train.lock").write_text(f"{alive.pid}\n")
+        assert run(*ARGS, *corpus, "-o", "out") == 2
+        assert f"another trainer (PID {alive.pid}) is using out" in last_error(capsys)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+    assert f"left by PID {alive.pid}" in capsys.readouterr().err
