@@ -6,7 +6,9 @@
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist
 (scripts/download_starter_pack.py), else on the built-in corpus (this machine's Python standard
-library sources). Progress goes to a tqdm bar and to <output_dir>/main.log in llm.c's format.
+library sources). Progress goes to a tqdm bar on a terminal, else to one llm.c line per step on stdout,
+and always to <output_dir>/main.log in llm.c's format. Ctrl-C or SIGTERM: the step finishes, a checkpoint
+is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once, without saving).
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from llama.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from llama.checkpoint import RECENT, CheckpointError, load_checkpoint, newest_usable, refusal, save_checkpoint
+from llama.cli import (HelpFormatter, flag, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                       step_count)
 from llama.config import ConfigError, LlamaConfig, get_preset
 from llama.dataloader import DataLoader
 from llama.datasets import prepare_builtin_corpus
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
 from llama.reference import ReferenceModel
+from llama.run_dir import RunDir, RunDirError
 from llama.sample import generate
 from llama.shards import ShardError
+from llama.signals import GracefulStop, StopNow
 from llama.tokenizer import TokenizerError, load_tokenizer
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 128, "lr": 1e-3, "steps": 400},
@@ -42,49 +48,73 @@ class UserError(Exception):
 
 
 class TrainingDiverged(Exception):
-    """The loss or gradient became NaN or infinite."""
+    """The loss or gradient became NaN or infinite, or the weights failed the checkpoint check."""
+
+
+def device_default(key: str) -> str:
+    return f"default: {DEVICE_DEFAULTS['cpu'][key]} on the CPU, {DEVICE_DEFAULTS['cuda'][key]} on a GPU"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("model")
-    g.add_argument("-e", "--model", default=None, help="preset name (d12, small, llama3.2-1b, ...) or config JSON")
-    g.add_argument("--init", default=None, help="start from the weights of this checkpoint folder")
+    g.add_argument("-e", "--model", default=None,
+                   help=f"preset name (d12, small, llama3.2-1b, ...) or config JSON ({device_default('model')})")
+    g.add_argument("--init", default=None, help="start from the weights of this checkpoint folder (default: random)")
     g = p.add_argument_group("data")
-    g.add_argument("-i", "--train-data", default=None, help="glob of training shards")
-    g.add_argument("-j", "--val-data", default=None, help="glob of validation shards")
+    g.add_argument("-i", "--train-data", default=None, help="glob of training shards (default: the starter pack's "
+                   "tinyshakespeare if downloaded, else the built-in corpus)")
+    g.add_argument("-j", "--val-data", default=None, help="glob of validation shards, with -i (default: none)")
     g.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: data/tokenizer/, else bytes)")
     g = p.add_argument_group("batch and length")
-    g.add_argument("-b", "--batch-size", type=int, default=None, help="micro-batch size B")
-    g.add_argument("-t", "--seq-len", type=int, default=None, help="sequence length T")
-    g.add_argument("-d", "--total-batch-size", type=int, default=None,
+    g.add_argument("-b", "--batch-size", type=positive_int, default=None,
+                   help=f"micro-batch size B ({device_default('batch_size')})")
+    g.add_argument("-t", "--seq-len", type=positive_int, default=None,
+                   help=f"sequence length T ({device_default('seq_len')})")
+    g.add_argument("-d", "--total-batch-size", type=positive_int, default=None,
                    help="tokens per step; a multiple of B*T (gradient accumulation); default B*T")
-    g.add_argument("-x", "--steps", type=int, default=None, help="optimizer steps")
-    g.add_argument("--epochs", type=float, default=None, help="train for this many passes over the data instead")
+    length = g.add_mutually_exclusive_group()
+    length.add_argument("-x", "--steps", type=step_count, default=None,
+                        help=f"optimizer steps; -1 for one epoch ({device_default('steps')})")
+    length.add_argument("--epochs", type=positive_float, default=None,
+                        help="train for this many passes over the data instead (default: --steps)")
     g = p.add_argument_group("optimization")
-    g.add_argument("-l", "--lr", type=float, default=None, help="peak learning rate")
-    g.add_argument("-u", "--warmup", type=int, default=10, help="warmup steps")
-    g.add_argument("-k", "--schedule", choices=SCHEDULES, default="cosine")
-    g.add_argument("-q", "--final-lr-frac", type=float, default=0.1, help="final lr as a fraction of the peak")
-    g.add_argument("-c", "--weight-decay", type=float, default=0.1)
-    g.add_argument("--grad-clip", type=float, default=1.0, help="max global grad norm (0: off)")
+    g.add_argument("-l", "--lr", type=positive_float, default=None, help=f"peak learning rate ({device_default('lr')})")
+    g.add_argument("-u", "--warmup", type=nonnegative_int, default=10, help="warmup steps")
+    g.add_argument("-k", "--schedule", choices=SCHEDULES, default="cosine", help="learning-rate schedule")
+    g.add_argument("-q", "--final-lr-frac", type=fraction, default=0.1, help="final lr as a fraction of the peak")
+    g.add_argument("-c", "--weight-decay", type=nonnegative_float, default=0.1, help="AdamW weight decay")
+    g.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max global grad norm (0: off)")
     g = p.add_argument_group("evaluation and sampling")
-    g.add_argument("-v", "--val-every", type=int, default=50, help="validate every N steps (0: never)")
-    g.add_argument("-m", "--val-batches", type=int, default=10)
-    g.add_argument("-s", "--sample-every", type=int, default=100, help="sample every N steps (0: never)")
-    g.add_argument("-g", "--gen-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=50)
+    g.add_argument("-v", "--val-every", type=nonnegative_int, default=50, help="validate every N steps (0: never)")
+    g.add_argument("-m", "--val-batches", type=positive_int, default=10, help="batches per validation")
+    g.add_argument("-s", "--sample-every", type=nonnegative_int, default=100, help="sample every N steps (0: never)")
+    g.add_argument("-g", "--gen-tokens", type=positive_int, default=64, help="tokens per sample")
+    g.add_argument("--temperature", type=nonnegative_float, default=1.0, help="sampling temperature (0: greedy)")
+    g.add_argument("--top-k", type=nonnegative_int, default=50, help="sample among the k likeliest tokens (0: all)")
     g = p.add_argument_group("checkpoints and output")
-    g.add_argument("-o", "--output-dir", default="out")
-    g.add_argument("-n", "--checkpoint-every", type=int, default=100, help="checkpoint every N steps (0: end only)")
-    g.add_argument("-nk", "--keep-checkpoints", type=int, default=2, help="how many checkpoints to keep (0: all)")
-    g.add_argument("-y", "--resume", action="store_true", help="resume from the newest complete checkpoint")
+    g.add_argument("-o", "--output-dir", default="out", help="the run's folder: checkpoints, main.log and its lock")
+    g.add_argument("-n", "--checkpoint-every", type=nonnegative_int, default=100,
+                   help="checkpoint every N steps (0: end only)")
+    g.add_argument("-nk", "--keep-checkpoints", type=nonnegative_int, default=2,
+                   help="how many checkpoints to keep (0: all)")
+    g.add_argument("-y", "--resume", type=flag, nargs="?", const=True, default=False,
+                   help="continue the run in --output-dir from its newest usable checkpoint (llm.c's -y 1 works)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start over in a folder that holds another run, moving that run into old_run_<n>/")
+    g.add_argument("--print-every", type=positive_int, default=1,
+                   help="when stdout is not a terminal, print a progress line every N steps")
     g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
     g.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                   help="GPU precision: bf16 mixed precision (default where tensor cores take it) or exact fp32")
-    g.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+                   help="GPU precision: bf16 mixed precision or exact fp32 (default: bf16 where its kernels take "
+                        "the model)")
+    g.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the initialization, data and sampling")
+    args = p.parse_args(argv)
+    if args.val_data and not args.train_data:
+        p.error("-j/--val-data needs -i/--train-data (the default data brings its own validation split)")
+    if args.resume and args.overwrite:
+        p.error("--resume continues the run in --output-dir, --overwrite replaces it: pass one of them")
+    return args
 
 
 def pick_device(requested: str | None) -> str:
@@ -112,7 +142,10 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     if all(Path(p).exists() for p in STARTER_PACK):
         print(f"data: the starter pack's tinyshakespeare ({STARTER_PACK[0]})", file=sys.stderr)
         return STARTER_PACK
-    train, val = prepare_builtin_corpus(BUILTIN_DIR, tokenizer)
+    try:
+        train, val = prepare_builtin_corpus(BUILTIN_DIR, tokenizer)
+    except OSError as e:
+        raise UserError(f"cannot build the built-in corpus in {BUILTIN_DIR}: {e.strerror or e}") from None
     print(f"data: the built-in corpus (this Python's standard library sources, {train}). For real text, run "
           "python scripts/download_starter_pack.py", file=sys.stderr)
     return str(train), str(val)
@@ -143,25 +176,44 @@ def evaluate(model, loader: DataLoader, batches: int) -> float:
     return sum(model.forward(*loader.next_batch()) for _ in range(n)) / n
 
 
-def train(args) -> int:
+def find_resume_checkpoint(out: Path) -> dict | None:
+    """The newest usable checkpoint in out, after one line for each newer one that is not usable."""
+    found, skipped = newest_usable(out)
+    for reason in skipped:
+        print(f"warning: skipping an unusable checkpoint: {reason}", file=sys.stderr)
+    if found is None and skipped:
+        raise UserError(f"--resume: none of the {len(skipped)} checkpoints in {out} is usable; "
+                        "start over with --overwrite")
+    if found is None:
+        print(f"note: --resume, but {out} holds no complete checkpoint; starting from scratch", file=sys.stderr)
+    return found
+
+
+def step_line(step: int, steps: int, loss: float, lr: float, norm: float, dt: float, tokens: int,
+              mfu: float | None) -> str:
+    """llm.c's progress line, for logs that are not a terminal."""
+    line = (f"step {step + 1:4d}/{steps} | loss {loss:.6f} | lr {lr:.2e} | norm {norm:.4f} | {dt * 1e3:.1f} ms | "
+            f"{tokens / dt:,.0f} tok/s")
+    return line + (f" | MFU {mfu:.1%}" if mfu is not None else "")
+
+
+def train(args, run_dir: RunDir) -> int:
     device = pick_device(args.device)
     defaults = DEVICE_DEFAULTS[device]
     B = args.batch_size or defaults["batch_size"]
     T = args.seq_len or defaults["seq_len"]
     total = args.total_batch_size or B * T
-    if min(B, T, total) <= 0 or total % (B * T):
+    if total % (B * T):
         raise UserError(f"--total-batch-size ({total}) must be a positive multiple of B*T ({B}*{T})")
     grad_accum = total // (B * T)
     if device == "cpu" and args.dtype == "bf16":
         raise UserError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
     lr = args.lr if args.lr is not None else defaults["lr"]
-    out = Path(args.output_dir)
+    out = run_dir.path
     tokenizer = load_tokenizer(args.tokenizer)
 
-    resume = latest_checkpoint(out) if args.resume else None
-    if args.resume and resume is None:
-        print(f"note: --resume, but {out} holds no complete checkpoint; starting from scratch", file=sys.stderr)
-    source = load_checkpoint(resume or args.init) if (resume or args.init) else None
+    resume = find_resume_checkpoint(out) if args.resume else None
+    source = resume or (load_checkpoint(args.init) if args.init else None)
     if source is not None:
         config = source["config"]
         if args.model and resolve_config(args.model).replace(vocab_size=config.vocab_size) != config:
@@ -185,10 +237,10 @@ def train(args) -> int:
     train_pattern, val_pattern = resolve_data(args, tokenizer)
     train_loader = DataLoader(train_pattern, B, T, seed=args.seed, vocab_size=config.vocab_size)
     val_loader = DataLoader(val_pattern, B, T, shuffle=False, vocab_size=config.vocab_size) if val_pattern else None
-    if args.steps is not None:
+    if args.steps is not None and args.steps != -1:
         steps = args.steps
-    elif args.epochs is not None:
-        steps = math.ceil(args.epochs * train_loader.batches_per_epoch / grad_accum)
+    elif args.epochs is not None or args.steps == -1:  # -x -1 is one epoch, as in llm.c
+        steps = math.ceil((args.epochs or 1) * train_loader.batches_per_epoch / grad_accum)
     else:
         steps = defaults["steps"]
 
@@ -196,7 +248,10 @@ def train(args) -> int:
     params = source["params"] if source is not None else init_parameters(config, args.seed)
     model = build_model(device, dtype, config, B, T, params)
     sample_rng = np.random.default_rng(args.seed)
-    start = 0
+    # each checkpoint's weights are checked on this fixed batch before they are saved (checkpoint.refusal)
+    probe_loader = DataLoader(val_pattern or train_pattern, B, T, shuffle=False, vocab_size=config.vocab_size)
+    probe_batch = probe_loader.next_batch()
+    start, recent_losses, log_bytes = 0, [], 0
     if resume is not None:
         state = source["state"]
         for key, now in run.items():
@@ -204,10 +259,17 @@ def train(args) -> int:
                 raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
                                 f"this run asks for {now}")
         model.set_state(source["params"], source["adam_m"], source["adam_v"])
-        train_loader.load_state_dict(state["loader"])
+        try:
+            train_loader.load_state_dict(state["loader"])
+        except ValueError as e:
+            raise UserError(f"--resume: {e}") from None
         sample_rng.bit_generator.state = state["sample_rng"]
-        start = state["step"]
-        print(f"resuming from {resume} (step {start})", file=sys.stderr)
+        start, recent_losses, log_bytes = state["step"], state.get("recent_losses", []), state.get("log_bytes")
+        print(f"resuming from {resume['path']} (step {start})", file=sys.stderr)
+        if start >= steps:
+            print(f"note: the checkpoint is at step {start}, the run has {steps} steps: nothing to train "
+                  "(ask for more with -x)", file=sys.stderr)
+    last_good = resume["path"] if resume is not None else None
 
     opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
     flops_per_step = matmul_flops_per_token(config, T) * total
@@ -218,67 +280,93 @@ def train(args) -> int:
           f"grad_accum={grad_accum} ({total} tokens/step) | {steps} steps, {train_loader.batches_per_epoch} "
           f"batches/epoch", file=sys.stderr)
 
-    def checkpoint(done_steps: int) -> Path:
+    def diverged(message: str) -> TrainingDiverged:
+        return TrainingDiverged(f"{message}; stopping. The last good checkpoint is "
+                                f"{last_good or 'none (none was written)'}; try a lower --lr")
+
+    def checkpoint(done_steps: int) -> None:
+        nonlocal last_good, recent_losses
         params = model.get_params()
-        if not np.isfinite(params).all():  # never replace a good checkpoint by a diverged one
-            raise TrainingDiverged(f"step {done_steps - 1}: the weights are no longer finite; stopping. "
-                                   f"The last good checkpoint is {latest_checkpoint(out) or 'none'}; try a lower --lr")
-        state = {"run": run, "loader": train_loader.state_dict(),
-                 "sample_rng": sample_rng.bit_generator.state, "args": vars(args)}
-        return save_checkpoint(out, done_steps, config, params, *model.get_optimizer_state(), state,
-                               keep=args.keep_checkpoints)
+        probe_loss = model.forward(*probe_batch)
+        reason = refusal(params, probe_loss, recent_losses)  # never replace a good checkpoint by a diverged one
+        if reason:
+            raise diverged(f"step {done_steps - 1}: {reason}; not saving a checkpoint")
+        recent_losses = (recent_losses + [probe_loss])[-RECENT:]
+        state = {"run": run, "loader": train_loader.state_dict(), "sample_rng": sample_rng.bit_generator.state,
+                 "probe_loss": probe_loss, "recent_losses": recent_losses, "log_bytes": log.synced_size(),
+                 "args": vars(args)}
+        last_good = save_checkpoint(out, done_steps, config, params, *model.get_optimizer_state(), state,
+                                    keep=args.keep_checkpoints)
 
     def sample(step: int) -> None:
         ids = generate(model, tokenizer.bos_id, args.gen_tokens, T, sample_rng, args.temperature, args.top_k)
         tqdm.write(f"--- sample at step {step} ---\n{tokenizer.decode(ids)}\n---")
 
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "main.log", "a") as log, tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True) as bar:
-        def write_log(line: str) -> None:
-            log.write(line + "\n")
-            log.flush()
-
+    loss = val_loss = None
+    done, began = start, time.perf_counter()
+    with run_dir.open_log(log_bytes) as log, GracefulStop() as stop, \
+            tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
         for step in range(start, steps):
             last = step == steps - 1
             if val_loader is not None and args.val_every and (step % args.val_every == 0 or last):
                 val_loss = evaluate(model, val_loader, args.val_batches)
-                write_log(f"s:{step} tel:{val_loss:.6f}")
+                log.write(f"s:{step} tel:{val_loss:.6f}")
                 tqdm.write(f"step {step}: val loss {val_loss:.4f}")
-            if args.sample_every and step > start and step % args.sample_every == 0:
+            if args.sample_every and step > 0 and step % args.sample_every == 0:
                 sample(step)
             t0 = time.perf_counter()
             step_lr = learning_rate(step, steps, lr, args.warmup, args.schedule, args.final_lr_frac)
             batches = [train_loader.next_batch() for _ in range(grad_accum)]
             loss, norm = model.train_step(batches, step_lr, step + 1, opt)
             if not (math.isfinite(loss) and math.isfinite(norm)):
-                kept = latest_checkpoint(out)
-                raise TrainingDiverged(f"step {step}: loss {loss}, grad norm {norm} is not finite; stopping. "
-                                       f"The last good checkpoint is {kept or 'none'}; try a lower --lr")
+                raise diverged(f"step {step}: loss {loss}, grad norm {norm} is not finite")
             dt = time.perf_counter() - t0
-            write_log(f"s:{step} trl:{loss:.6f} lr:{step_lr:.6e} norm:{norm:.4f}")
+            log.write(f"s:{step} trl:{loss:.6f} lr:{step_lr:.6e} norm:{norm:.4f}")
+            mfu = flops_per_step / dt / peak if peak else None
+            if not sys.stdout.isatty() and ((step + 1) % args.print_every == 0 or last):
+                tqdm.write(step_line(step, steps, loss, step_lr, norm, dt, total, mfu))
             postfix = {"loss": f"{loss:.4f}", "lr": f"{step_lr:.2e}", "norm": f"{norm:.3f}",
                        "tok/s": f"{total / dt:,.0f}"}
             if peak:
-                postfix["mfu"] = f"{flops_per_step / dt / peak:.1%}"
+                postfix["mfu"] = f"{mfu:.1%}"
             bar.set_postfix(postfix)
             bar.update(1)
-            if (args.checkpoint_every and (step + 1) % args.checkpoint_every == 0) or last:
-                checkpoint(step + 1)
-    if args.sample_every and steps > start:
+            done = step + 1
+            if stop.requested or last or (args.checkpoint_every and done % args.checkpoint_every == 0):
+                checkpoint(done)
+                if stop.requested:
+                    break
+    if args.sample_every and done == steps and done > start:
         sample(steps)
-    return 0
+    elapsed, trained = time.perf_counter() - began, done - start
+    shown = {name: "n/a" if value is None else f"{value:.4f}" for name, value in (("train", loss), ("val", val_loss))}
+    outcome = f"stopped by {stop.name} after step {done}/{steps}" if stop.requested else f"done: step {done}/{steps}"
+    print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {trained * total / max(elapsed, 1e-9):,.0f} tok/s | "
+          f"train loss {shown['train']} | val loss {shown['val']} | checkpoint {last_good} | log {run_dir.log_path}")
+    if stop.requested:
+        print(f"rerun with --resume to continue from {last_good}", file=sys.stderr)
+    return stop.exit_code
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return train(args)
-    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, FileNotFoundError) as e:
+        with RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) as run_dir:
+            return train(args, run_dir)
+    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a missing file, a full disk, a read-only folder
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except StopNow as e:
+        print(f"\nstopped at once by a second {e}, without saving; rerun with --resume to continue from the last "
+              f"checkpoint in {args.output_dir}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"\ninterrupted; rerun with --resume to continue from the last checkpoint in {args.output_dir}",
               file=sys.stderr)
@@ -286,4 +374,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     sys.exit(main())

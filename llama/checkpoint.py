@@ -1,31 +1,87 @@
-"""Checkpoints that survive a crash: written to a temporary folder, fsynced, renamed, and marked
-complete by a DONE file written last. Only marked checkpoints are ever resumed from.
+"""Checkpoints that survive a crash, and never let a bad checkpoint replace a good one.
 
 A checkpoint folder `ckpt_<step:08d>/` holds:
   model.safetensors      parameters by Meta name, float32
   optimizer.safetensors  AdamW first and second moments (flat, in the parameter layout)
-  state.json             step, config, data-loader state, sampling RNG state, training arguments
+  state.json             step, config, data-loader state, sampling RNG state, probe losses, main.log
+                         length, training arguments
   DONE                   empty; written last
+
+Writing: the files go to `.tmp_ckpt_<step>/`, are fsynced, renamed into place and marked DONE; on
+any failure the temporary folder is removed and the error is one line (CheckpointError). Only then
+are older checkpoints rotated away, so the newest good checkpoint is never deleted.
+
+Before a checkpoint is written the trainer asks `refusal()`: its weights must be finite and the loss
+of those weights on a fixed probe batch must be finite and not far above the best of the last
+RECENT checkpoints (see `loss_limit`). Loading checks everything before use: files present, the
+safetensors headers and sizes, the state.json schema, every shape against the config, finite
+weights. `newest_usable()` skips an unusable checkpoint for the next older one and says why.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
-from .config import LlamaConfig
+from .config import ConfigError, LlamaConfig
 from .params import ParameterLayout
+from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
 
 DONE = "DONE"
+MODEL, OPTIMIZER, STATE = "model.safetensors", "optimizer.safetensors", "state.json"
+RECENT = 5  # how many recent checkpoints' probe losses the next one is compared with
+
+# state.json: the keys resume needs, with their types (nested dicts are checked key by key)
+STATE_SCHEMA = {
+    "step": int, "config": dict, "sample_rng": dict,
+    "run": {"batch_size": int, "seq_len": int, "tokens_per_step": int, "seed": int},
+    "loader": {"epoch": int, "shard_pos": int, "batch_pos": int, "seed": int, "files": list, "B": int, "T": int,
+               "rank": int, "world_size": int},
+}
+OPTIONAL_STATE = {"probe_loss": float, "recent_losses": list, "log_bytes": int}  # absent in older checkpoints
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded or does not fit the run."""
+    """A checkpoint that cannot be written, loaded, or does not fit the run; the message is one line."""
+
+
+def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / f"ckpt_{step:08d}"
+
+
+# ---- deciding whether a checkpoint may be written
+
+
+def all_finite(values: np.ndarray, chunk: int = 1 << 24) -> bool:
+    return all(np.isfinite(values[i:i + chunk]).all() for i in range(0, values.size, chunk))
+
+
+def loss_limit(recent_losses: list[float]) -> float:
+    """The highest probe loss a new checkpoint may have: the best of the recent ones plus 1 nat or
+    plus half of it, whichever is more. Normal training noise and loss spikes on a fixed batch stay
+    well below; a run that diverged to finite garbage (near or above ln(vocab)) is far above."""
+    best = min(recent_losses[-RECENT:])
+    return best + max(1.0, 0.5 * best)
+
+
+def refusal(params: np.ndarray, probe_loss: float, recent_losses: list[float]) -> str | None:
+    """Why these weights must not become a checkpoint, or None when they may."""
+    if not all_finite(params):
+        return "the weights are not finite"
+    if not math.isfinite(probe_loss):
+        return f"the loss of the weights is {probe_loss}, not finite"
+    if recent_losses and probe_loss > loss_limit(recent_losses):
+        return (f"the loss of the weights on the probe batch, {probe_loss:.4f}, is far above the best of the "
+                f"recent checkpoints, {min(recent_losses[-RECENT:]):.4f} (limit {loss_limit(recent_losses):.4f})")
+    return None
+
+
+# ---- writing and rotation
 
 
 def _fsync_path(path: Path) -> None:
@@ -36,33 +92,72 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
-    return Path(out_dir) / f"ckpt_{step:08d}"
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params: np.ndarray,
                     adam_m: np.ndarray, adam_v: np.ndarray, state: dict, keep: int = 0) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep` (0 keeps all)."""
+    """Write checkpoint `step` atomically and verify it; then keep only the newest `keep` checkpoints
+    up to it (0 keeps all). Raises CheckpointError, leaving nothing half-written behind."""
     out_dir = Path(out_dir)
     final = checkpoint_dir(out_dir, step)
     tmp = out_dir / f".tmp_{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     layout = ParameterLayout(config)
-    save_file({name: np.ascontiguousarray(v) for name, v in layout.views(params).items()}, tmp / "model.safetensors")
-    save_file({"adam_m": adam_m, "adam_v": adam_v}, tmp / "optimizer.safetensors")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "config": config.to_dict(), **state}, indent=1))
-    for f in tmp.iterdir():
-        _fsync_path(f)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    (final / DONE).touch()
-    _fsync_path(final / DONE)
-    _fsync_path(out_dir)
-    if keep > 0:
-        for old in complete_checkpoints(out_dir)[:-keep]:
-            shutil.rmtree(old)
+    renamed = False
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write_tensors(tmp / MODEL, layout.views(params))
+        write_tensors(tmp / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
+        _write_file(tmp / STATE, json.dumps({"step": step, "config": config.to_dict(), **state}, indent=1).encode())
+        _fsync_path(tmp)
+        if final.exists():
+            remove_checkpoint(final)
+        os.replace(tmp, final)
+        renamed = True
+        _write_file(final / DONE, b"")
+        _fsync_path(out_dir)
+    except BaseException as e:  # a full disk, a read-only folder, or Ctrl-C: leave no partial checkpoint
+        shutil.rmtree(tmp, ignore_errors=True)
+        if renamed:
+            shutil.rmtree(final, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"cannot write checkpoint {final}: {e.strerror or e}") from None
+        raise
+    try:
+        verify_files(final, config)
+    except CheckpointError:
+        remove_checkpoint(final)
+        raise
+    rotate_checkpoints(out_dir, final, keep)
     return final
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Unmark first, so that a crash halfway through leaves an incomplete folder, never a broken one."""
+    (path / DONE).unlink(missing_ok=True)
+    shutil.rmtree(path)
+
+
+def rotate_checkpoints(out_dir: str | Path, newest: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints up to `newest` (0 keeps all), and the
+    incomplete ones before it (a crash's leftovers). Later ones (unusable leftovers that resume
+    skipped) are left to be replaced when the run gets there."""
+    for p in Path(out_dir).glob("ckpt_*"):
+        if p.name < newest.name and not (p / DONE).exists():
+            shutil.rmtree(p)
+    if keep <= 0:
+        return
+    older = [p for p in complete_checkpoints(out_dir) if p.name < newest.name]
+    for old in older[:max(0, len(older) - (keep - 1))]:
+        remove_checkpoint(old)
+
+
+# ---- finding and loading
 
 
 def complete_checkpoints(out_dir: str | Path) -> list[Path]:
@@ -78,24 +173,93 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """{'config', 'params' (flat float32), 'adam_m', 'adam_v', 'state'} of a complete checkpoint."""
-    path = Path(path)
-    if not (path / DONE).exists():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {DONE} marker)")
+def _check_schema(value, schema, where: str) -> None:
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{where} is not a JSON object")
+        for key, sub in schema.items():
+            if key not in value:
+                raise CheckpointError(f"{where} lacks {key!r}")
+            _check_schema(value[key], sub, f"{where}[{key!r}]")
+    elif schema is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CheckpointError(f"{where} is not a number")
+    elif isinstance(value, bool) or not isinstance(value, schema):
+        raise CheckpointError(f"{where} is not a {schema.__name__}")
+
+
+def read_state(path: str | Path) -> dict:
+    """state.json of a checkpoint folder, checked against STATE_SCHEMA."""
+    where = Path(path) / STATE
     try:
-        state = json.loads((path / "state.json").read_text())
-        config = LlamaConfig.from_dict(state["config"])
-        tensors = load_file(path / "model.safetensors")
-        moments = load_file(path / "optimizer.safetensors")
-    except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+        state = json.loads(where.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {where}: {getattr(e, 'strerror', None) or e}") from None
+    _check_schema(state, STATE_SCHEMA, str(where))
+    for key, kind in OPTIONAL_STATE.items():
+        if key in state:
+            _check_schema(state[key], kind, f"{where}[{key!r}]")
+    try:
+        np.random.PCG64().state = state["sample_rng"]
+    except (TypeError, ValueError, KeyError):
+        raise CheckpointError(f"{where}['sample_rng'] is not a PCG64 generator state") from None
+    return state
+
+
+def _config_of(path: Path, state: dict) -> LlamaConfig:
+    try:
+        return LlamaConfig.from_dict(state["config"])
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{path / STATE}: bad model config: {e}") from None
+
+
+def verify_files(path: str | Path, config: LlamaConfig) -> None:
+    """Files present and complete, headers and shapes matching the config (no data read)."""
+    path = Path(path)
+    missing = [name for name in (MODEL, OPTIMIZER, STATE, DONE) if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
     layout = ParameterLayout(config)
-    params = np.empty(layout.size, dtype=np.float32)
-    views = layout.views(params)
-    for name, view in views.items():
-        if name not in tensors or tensors[name].shape != view.shape:
-            raise CheckpointError(f"checkpoint {path} lacks {name} {view.shape}")
-        view[...] = tensors[name]
-    return {"config": config, "params": params, "adam_m": moments["adam_m"], "adam_v": moments["adam_v"],
-            "state": state}
+    try:
+        check_tensors(path / MODEL, {name: t.shape for name, t in layout.tensors.items()})
+        check_tensors(path / OPTIMIZER, {"adam_m": (layout.size,), "adam_v": (layout.size,)})
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """{'path', 'config', 'params' (flat float32), 'adam_m', 'adam_v', 'state'} of a checkpoint,
+    verified in full; CheckpointError says what is wrong with it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint folder")
+    if not (path / DONE).is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {DONE} marker)")
+    state = read_state(path)
+    config = _config_of(path, state)
+    verify_files(path, config)
+    layout = ParameterLayout(config)
+    params, adam_m, adam_v = (np.empty(layout.size, dtype=np.float32) for _ in range(3))
+    try:
+        read_tensors(path / MODEL, layout.views(params))
+        read_tensors(path / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+    if not all_finite(params):
+        raise CheckpointError(f"{path / MODEL}: the weights are not finite")
+    return {"path": path, "config": config, "params": params, "adam_m": adam_m, "adam_v": adam_v, "state": state}
+
+
+def newest_usable(out_dir: str | Path) -> tuple[dict | None, list[str]]:
+    """The newest complete checkpoint that loads (None if none does), and why each newer one did not."""
+    skipped = []
+    for path in reversed(complete_checkpoints(out_dir)):
+        try:
+            return load_checkpoint(path), skipped
+        except CheckpointError as e:
+            skipped.append(str(e))
+    return None, skipped

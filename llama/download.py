@@ -1,7 +1,10 @@
 """Robust file download: resume with HTTP Range, retries with backoff, size and sha256 checks.
 
-The bytes go to `<dest>.part`; only a complete and verified file is renamed to `dest`, so a
-final file is never half-written. A `.part` left by an interrupted run is resumed next time.
+The bytes go to `<dest>.part`; only a complete and verified file is renamed to `dest`, so a file
+under its final name is always a verified one: an existing `dest` that fails verification is
+removed first. A `.part` left by an interrupted run is resumed next time (and discarded when it is
+larger than the file, or when the file it completes fails verification). Dropped connections,
+timeouts and 5xx answers are retried; a refused connection or a failed DNS lookup (offline) is not.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import sys
 import time
 from pathlib import Path
 
 import requests
+import urllib3
 from tqdm import tqdm
 
 GATED_HELP = ("The Llama 3 tokenizer is in a gated repository on the Hugging Face hub. To get it: "
@@ -46,19 +51,50 @@ def download(url: str, dest: str | Path, *, size: int | None = None, sha256: str
              gated: bool = False, progress: bool = True) -> Path:
     """Download url to dest unless dest is already there and verified. Returns dest.
 
-    Connection errors and 5xx answers are retried `retries` times, waiting backoff * 2^attempt
-    seconds. A 401/403 is final (with the gated-repository help when `gated`), as is a 404.
+    Dropped connections, timeouts and 5xx answers are retried `retries` times, waiting
+    backoff * 2^attempt seconds. A refused connection or a failed DNS lookup is final at once, as is
+    a 401/403 (with the gated-repository help when `gated`) or a 404.
     """
     dest = Path(dest)
     if is_verified(dest, size, sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        print(f"note: removing {dest}: it does not match the expected size and checksum", file=sys.stderr)
+        dest.unlink()
     part = dest.with_name(dest.name + ".part")
+    if size is not None and part.exists() and part.stat().st_size > size:
+        part.unlink()  # larger than the file: left by something else
+    resumed = part.exists() and part.stat().st_size > 0
+    fetch = (url, part, size, headers or {}, retries, backoff, timeout, gated, progress, dest.name)
+    _fetch_with_retries(*fetch)
+    if resumed and not is_verified(part, size, sha256):
+        part.unlink()  # the .part we resumed was of another version of the file: start over once
+        _fetch_with_retries(*fetch)
+    if not is_verified(part, size, sha256):
+        got = f"{part.stat().st_size} bytes, sha256 {sha256_of(part)}"
+        part.unlink()
+        raise DownloadError(f"{url}: downloaded file does not match (expected {size} bytes, sha256 {sha256}; "
+                            f"got {got}); it was deleted")
+    os.replace(part, dest)
+    return dest
+
+
+def _cannot_connect(e: requests.exceptions.ConnectionError) -> str | None:
+    """Why no connection could be made (refused, unreachable, no DNS), or None for other failures."""
+    reason = getattr(e.args[0], "reason", None) if e.args else None
+    if isinstance(reason, urllib3.exceptions.NewConnectionError):
+        return str(reason).split(": ", 1)[-1]  # after the connection object's repr
+    return None
+
+
+def _fetch_with_retries(url: str, part: Path, size: int | None, headers: dict, retries: int, backoff: float,
+                        timeout: float, gated: bool, progress: bool, label: str) -> None:
     attempt = 0
     while True:
         try:
-            if _fetch_into(url, part, size, headers or {}, timeout, progress, dest.name):
-                break
+            if _fetch_into(url, part, size, headers, timeout, progress, label):
+                return
             failure = "the server closed the connection early"
         except requests.exceptions.HTTPError as e:
             status = e.response.status_code
@@ -71,6 +107,9 @@ def download(url: str, dest: str | Path, *, size: int | None = None, sha256: str
             failure = f"HTTP {status}"
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
                 requests.exceptions.ChunkedEncodingError) as e:
+            reason = _cannot_connect(e) if isinstance(e, requests.exceptions.ConnectionError) else None
+            if reason:
+                raise DownloadError(f"{url}: {reason}. Offline? Check the network connection, then rerun") from None
             failure = f"{type(e).__name__}: {e}"
         except OSError as e:
             if e.errno == errno.ENOSPC:
@@ -81,14 +120,6 @@ def download(url: str, dest: str | Path, *, size: int | None = None, sha256: str
                                 "check the network connection, then rerun to resume") from None
         time.sleep(backoff * 2 ** attempt)
         attempt += 1
-
-    if not is_verified(part, size, sha256):
-        got = f"{part.stat().st_size} bytes, sha256 {sha256_of(part)}"
-        part.unlink()
-        raise DownloadError(f"{url}: downloaded file does not match (expected {size} bytes, sha256 {sha256}; "
-                            f"got {got}); it was deleted")
-    os.replace(part, dest)
-    return dest
 
 
 def _fetch_into(url: str, part: Path, size: int | None, headers: dict, timeout: float,

@@ -47,12 +47,16 @@ def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:4] = [LLAMA3_MAGIC, 7, tokens.size, vocab_size]
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(np.uint32).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype(np.uint32).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or Ctrl-C: no half-written .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_header(path: str | Path) -> ShardInfo:

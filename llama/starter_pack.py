@@ -18,7 +18,8 @@ TOKENIZER = dict(base="https://huggingface.co", path="meta-llama/Llama-3.1-8B/re
                  sha256="82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55")
 TINYSHAKESPEARE = dict(base="https://raw.githubusercontent.com",
                        path="karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-                       dest="tinyshakespeare/input.txt", size=1_115_394, sha256=None)
+                       dest="tinyshakespeare/input.txt", size=1_115_394,
+                       sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")
 
 
 def fetch(spec: dict, args, **kwargs) -> Path:

@@ -70,10 +70,55 @@ def test_checksum_mismatch_leaves_no_file(server, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_no_network(tmp_path):
-    with pytest.raises(dl.DownloadError, match="giving up after 2 tries.*network"):
-        dl.download("http://127.0.0.1:9/f.bin", tmp_path / "f.bin", retries=1, backoff=0.01, timeout=2, progress=False)
+def test_stale_oversized_part_is_discarded(server, tmp_path):
+    route = server.routes["/f.bin"] = Route(BODY)
+    (tmp_path / "f.bin.part").write_bytes(BODY + b"left over from something else")
+    dest = dl.download(server.url + "/f.bin", tmp_path / "f.bin", size=len(BODY), sha256=SHA, **FAST)
+    assert dest.read_bytes() == BODY and route.requests == [None]
+
+
+def test_stale_part_of_another_version_starts_over(server, tmp_path):
+    route = server.routes["/f.bin"] = Route(BODY)
+    (tmp_path / "f.bin.part").write_bytes(b"an older version of the file")
+    dest = dl.download(server.url + "/f.bin", tmp_path / "f.bin", size=len(BODY), sha256=SHA, **FAST)
+    assert dest.read_bytes() == BODY and route.requests == ["bytes=28-", None]
+
+
+def test_file_failing_verification_never_stays_under_its_final_name(server, tmp_path):
+    server.routes["/f.bin"] = Route(BODY, fail_first=100)  # and the server is down
+    (tmp_path / "f.bin").write_bytes(bytes(len(BODY)))  # right size, wrong content
+    with pytest.raises(dl.DownloadError, match="giving up after 2 tries"):
+        dl.download(server.url + "/f.bin", tmp_path / "f.bin", size=len(BODY), sha256=SHA, **{**FAST, "retries": 1})
     assert not (tmp_path / "f.bin").exists()
+
+
+def no_retries(monkeypatch):
+    def sleep(seconds):
+        raise AssertionError(f"retried after {seconds} s")
+    monkeypatch.setattr(dl.time, "sleep", sleep)
+
+
+def test_connection_refused_fails_at_once(tmp_path, monkeypatch):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    no_retries(monkeypatch)
+    with pytest.raises(dl.DownloadError, match="Connection refused. Offline\\? Check the network connection"):
+        dl.download(f"http://127.0.0.1:{port}/f.bin", tmp_path / "f.bin", progress=False)
+    assert not (tmp_path / "f.bin").exists()
+
+
+def test_dns_failure_fails_at_once(tmp_path, monkeypatch):
+    import socket
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    no_retries(monkeypatch)
+    with pytest.raises(dl.DownloadError, match="Failed to resolve 'data.example'.*Offline\\?"):
+        dl.download("https://data.example/f.bin", tmp_path / "f.bin", progress=False)
 
 
 def test_disk_full(server, tmp_path, monkeypatch):
@@ -106,7 +151,8 @@ def mirror(server, monkeypatch):
     text = SHAKESPEARE.encode()
     monkeypatch.setattr(starter_pack, "TOKENIZER", {**starter_pack.TOKENIZER, "size": len(model),
                                                     "sha256": hashlib.sha256(model).hexdigest()})
-    monkeypatch.setattr(starter_pack, "TINYSHAKESPEARE", {**starter_pack.TINYSHAKESPEARE, "size": len(text)})
+    monkeypatch.setattr(starter_pack, "TINYSHAKESPEARE", {**starter_pack.TINYSHAKESPEARE, "size": len(text),
+                                                          "sha256": hashlib.sha256(text).hexdigest()})
     server.routes["/" + starter_pack.TOKENIZER["path"]] = Route(model)
     server.routes["/" + starter_pack.TINYSHAKESPEARE["path"]] = Route(text)
     return server
@@ -138,3 +184,17 @@ def test_starter_pack_refused_token(mirror, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "access refused (403)" in err and "HF_TOKEN" in err
     assert not (tmp_path / "tokenizer" / "tokenizer.model").exists()
+
+
+def test_tinyshakespeare_is_verified_by_sha256(server, tmp_path, capsys, monkeypatch):
+    """A right-size file with the wrong content (here not even UTF-8) is deleted, on every run."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    spec = starter_pack.TINYSHAKESPEARE
+    server.routes["/" + spec["path"]] = Route(b"\xff" * spec["size"])
+    for _ in range(2):
+        assert run_pack(server, tmp_path) == 1
+        assert "downloaded file does not match" in capsys.readouterr().err
+        assert not (tmp_path / "tinyshakespeare" / "input.txt").exists()
+        assert not (tmp_path / "tinyshakespeare" / "input.txt.part").exists()
+    assert spec["size"] == 1_115_394
+    assert spec["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.test_signals import check_stop_and_resume_is_exact
 from tests.test_train import BASE, check_resume_is_exact, corpus, losses, run  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gpu
@@ -35,3 +36,7 @@ def test_fp32_is_chosen_where_bf16_cannot_run(corpus, tmp_path, capsys):
     assert "dtype fp32" in err and "head_dim 64 or 128, this model's is 8" in err
     assert run(*BASE, *corpus, "-x", "1", "-o", "out2", "--dtype", "bf16", device="cuda") == 2
     assert "--dtype bf16: flash attention takes head_dim 64 or 128" in capsys.readouterr().err
+
+
+def test_gpu_ctrl_c_and_resume_reproduce_the_uninterrupted_run(corpus, tmp_path, capfd, monkeypatch):
+    check_stop_and_resume_is_exact(tmp_path, corpus, capfd, monkeypatch, "cuda")  # tiny: fp32

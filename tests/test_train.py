@@ -40,6 +40,11 @@ def losses(out_dir, kind="trl"):
     return [float(l.split(f"{kind}:")[1].split()[0]) for _, l in sorted(log_lines(out_dir, kind).items())]
 
 
+def samples(stdout: str) -> dict[int, str]:
+    """{step: text} of the complete samples a run printed."""
+    return {int(step): text for step, text in re.findall(r"--- sample at step (\d+) ---\n(.*?)\n---\n", stdout, re.S)}
+
+
 def test_loss_falls_and_log_is_written(corpus, tmp_path):
     assert run(*BASE, *corpus, "-x", "40", "-o", "out") == 0
     train = losses(tmp_path / "out")

@@ -1,0 +1,97 @@
+"""float32 safetensors files, streamed in and out, with the header checked before any data is trusted.
+
+The format: a little-endian uint64 header length N, N bytes of JSON naming each tensor's dtype,
+shape and [begin, end) byte range in the data section, then the data section. Writing streams each
+array from memory (no second copy of a model, and plain OS writes whose errors carry an errno);
+reading checks names, dtypes, shapes, ranges and the file size against what the caller expects, and
+reads straight into the caller's arrays. The files are ordinary safetensors files for other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+
+
+class SafetensorsError(ValueError):
+    """A file that is not the safetensors file the caller expects; the message names the file."""
+
+
+def write_tensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write float32 arrays as one safetensors file and fsync it."""
+    header, offset = {}, 0
+    for name, array in tensors.items():
+        if array.dtype != np.float32:
+            raise ValueError(f"{name}: only float32 tensors are written, got {array.dtype}")
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for array in tensors.values():
+            f.write(np.ascontiguousarray(array).data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
+    """Check that the file holds exactly these float32 tensors and is complete; returns each
+    tensor's absolute (begin, end) byte range."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise SafetensorsError(f"{path} is {size} bytes, too short for a safetensors file")
+        n = int.from_bytes(head, "little")
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise SafetensorsError(f"{path} is truncated or not a safetensors file "
+                                   f"(header of {n} bytes in a file of {size})")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise SafetensorsError(f"{path}: the safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: the safetensors header is not a JSON object")
+    header.pop("__metadata__", None)
+    if set(header) != set(shapes):
+        missing, extra = sorted(set(shapes) - set(header)), sorted(set(header) - set(shapes))
+        raise SafetensorsError(f"{path}: " + "; ".join(
+            part for part in (f"lacks {', '.join(missing[:3])}" if missing else "",
+                              f"has unexpected {', '.join(extra[:3])}" if extra else "") if part))
+    ranges = {}
+    for name, entry in header.items():
+        entry = entry if isinstance(entry, dict) else {}
+        offsets, nbytes = entry.get("data_offsets"), int(np.prod(shapes[name])) * 4
+        if (entry.get("dtype"), entry.get("shape")) != ("F32", list(shapes[name])):
+            raise SafetensorsError(f"{path}: {name} is {entry.get('dtype')} {entry.get('shape')}, "
+                                   f"expected F32 {list(shapes[name])}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and offsets[1] - offsets[0] == nbytes):
+            raise SafetensorsError(f"{path}: {name} has the byte range {offsets}, expected {nbytes} bytes")
+        ranges[name] = tuple(offsets)
+    end = 0
+    for begin, stop in sorted(ranges.values()):
+        if begin != end:
+            raise SafetensorsError(f"{path}: the tensors' byte ranges overlap or leave gaps")
+        end = stop
+    if size != 8 + n + end:
+        raise SafetensorsError(f"{path} is {size} bytes, but its header promises {8 + n + end}; "
+                               "the file is truncated or corrupt")
+    return {name: (8 + n + begin, 8 + n + stop) for name, (begin, stop) in ranges.items()}
+
+
+def read_tensors(path: str | Path, out: dict[str, np.ndarray]) -> None:
+    """Read the file's tensors into the given contiguous float32 arrays, after check_tensors."""
+    ranges = check_tensors(path, {name: array.shape for name, array in out.items()})
+    with open(path, "rb") as f:
+        for name, (begin, _) in ranges.items():
+            f.seek(begin)
+            f.readinto(memoryview(out[name]).cast("B"))

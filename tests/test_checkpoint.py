@@ -1,0 +1,178 @@
+"""Checkpoints: only good ones are written and kept; unusable ones are reported and skipped."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from llama.checkpoint import DONE, load_checkpoint
+from llama.config import get_preset
+from llama.dataloader import DataLoader
+from llama.datasets import prepare_tinyshakespeare
+from llama.params import ParameterLayout
+from llama.reference import ReferenceModel
+from llama.tokenizer import ByteTokenizer
+from tests.test_train import BASE, TEXT, corpus, run  # noqa: F401 (fixture)
+
+
+def val_loss(ckpt, corpus) -> float:
+    """The weights' loss on the first validation batch, computed independently of the trainer."""
+    loaded = load_file(ckpt / "model.safetensors")
+    config = get_preset("tiny").replace(vocab_size=258)
+    params = np.zeros(ParameterLayout(config).size, np.float32)
+    for name, view in ParameterLayout(config).views(params).items():
+        view[...] = loaded[name]
+    return ReferenceModel(config, params=params).forward(*DataLoader(corpus[3], 4, 32, shuffle=False).next_batch())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy reports the overflow we provoke
+@pytest.mark.parametrize("lr", ["1", "0.3"])
+def test_divergence_to_finite_garbage_keeps_the_good_checkpoints(corpus, tmp_path, capsys, lr):
+    """Defect 2: with no clipping and a huge learning rate the weights stay finite but are garbage."""
+    assert run(*BASE, *corpus, "-x", "4", "-n", "2", "-o", "out") == 0
+    good = val_loss(tmp_path / "out" / "ckpt_00000004", corpus)
+    code = run(*BASE, *corpus, "-x", "30", "-n", "1", "-nk", "2", "-l", lr, "--grad-clip", "0", "-u", "0",
+               "-k", "constant", "-v", "0", "-o", "out", "--resume")
+    assert (tmp_path / "out" / "ckpt_00000004" / DONE).exists()
+    for ckpt in (tmp_path / "out").glob("ckpt_*"):
+        assert val_loss(ckpt, corpus) < good + 0.5, ckpt
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    named = tmp_path / err.split("The last good checkpoint is ")[1].split(";")[0]
+    assert (named / DONE).exists() and val_loss(named, corpus) < good + 0.5
+    assert code == 1 and "is far above the best of the recent checkpoints" in err
+    assert "not saving a checkpoint; stopping" in err
+
+
+def rewrite_json(path, change):
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def drop(key):
+    return lambda state: {k: v for k, v in state.items() if k != key}
+
+
+def truncate(path, size):
+    data = path.read_bytes()
+    path.write_bytes(data[:size if size >= 0 else len(data) + size])
+
+
+def with_nan(path):
+    tensors = load_file(path)
+    tensors["norm.weight"][0] = np.nan
+    save_file(tensors, path)
+
+
+CORRUPTIONS = {  # what breaks the newest checkpoint, and the words the report must contain
+    "model truncated": (lambda c: truncate(c / "model.safetensors", -100), "the file is truncated"),
+    "model 0 bytes": (lambda c: truncate(c / "model.safetensors", 0), "too short for a safetensors file"),
+    "model header garbage": (lambda c: (c / "model.safetensors").write_bytes(b"\xff" * 64), "not a safetensors"),
+    "model missing": (lambda c: (c / "model.safetensors").unlink(), "lacks model.safetensors"),
+    "model not finite": (lambda c: with_nan(c / "model.safetensors"), "the weights are not finite"),
+    "state a list": (lambda c: (c / "state.json").write_text("[]"), "state.json is not a JSON object"),
+    "state not json": (lambda c: (c / "state.json").write_text("{"), "cannot read"),
+    "state without run": (lambda c: rewrite_json(c / "state.json", drop("run")), "state.json lacks 'run'"),
+    "state without loader": (lambda c: rewrite_json(c / "state.json", drop("loader")), "state.json lacks 'loader'"),
+    "state step a string": (lambda c: rewrite_json(c / "state.json", lambda s: {**s, "step": "4"}), "is not a int"),
+    "state bad rng": (lambda c: rewrite_json(c / "state.json", lambda s: {**s, "sample_rng": {"x": 1}}), "PCG64"),
+    "optimizer without adam_m": (
+        lambda c: save_file({"adam_v": load_file(c / "optimizer.safetensors")["adam_v"]}, c / "optimizer.safetensors"),
+        "lacks adam_m"),
+    "optimizer of another size": (
+        lambda c: save_file({k: np.zeros(1000, np.float32) for k in ("adam_m", "adam_v")}, c / "optimizer.safetensors"),
+        "adam_m is F32 [1000]"),
+    "model of another size": (
+        lambda c: shutil.copy(c.parent / "other" / "model.safetensors", c / "model.safetensors"),
+        "is F32 [32, 64], expected F32 [16, 32]"),
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of 4 steps with checkpoints at 2 and 4, made once for this module's tests."""
+    folder = tmp_path_factory.mktemp("trained")
+    (folder / "input.txt").write_text(TEXT)
+    train, val = prepare_tinyshakespeare(folder / "input.txt", folder / "data", ByteTokenizer())
+    data = ["-i", str(train), "-j", str(val)]
+    assert run(*BASE, *data, "-x", "4", "-n", "2", "-nk", "0", "-o", str(folder / "out")) == 0
+    return folder / "out"
+
+
+@pytest.fixture
+def two_checkpoints(corpus, trained, tmp_path):
+    """The trained run in tmp_path/out, with tmp_path/out/other holding a model of another size."""
+    shutil.copytree(trained, tmp_path / "out")
+    other = ParameterLayout(get_preset("tiny").replace(vocab_size=258, dim=64))
+    (tmp_path / "out" / "other").mkdir()
+    save_file({name: np.zeros(t.shape, np.float32) for name, t in other.tensors.items()},
+              tmp_path / "out" / "other" / "model.safetensors")
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_resume_skips_an_unusable_checkpoint_for_the_previous_one(corpus, two_checkpoints, capsys, corruption):
+    """Defect 3: reported in one line, skipped, and the user is told which checkpoint was used."""
+    corrupt, words = CORRUPTIONS[corruption]
+    corrupt(two_checkpoints / "ckpt_00000004")
+    assert run(*BASE, *corpus, "-x", "6", "-n", "2", "-nk", "0", "-o", "out", "--resume") == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: skipping")]
+    assert len(warnings) == 1 and "out/ckpt_00000004" in warnings[0] and words in warnings[0], err
+    assert "resuming from out/ckpt_00000002 (step 2)" in err
+    lines = (two_checkpoints / "main.log").read_text().splitlines()
+    assert [int(line.split()[0][2:]) for line in lines if " trl:" in line] == list(range(6))  # no step twice
+    assert load_checkpoint(two_checkpoints / "ckpt_00000004")["state"]["step"] == 4  # rewritten, good again
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_init_from_an_unusable_checkpoint_is_a_one_line_error(corpus, two_checkpoints, tmp_path, capsys, corruption):
+    corrupt, words = CORRUPTIONS[corruption]
+    corrupt(two_checkpoints / "ckpt_00000004")
+    assert run(*BASE, *corpus, "-x", "2", "-o", "new", "--init", "out/ckpt_00000004") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: ")
+    assert words in err.strip().splitlines()[-1]
+
+
+def test_no_usable_checkpoint_at_all(corpus, two_checkpoints, capsys):
+    for step in (2, 4):
+        truncate(two_checkpoints / f"ckpt_{step:08d}" / "model.safetensors", 10)
+    assert run(*BASE, *corpus, "-x", "6", "-o", "out", "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.count("warning: skipping") == 2
+    assert err.strip().splitlines()[-1] == ("error: --resume: none of the 2 checkpoints in out is usable; "
+                                            "start over with --overwrite")
+
+
+def test_resume_with_other_data_is_a_one_line_error(corpus, two_checkpoints, tmp_path, capsys):
+    shutil.copy(corpus[1], tmp_path / "other_train.bin")
+    assert run(*BASE, "-i", str(tmp_path / "other_train.bin"), "-j", corpus[3], "-x", "6", "-o", "out", "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --resume: data loader state does not fit this loader: files was")
+
+
+def test_checkpoint_files_are_plain_safetensors(corpus, tmp_path):
+    assert run(*BASE, *corpus, "-x", "2", "-o", "out") == 0
+    ckpt = load_checkpoint(tmp_path / "out" / "ckpt_00000002")
+    views = ParameterLayout(ckpt["config"]).views(ckpt["params"])
+    tensors = load_file(tmp_path / "out" / "ckpt_00000002" / "model.safetensors")
+    assert tensors.keys() == views.keys() and all(np.array_equal(tensors[k], views[k]) for k in views)
+    moments = load_file(tmp_path / "out" / "ckpt_00000002" / "optimizer.safetensors")
+    assert np.array_equal(moments["adam_m"], ckpt["adam_m"]) and np.array_equal(moments["adam_v"], ckpt["adam_v"])
+
+
+def test_rotation_keeps_the_newest_good_checkpoint_and_leaves_later_ones(corpus, tmp_path):
+    from llama.checkpoint import rotate_checkpoints
+    assert run(*BASE, *corpus, "-x", "8", "-n", "2", "-nk", "0", "-o", "out") == 0
+    out = tmp_path / "out"
+    (out / "ckpt_00000001").mkdir()  # left by a crash, incomplete
+    (out / "ckpt_00000002" / DONE).unlink()
+    rotate_checkpoints(out, out / "ckpt_00000004", keep=0)
+    assert sorted(p.name for p in out.glob("ckpt_*")) == ["ckpt_00000004", "ckpt_00000006", "ckpt_00000008"]
+    (out / "ckpt_00000002").mkdir()
+    rotate_checkpoints(out, out / "ckpt_00000004", keep=1)
+    assert sorted(p.name for p in out.glob("ckpt_*")) == ["ckpt_00000004", "ckpt_00000006", "ckpt_00000008"]
+    rotate_checkpoints(out, out / "ckpt_00000008", keep=2)
+    assert sorted(p.name for p in out.glob("ckpt_*")) == ["ckpt_00000006", "ckpt_00000008"]

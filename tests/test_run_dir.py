@@ -1,0 +1,196 @@
+"""An output folder belongs to one run: reruns refused, --overwrite, the lock, folder and disk failures."""
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train_llama
+from llama.checkpoint import load_checkpoint
+from tests.faults import DiskFault
+from tests.test_train import BASE, corpus, log_lines, run  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+ARGS = [*BASE, "-x", "6", "-n", "2"]
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def last_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def signal_at(monkeypatch, step: int, signum=signal.SIGINT, times: int = 1):
+    """Send this process `signum` `times` times while step `step` runs (from its learning-rate lookup).
+    Returns a function that removes the hook."""
+    real = train_llama.learning_rate
+
+    def hooked(s, *args, **kwargs):
+        if s == step:
+            for _ in range(times):
+                os.kill(os.getpid(), signum)
+        return real(s, *args, **kwargs)
+
+    monkeypatch.setattr(train_llama, "learning_rate", hooked)
+    return lambda: monkeypatch.setattr(train_llama, "learning_rate", real)
+
+
+def test_rerun_in_a_used_folder_is_refused(corpus, tmp_path, capsys):
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+    before = files(tmp_path / "out")
+    assert run(*ARGS, *corpus, "-o", "out") == 2
+    err = last_error(capsys)
+    assert "out already holds a run (main.log and 2 checkpoint folder(s))" in err
+    assert "--resume" in err and "--overwrite" in err
+    assert files(tmp_path / "out") == before
+
+
+def test_overwrite_moves_the_old_run_aside_and_resume_continues_the_new_run(corpus, tmp_path, capsys, monkeypatch):
+    """Defect 1: a second run in the folder, stopped by Ctrl-C, resumes from its own checkpoint."""
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+    first = files(tmp_path / "out")
+    assert run(*BASE, *corpus, "-x", "10", "-n", "4", "-o", "ref") == 0  # the second run, uninterrupted
+    unhook = signal_at(monkeypatch, 4)
+    assert run(*BASE, *corpus, "-x", "10", "-n", "4", "-o", "out", "--overwrite") == 130
+    err = capsys.readouterr().err
+    assert "moved the previous run (main.log and 2 checkpoint folder(s)) to out/old_run_1" in err
+    assert files(tmp_path / "out" / "old_run_1") == first
+    unhook()
+    assert run(*BASE, *corpus, "-x", "10", "-n", "4", "-o", "out", "--resume") == 0
+    assert "resuming from out/ckpt_00000005 (step 5)" in capsys.readouterr().err
+    assert (tmp_path / "out" / "main.log").read_bytes() == (tmp_path / "ref" / "main.log").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "out").glob("ckpt_*")) == ["ckpt_00000008", "ckpt_00000010"]
+    mine, ref = load_checkpoint(tmp_path / "out" / "ckpt_00000010"), load_checkpoint(tmp_path / "ref" / "ckpt_00000010")
+    assert all(np.array_equal(mine[k], ref[k]) for k in ("params", "adam_m", "adam_v"))
+    assert run(*BASE, *corpus, "-x", "2", "-o", "out", "--overwrite") == 0
+    assert (tmp_path / "out" / "old_run_2" / "ckpt_00000010").is_dir() and (tmp_path / "out" / "old_run_1").is_dir()
+
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_second_trainer_on_the_folder_fails_at_once(corpus, tmp_path, capsys):
+    first = subprocess.Popen([sys.executable, str(REPO / "train_llama.py"), *BASE, *corpus, "-x", "100000", "-v", "0",
+                              "-n", "0", "-o", "out", "--device", "cpu"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        log = tmp_path / "out" / "main.log"
+        wait_for(lambda: log.exists() and log.stat().st_size > 0)
+        for extra in ([], ["--resume"], ["--overwrite"]):
+            assert run(*ARGS, *corpus, "-o", "out", *extra) == 2
+            assert f"another trainer (PID {first.pid}) is using out" in last_error(capsys)
+        assert all(line.startswith("s:") for line in log.read_text().splitlines()[:-1])
+        assert not (tmp_path / "out" / "old_run_1").exists()
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_stale_lock_from_a_dead_process_is_taken_over(corpus, tmp_path, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train.lock").write_text(f"{dead.pid}\n")
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+    assert f"took over the lock of out left by PID {dead.pid}" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "train.lock").exists()
+
+
+def test_output_folder_that_is_a_file(corpus, tmp_path, capsys):
+    (tmp_path / "out").write_text("not a folder")
+    assert run(*ARGS, *corpus, "-o", "out") == 2
+    assert last_error(capsys) == "error: the output folder out is a file; choose another --output-dir"
+    assert run(*ARGS, *corpus, "-o", "out/run") == 2
+    assert last_error(capsys) == "error: cannot use out/run as the output folder: Not a directory"
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_read_only_output_folder(corpus, tmp_path, capsys, monkeypatch, exists):
+    if exists:
+        (tmp_path / "out").mkdir()
+    DiskFault(tmp_path / "out" if exists else tmp_path, errno.EROFS).install(monkeypatch)
+    assert run(*ARGS, *corpus, "-o", "out") == 2
+    assert last_error(capsys) == "error: cannot use out as the output folder: Read-only file system"
+
+
+@pytest.mark.parametrize("err, budget", [(errno.ENOSPC, 30_000), (errno.ENOSPC, 0), (errno.EROFS, 0)])
+def test_disk_failure_during_a_checkpoint(corpus, tmp_path, capsys, monkeypatch, err, budget):
+    fault = DiskFault(tmp_path / "out", err, budget, armed=False).install(monkeypatch)
+    real_save = train_llama.save_checkpoint
+
+    def save(out, step, *args, **kwargs):
+        fault.armed = step == 4
+        return real_save(out, step, *args, **kwargs)
+
+    monkeypatch.setattr(train_llama, "save_checkpoint", save)
+    assert run(*ARGS, *corpus, "-o", "out") == 2
+    assert last_error(capsys) == f"error: cannot write checkpoint out/ckpt_00000004: {os.strerror(err)}"
+    assert fault.failures > 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt_00000002", "main.log"]
+    assert load_checkpoint(tmp_path / "out" / "ckpt_00000002")["state"]["step"] == 2
+    monkeypatch.setattr(train_llama, "save_checkpoint", real_save)
+    fault.armed = False
+    assert run(*ARGS, *corpus, "-o", "out", "--resume") == 0
+    assert "resuming from out/ckpt_00000002 (step 2)" in capsys.readouterr().err
+    assert sorted(log_lines(tmp_path / "out")) == list(range(6))
+
+
+def test_disk_full_while_building_the_builtin_corpus(tmp_path, capsys, monkeypatch):
+    import llama.datasets
+    monkeypatch.chdir(tmp_path)
+    few = llama.datasets.stdlib_sources()[:120]
+    monkeypatch.setattr(llama.datasets, "stdlib_sources", lambda: few)
+    DiskFault(tmp_path / "data", errno.ENOSPC, budget=5000).install(monkeypatch)
+    assert run("-e", "tiny", "-t", "32", "-x", "2", "-s", "0") == 2
+    assert last_error(capsys) == "error: cannot build the built-in corpus in data/builtin: No space left on device"
+    assert [p.name for p in (tmp_path / "data").rglob("*") if p.is_file()] == []
+
+
+def test_lock_is_released_when_the_run_fails(corpus, tmp_path):
+    assert run(*ARGS, *corpus, "-o", "out", "-e", "gpt7") == 2
+    assert not (tmp_path / "out" / "train.lock").exists()
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+
+
+def test_leftovers_of_a_crashed_checkpoint_are_removed(corpus, tmp_path):
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+    shutil.copytree(tmp_path / "out" / "ckpt_00000006", tmp_path / "out" / ".tmp_ckpt_00000008")
+    assert run(*BASE, *corpus, "-x", "8", "-n", "2", "-o", "out", "--resume") == 0
+    assert not list((tmp_path / "out").glob(".tmp*"))
+
+
+def test_without_flock_the_pid_decides(corpus, tmp_path, capsys, monkeypatch):
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "train.lock").write_text(f"{alive.pid}\n")
+        assert run(*ARGS, *corpus, "-o", "out") == 2
+        assert f"another trainer (PID {alive.pid}) is using out" in last_error(capsys)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert run(*ARGS, *corpus, "-o", "out") == 0
+    assert f"left by PID {alive.pid}" in capsys.readouterr().err
