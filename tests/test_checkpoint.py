@@ -14,13 +14,14 @@ from llama.datasets import prepare_tinyshakespeare
 from llama.params import ParameterLayout
 from llama.reference import ReferenceModel
 from llama.tokenizer import ByteTokenizer
+from llama.tokenizer import ByteTokenizer
 from tests.test_train import BASE, TEXT, corpus, run  # noqa: F401 (fixture)
 
 
 def val_loss(ckpt, corpus) -> float:
     """The weights' loss on the first validation batch, computed independently of the trainer."""
     loaded = load_file(ckpt / "model.safetensors")
-    config = get_preset("tiny").replace(vocab_size=258)
+    config = get_preset("tiny").replace(vocab_size=ByteTokenizer.vocab_size)
     params = np.zeros(ParameterLayout(config).size, np.float32)
     for name, view in ParameterLayout(config).views(params).items():
         view[...] = loaded[name]
@@ -103,7 +104,7 @@ def trained(tmp_path_factory):
 def two_checkpoints(corpus, trained, tmp_path):
     """The trained run in tmp_path/out, with tmp_path/out/other holding a model of another size."""
     shutil.copytree(trained, tmp_path / "out")
-    other = ParameterLayout(get_preset("tiny").replace(vocab_size=258, dim=64))
+    other = ParameterLayout(get_preset("tiny").replace(vocab_size=ByteTokenizer.vocab_size, dim=64))
     (tmp_path / "out" / "other").mkdir()
     save_file({name: np.zeros(t.shape, np.float32) for name, t in other.tensors.items()},
               tmp_path / "out" / "other" / "model.safetensors")
