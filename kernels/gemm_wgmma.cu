@@ -230,6 +230,137 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
     }
 }
 
+// Version 3: ping-pong consumers. Each consumer warpgroup owns a whole 128 x 128 tile (two
+// m64n128k16 per k16 step, 2 x 64 accumulators per thread); the CTA's work units alternate between the
+// two warpgroups, and an order barrier lets a warpgroup start a unit's MMAs only once the other has
+// issued all of the previous unit's, so one warpgroup's epilogue runs while the other's MMAs do.
+// Work unit = (batch, split, tile): with splits > 1 (split-K, batch 1), split s takes k-blocks
+// [s * split_kb, min(KT, (s + 1) * split_kb)) and writes its partial product to C's batch s.
+#define PP_BN 128
+
+// the k-blocks of work unit `split` (the launcher makes every split non-empty)
+__device__ __forceinline__ int unit_kblocks(int split, int split_kb, int KT) {
+    return min(split_kb, KT - split * split_kb);
+}
+
+// keeps the compiler from moving reads of the accumulators above the wgmma wait before it
+template <int R>
+__device__ __forceinline__ void accumulator_fence(float (&d)[R]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int MODE>
+__device__ __forceinline__ void store_tile(const Epilogue& e, const float (&d0)[64], const float (&d1)[64], int batch,
+                                           int row, int col) {
+    store_accumulators<MODE>(e, d0, batch, row, col);
+    store_accumulators<MODE>(e, d1, batch, row + 64, col);
+}
+
+template <int STAGES, bool A_KMAJOR, bool B_KMAJOR>
+__device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
+                                              int batches, int splits, int split_kb) {
+    constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
+    const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8, order = empty + STAGES * 8;
+    const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + PP_BN - 1) / PP_BN;
+    const int tiles = tiles_m * tiles_n, units = tiles * batches * splits, KT = (K + WG_BK - 1) / WG_BK;
+    const int warpgroup = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbarrier_init(full + 8 * s, 1);
+            mbarrier_init(empty + 8 * s, 4);  // one arrival per warp of the consumer that used the stage
+        }
+        mbarrier_init(order, 4);      // order[c]: consumer c may start its next unit (one arrival per warp)
+        mbarrier_init(order + 8, 4);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {  // producer: every unit of this CTA, in order, through the one ring
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            int stage = 0, phase = 0;
+            for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+                int tm, tn;
+                tile_coords(unit % tiles, tiles_m, tiles_n, &tm, &tn);
+                const int split = (unit / tiles) % splits, batch = unit / tiles / splits;
+                const int m0 = tm * WG_BM, n0 = tn * PP_BN, kb0 = split * split_kb;
+                const int kblocks = unit_kblocks(split, split_kb, KT);
+                for (int kt = 0; kt < kblocks; kt++) {
+                    mbarrier_wait(empty + 8 * stage, phase ^ 1);
+                    const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES, bar = full + 8 * stage;
+                    mbarrier_expect_tx(bar, STAGE_BYTES);
+                    const int k0 = (kb0 + kt) * WG_BK;
+                    if (A_KMAJOR) {
+                        tma_load(a, map_a, k0, m0, batch, bar);
+                    } else {
+                        tma_load(a, map_a, m0, k0, batch, bar);
+                        tma_load(a + 8192, map_a, m0 + 64, k0, batch, bar);
+                    }
+                    if (B_KMAJOR) {
+                        tma_load(b, map_b, k0, n0, batch, bar);
+                    } else {
+                        tma_load(b, map_b, n0, k0, batch, bar);
+                        tma_load(b + 8192, map_b, n0 + 64, k0, batch, bar);
+                    }
+                    if (++stage == STAGES) { stage = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {  // consumer c = 0, 1 takes this CTA's units number c, c + 2, c + 4, ...
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = warpgroup - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+        const uint32_t my_turn = order + 8 * c, other_turn = order + 8 * (1 - c);
+        int consumed = 0;  // k-blocks of this CTA's units before the current one: the ring position
+        float d0[64], d1[64];
+        for (int unit = blockIdx.x, i = 0; unit < units; unit += gridDim.x, i++) {
+            const int split = (unit / tiles) % splits;
+            const int kblocks = unit_kblocks(split, split_kb, KT);
+            if ((i & 1) != c) {  // the other consumer's unit: skip its k-blocks in the ring
+                consumed += kblocks;
+                continue;
+            }
+            int tm, tn;
+            tile_coords(unit % tiles, tiles_m, tiles_n, &tm, &tn);
+            const int m0 = tm * WG_BM, n0 = tn * PP_BN, out_batch = unit / tiles;
+            // Unit i waits until every warp of the other consumer has issued unit i - 1's MMAs (the
+            // ((i - 1) / 2)-th phase of my_turn). Besides the overlap, this is what keeps the ring safe:
+            // all of unit i - 1's stages have landed, so no full[s] this unit waits on is two phases behind.
+            if (i > 0) mbarrier_wait(my_turn, ((i - 1) >> 1) & 1);
+            int stage = consumed % STAGES, phase = (consumed / STAGES) & 1, previous = -1;
+            consumed += kblocks;
+            for (int kt = 0; kt < kblocks; kt++) {
+                mbarrier_wait(full + 8 * stage, phase);
+                const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES;
+                wgmma_fence();
+                #pragma unroll
+                for (int k = 0; k < WG_BK / 16; k++) {
+                    const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
+                    const uint64_t da0 = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
+                    const uint64_t da1 = smem_descriptor<A_KMAJOR>(a + 8192 + k * k16_step<A_KMAJOR>());
+                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d0, da0, db, kt > 0 || k > 0);
+                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d1, da1, db, kt > 0 || k > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage
+                if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
+                previous = stage;
+                if (++stage == STAGES) { stage = 0; phase ^= 1; }
+            }
+            if (lane == 0) mbarrier_arrive(other_turn);  // all MMAs issued: the other consumer's turn
+            wgmma_wait<0>();
+            accumulator_fence(d0);
+            accumulator_fence(d1);
+            if (lane == 0) mbarrier_arrive(empty + 8 * previous);
+            const int row = m0 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
+            EPILOGUE_DISPATCH(e.mode, store_tile, e, d0, d1, out_batch, row, col)
+        }
+    }
+}
+
 #endif  // GEMM_WGMMA_ENABLED
 
 // Entry points gemm_wgmma_<layout>_128x<BN>; shared memory STAGES * (128 + BN) * 64 * 2 + 1024 + 16 * STAGES.
@@ -255,3 +386,25 @@ GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false)
 GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true)
 GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false)
 GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false)
+
+// Version 3 entry points gemm_wgmma3_<layout>: 128 x 128 tiles, ping-pong consumers, split-K in the kernel
+// (splits = 1: plain batches). Shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16.
+#define PP_STAGES 7
+#ifdef GEMM_WGMMA_ENABLED
+#define GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)                                                              \
+    const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
+    gemm_pingpong<PP_STAGES, A_KMAJOR, B_KMAJOR>(maps, maps + 1, e, K, batches, splits, split_kb);
+#else
+#define GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)
+#endif
+#define GEMM_WGMMA3_ENTRY(name, A_KMAJOR, B_KMAJOR)                                                           \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
+        const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
+        int K, int batches, int splits, int split_kb, int ldc, int mode, int rope_T, int rope_cols,             \
+        int head_dim, float alpha) {                                                                          \
+        GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
+    }
+
+GEMM_WGMMA3_ENTRY(gemm_wgmma3_nt, true, true)
+GEMM_WGMMA3_ENTRY(gemm_wgmma3_nn, true, false)
+GEMM_WGMMA3_ENTRY(gemm_wgmma3_tn, false, false)

@@ -1,5 +1,5 @@
-"""Launcher of the GEMM ladder's version 2 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor maps
-encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled) and passed by value.
+"""Launchers of the GEMM ladder's versions 2 and 3 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor
+maps encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled).
 
 Maps depend only on pointers and shapes, so they are cached, on the host and in device memory
 (the kernel reads them from there: PyCUDA's launches carry at most 256 bytes of arguments): a
@@ -19,6 +19,10 @@ from .ops import GemmProblem, _kernel, multiprocessors
 
 BM, BK = 128, 64
 STAGES = {256: 4, 128: 6}
+PINGPONG_STAGES = 7  # version 3: 128 x 128 tiles, kernels/gemm_wgmma.cu PP_STAGES
+# version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
+# 132 SMs; the reduce pass's bandwidth and its launch
+KBLOCK_SECONDS, REDUCE_BYTES_PER_SECOND, REDUCE_LAUNCH_SECONDS, MAX_SPLITS = 0.43e-6, 3e12, 3e-6, 32
 BF16_TYPE, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO = 9, 0, 3, 3, 0
 
 
@@ -75,6 +79,44 @@ def gemm_wgmma(p: GemmProblem, bn: int | None = None) -> None:
     _kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
         (min(tiles, sms),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
+
+
+def gemm_wgmma3(p: GemmProblem, splits: int = 1) -> None:
+    """Version 3: ping-pong consumer warpgroups on 128 x 128 tiles, persistent. splits > 1 (one batch,
+    fp32 c): split s multiplies k-blocks [s * split_kb, (s + 1) * split_kb) and writes its partial
+    product to batch s of c (splits, M, N); splits is a count that splitk_splits3 returns."""
+    k_blocks = math.ceil(p.K / BK)
+    split_kb = math.ceil(k_blocks / splits)
+    if splits > 1 and (p.batch != 1 or p.mode != "f32" or math.ceil(k_blocks / split_kb) != splits):
+        raise ValueError(f"gemm_wgmma3: {splits} splits of {k_blocks} k-blocks (fp32 partials of one batch, "
+                         "every split non-empty) are not a valid split")
+    units = math.ceil(p.M / BM) * math.ceil(p.N / 128) * p.batch * splits
+    maps = device_maps(b"".join(operand_maps(p, 128)))
+    shared = PINGPONG_STAGES * (BM + 128) * BK * 2 + 1024 + 16 * PINGPONG_STAGES + 16
+    _kernel("gemm_wgmma", f"gemm_wgmma3_{p.layout}", "PPPPqiiiiiiiiiiif")(
+        (min(units, multiprocessors()),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
+        splits, split_kb, *p.epilogue_args(), shared=shared)
+
+
+def splitk_splits3(p: GemmProblem, sms: int) -> int:
+    """Version 3's split-K count for a weight gradient (tn, fp32 out, one batch) on sms multiprocessors:
+    the one that minimizes a model of the time, rounds of 128 x 128 work units over the multiprocessors
+    times k-blocks per split, plus the reduce pass (reads the partials and c, writes c). Any count of
+    non-empty splits."""
+    if p.layout != "tn" or p.batch != 1 or p.mode not in ("f32", "acc_f32"):
+        return 1
+    tiles, k_blocks = math.ceil(p.M / BM) * math.ceil(p.N / 128), math.ceil(p.K / BK)
+    best, best_seconds = 1, math.inf
+    for splits in range(1, min(MAX_SPLITS, k_blocks) + 1):
+        split_kb = math.ceil(k_blocks / splits)
+        if math.ceil(k_blocks / split_kb) != splits:  # an empty last split: a smaller count does the same
+            continue
+        seconds = math.ceil(tiles * splits / sms) * split_kb * KBLOCK_SECONDS
+        if splits > 1:
+            seconds += (splits + 2) * p.M * p.N * 4 / REDUCE_BYTES_PER_SECOND + REDUCE_LAUNCH_SECONDS
+        if seconds < best_seconds:
+            best, best_seconds = splits, seconds
+    return best
 
 
 @functools.lru_cache(maxsize=4096)

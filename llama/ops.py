@@ -184,7 +184,7 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     c is bf16 or fp32; accumulate (fp32 c only) adds onto c instead of overwriting it, and alpha = 0
     then leaves c untouched. rope = (cos, sin, T, rotated_columns) rotates the first columns of a
     (tokens, heads * D) bf16 output by RoPE at position row % T (the QKV projection).
-    version: 'mma' or 'wgmma'; None takes the device's best (llama.device.gemm_version)."""
+    version: 'mma', 'wgmma' or 'wgmma3'; None takes the device's best (llama.device.gemm_version)."""
     batched = len(c.shape) == 3
     batch = c.shape[0] if batched else 1
     M, N = c.shape[-2:]
@@ -215,31 +215,42 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     layout = "tn" if trans_a else "nt" if trans_b else "nn"
     problem = GemmProblem(layout, batch, M, N, K, a.ptr, a.shape[-1], M * K, b.ptr, b.shape[-1], K * N, c.ptr, M * N,
                           mode, alpha, **rope_args)
+    if version is None:
+        from .device import gemm_version
+        version = gemm_version()
     launch = _gemm_launcher(version)
-    splits = _splitk_splits(problem)
+    if version == "wgmma3":
+        from .gemm_wgmma import splitk_splits3
+        splits = splitk_splits3(problem, multiprocessors())
+    else:
+        splits = _splitk_splits(problem)
     if splits == 1:
         launch(problem)
         return
-    # Split-K for weight gradients with few output tiles: the splits are a batch of partial products
-    # over K / splits rows each, summed in a fixed order (deterministic, no atomics).
-    part_k = K // splits
+    # Split-K for weight gradients with few output tiles: partial products over ranges of K, summed in
+    # a fixed order (deterministic, no atomics). Version 3 splits K inside the kernel (any count);
+    # the others run the splits as a batch over K / splits rows each.
     partial = _workspace(splits * M * N)
-    launch(replace(problem, batch=splits, K=part_k, stride_a=part_k * M, stride_b=part_k * N, c=partial.ptr,
-                   mode="f32", alpha=1.0))
+    partials = replace(problem, c=partial.ptr, mode="f32", alpha=1.0)
+    if version == "wgmma3":
+        launch(partials, splits=splits)
+    else:
+        part_k = K // splits
+        launch(replace(partials, batch=splits, K=part_k, stride_a=part_k * M, stride_b=part_k * N))
     _kernel("gemm_mma", "gemm_splitk_reduce", "PPqiif")(_blocks(M * N), BLOCK, c.ptr, partial.ptr, M * N, splits,
                                                         int(accumulate), np.float32(alpha))
 
 
-def _gemm_launcher(version: str | None):
-    if version is None:
-        from .device import gemm_version
-        version = gemm_version()
+def _gemm_launcher(version: str):
     if version == "mma":
         return gemm_mma
     if version == "wgmma":
         from .gemm_wgmma import gemm_wgmma
         return gemm_wgmma
-    raise ValueError(f"gemm: unknown version {version!r} (mma, wgmma)")
+    if version == "wgmma3":
+        from .gemm_wgmma import gemm_wgmma3
+        return gemm_wgmma3
+    raise ValueError(f"gemm: unknown version {version!r} (mma, wgmma, wgmma3)")
 
 
 def _splitk_splits(p: GemmProblem) -> int:

@@ -6,7 +6,7 @@ it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, and their rat
 events, median of many batches after warm-up, on random data, rotating input buffers so that L2
 does not flatter small shapes. Our dW accumulates into fp32 (as training does); the others store bf16.
 
-    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma]
+    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3]
 """
 
 import argparse
@@ -85,7 +85,8 @@ def main():
     parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time (default: all the device runs)")
     parser.add_argument("--only", default=None, help="only problems whose label contains this")
     args = parser.parse_args()
-    versions = args.versions or (["mma", "wgmma"] if runtime().device.compute_capability() == (9, 0) else ["mma"])
+    hopper = runtime().device.compute_capability() == (9, 0)
+    versions = args.versions or (["mma", "wgmma", "wgmma3"] if hopper else ["mma"])
     print(f"device: {runtime().name}; TFLOP/s, bf16 operands, fp32 accumulation; ratio = ours / cuBLAS")
     rows = []
     for label, layout, M, N, K in problems():

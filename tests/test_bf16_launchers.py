@@ -2,6 +2,9 @@
 launching anything (the arrays here are descriptors of device memory that does not exist), and the
 host helpers build what the kernels expect."""
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -109,3 +112,22 @@ def test_token_segments(N, vocab):
     first = np.flatnonzero(used[:, 3] == 0)
     assert (used[first + counts[first] - 1, 3] == counts[first] - 1).all()  # a token's segments adjacent, in order
     assert (counts > 1).sum() <= ops._embedding_partial_rows(N)  # room for their partial rows and counters
+
+
+@pytest.mark.parametrize("M, N, K", [(768, 768, 16384), (1280, 768, 16384), (4096, 768, 16384), (128256, 768, 16384),
+                                     (1000, 8, 16384), (200, 136, 1000), (136, 1000, 768)])
+def test_wgmma3_splits(M, N, K):
+    """Version 3's split-K count: only weight gradients into fp32 split, every split holds k-blocks, a
+    few output tiles over a long K split, a GPU full of tiles does not."""
+    from llama.gemm_wgmma import splitk_splits3
+    problem = ops.GemmProblem("tn", 1, M, N, K, 0, M, 0, 0, N, 0, 0, 0, "acc_f32", 1.0)
+    k_blocks, tiles = math.ceil(K / 64), math.ceil(M / 128) * math.ceil(N / 128)
+    for sms in (114, 132):
+        splits = splitk_splits3(problem, sms)
+        assert 1 <= splits <= k_blocks and math.ceil(k_blocks / math.ceil(k_blocks / splits)) == splits
+        if tiles * 4 <= sms and k_blocks >= 64:
+            assert splits > 1
+        if tiles >= 8 * sms:
+            assert splits == 1
+        for other in (dict(layout="nt"), dict(layout="nn"), dict(batch=2), dict(mode="bf16")):
+            assert splitk_splits3(replace(problem, **other), sms) == 1

@@ -23,10 +23,10 @@ def ops():
 
 def versions():
     from llama.cuda import runtime
-    return ["mma", "wgmma"] if runtime().device.compute_capability() == (9, 0) else ["mma"]
+    return ["mma", "wgmma", "wgmma3"] if runtime().device.compute_capability() == (9, 0) else ["mma"]
 
 
-@pytest.fixture(params=["mma", "wgmma"])
+@pytest.fixture(params=["mma", "wgmma", "wgmma3"])
 def version(request):
     if request.param not in versions():
         pytest.skip(f"{request.param} needs sm_90a")
@@ -42,12 +42,13 @@ def operands(layout, M, N, K, batch):
 
 
 SHAPES = {  # (M, N, K, batch) per layout: M and N of an M- or N-major operand are multiples of 8
+    # (2000, 2056, 776): 272 tiles of 128 x 128, two or more per persistent CTA, a partial last k-block
     "nt": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 8, 8192, 1), (17, 128256, 72, 1),
-           (128, 256, 64, 1), (70, 48, 40, 3)],
+           (128, 256, 64, 1), (70, 48, 40, 3), (2000, 2056, 776, 1)],
     "nn": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 136, 72, 1), (17, 128256, 72, 1),
            (128, 256, 64, 1), (70, 48, 40, 3)],
     "tn": [(8, 8, 8, 1), (1000, 136, 72, 1), (136, 1000, 768, 1), (1000, 8, 16384, 1), (16, 128256, 8, 1),
-           (128, 256, 64, 1), (72, 48, 40, 3)],
+           (128, 256, 64, 1), (72, 48, 40, 3), (2056, 2000, 776, 1)],
 }
 CASES = [(layout, *shape) for layout, shapes in SHAPES.items() for shape in shapes]
 
@@ -95,6 +96,24 @@ def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     rotated = ref._rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
     expected = np.concatenate([rotated, heads[:, H + KV:]], axis=1).transpose(0, 2, 1, 3).reshape(B * T, -1)
     check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
+
+
+@pytest.mark.parametrize("splits", [2, 3, 16])
+def test_gemm_wgmma3_splits(ops, monkeypatch, splits):
+    """Version 3's split-K over uneven K ranges (K = 1000: 16 k-blocks in splits of 8, 6 + 6 + 4 or 1,
+    the last one partial), overwriting and accumulating."""
+    if "wgmma3" not in versions():
+        pytest.skip("wgmma3 needs sm_90a")
+    from llama import gemm_wgmma
+    monkeypatch.setattr(gemm_wgmma, "splitk_splits3", lambda p, sms: splits)
+    a, b, opa, opb = operands("tn", 200, 136, 1000, 1)
+    c = poisoned((200, 136))
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version="wgmma3")
+    check(f"gemm_wgmma3_split{splits}", c, 0.5 * opa @ opb, TOL["f32"])
+    c0 = rng.standard_normal((200, 136)).astype(np.float32)
+    c = dev(c0)
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=-2.0, accumulate=True, version="wgmma3")
+    check(f"gemm_wgmma3_split{splits}_accumulate", c, c0 - 2.0 * opa @ opb, TOL["f32"])
 
 
 def test_gemm_deterministic(ops, version):
