@@ -5,6 +5,13 @@ import functools
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def no_package_index(monkeypatch):
+    """No test reaches the network: the tokenizer fetch's pip gets an index on a closed local port
+    unless the test serves one itself."""
+    monkeypatch.setattr("llama.tokenizer_fetch.INDEX_URL", "http://127.0.0.1:9/simple/")
+
+
 @functools.cache
 def gpu_available() -> bool:
     try:
