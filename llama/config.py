@@ -33,7 +33,7 @@ class LlamaConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_context: int = 8192
-    max_seq_len: int = 8192
+    max_seq_len: int = 131072  # Llama 3.1 and 3.2 context length (max_position_embeddings)
     tie_embeddings: bool = False
 
     def __post_init__(self):
