@@ -24,10 +24,11 @@ from llama.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from llama.config import ConfigError, LlamaConfig, get_preset
 from llama.dataloader import DataLoader
 from llama.datasets import prepare_builtin_corpus
+from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
 from llama.reference import ReferenceModel
-from llama.sample import generate
+from llama.generate import decoder_for, generate
 from llama.shards import ShardError
 from llama.tokenizer import TokenizerError, load_tokenizer
 
@@ -50,7 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("model")
     g.add_argument("-e", "--model", default=None, help="preset name (d12, small, llama3.2-1b, ...) or config JSON")
-    g.add_argument("--init", default=None, help="start from the weights of this checkpoint folder")
+    g.add_argument("--init", default=None, help="start from the weights of this checkpoint folder, or of a local "
+                   "Hugging Face Llama folder with hf:PATH (config.json, safetensors, tokenizer)")
     g = p.add_argument_group("data")
     g.add_argument("-i", "--train-data", default=None, help="glob of training shards")
     g.add_argument("-j", "--val-data", default=None, help="glob of validation shards")
@@ -117,6 +119,14 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     return str(train), str(val)
 
 
+def load_source(path: str) -> dict:
+    """{'config', 'params', ...} of a checkpoint folder, or of a Hugging Face folder given as hf:PATH."""
+    if path.startswith("hf:"):
+        config, params = load_hf_folder(path[3:])
+        return {"config": config, "params": params}
+    return load_checkpoint(path)
+
+
 def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     """Training FLOPs per token, llm.c's convention: 6 per matmul weight + causal attention."""
     layout = ParameterLayout(config)
@@ -150,12 +160,13 @@ def train(args) -> int:
     grad_accum = total // (B * T)
     lr = args.lr if args.lr is not None else defaults["lr"]
     out = Path(args.output_dir)
-    tokenizer = load_tokenizer(args.tokenizer)
+    hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
+    tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
 
     resume = latest_checkpoint(out) if args.resume else None
     if args.resume and resume is None:
         print(f"note: --resume, but {out} holds no complete checkpoint; starting from scratch", file=sys.stderr)
-    source = load_checkpoint(resume or args.init) if (resume or args.init) else None
+    source = load_source(str(resume or args.init)) if (resume or args.init) else None
     if source is not None:
         config = source["config"]
         if args.model and resolve_config(args.model).replace(vocab_size=config.vocab_size) != config:
@@ -217,9 +228,11 @@ def train(args) -> int:
         return save_checkpoint(out, done_steps, config, params, *model.get_optimizer_state(), state,
                                keep=args.keep_checkpoints)
 
+    decoder = decoder_for(model, max_len=T) if args.sample_every else None
+
     def sample(step: int) -> None:
-        ids = generate(model, tokenizer.bos_id, args.gen_tokens, T, sample_rng, args.temperature, args.top_k)
-        tqdm.write(f"--- sample at step {step} ---\n{tokenizer.decode(ids)}\n---")
+        result = generate(decoder, [tokenizer.bos_id], args.gen_tokens, sample_rng, args.temperature, args.top_k)
+        tqdm.write(f"--- sample at step {step} ---\n{tokenizer.decode(result.tokens)}\n---")
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "main.log", "a") as log, tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True) as bar:
@@ -266,7 +279,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return train(args)
-    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, FileNotFoundError) as e:
+    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, HFError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except TrainingDiverged as e:

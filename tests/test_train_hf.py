@@ -1,0 +1,75 @@
+"""Fine-tuning from a Hugging Face folder on the CPU, then exporting the result: train_llama.py
+--init hf:PATH (its tokenizer.json included), sampling through the KV-cache decoder, and
+scripts/export_hf.py."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train_llama
+from llama.checkpoint import latest_checkpoint, load_checkpoint
+from llama.config import get_preset
+from llama.datasets import prepare_tinyshakespeare
+from llama.hf import load_hf_folder, save_hf_folder
+from llama.params import init_parameters
+from llama.tokenizer import Llama3Tokenizer
+from tests.test_download import ranks_file_bytes
+from tests.test_train import TEXT
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = get_preset("tiny").replace(vocab_size=517, max_seq_len=64)
+
+
+@pytest.fixture
+def hf_folder(tmp_path, monkeypatch):
+    """An HF folder with a tokenizer.json (vocab 517), and shards made with that tokenizer."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokenizer.model").write_bytes(ranks_file_bytes())
+    tokenizer = Llama3Tokenizer(tmp_path / "tokenizer.model")
+    params = init_parameters(CONFIG, seed=4)
+    save_hf_folder(tmp_path / "hf", CONFIG, params, "fp32", tokenizer)
+    (tmp_path / "input.txt").write_text(TEXT)
+    train, val = prepare_tinyshakespeare(tmp_path / "input.txt", tmp_path / "data", tokenizer)
+    return tmp_path / "hf", params, ["-i", str(train), "-j", str(val), "--device", "cpu", "-b", "2", "-t", "16"]
+
+
+def test_fine_tune_from_hf_then_export(hf_folder, tmp_path, capsys):
+    folder, params, data = hf_folder
+    # learning rate 0: the checkpoint holds exactly the imported weights
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-l", "0", "-v", "0", "-s", "0",
+                             "-o", "zero"]) == 0
+    assert np.array_equal(load_checkpoint(latest_checkpoint(tmp_path / "zero"))["params"], params)
+
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "4", "-l", "1e-3", "-s", "2", "-g", "6",
+                             "-v", "2", "-m", "1", "-o", "out"]) == 0
+    assert re.search(r"--- sample at step 2 ---\n.*\n---", capsys.readouterr().out)
+    trained = load_checkpoint(latest_checkpoint(tmp_path / "out"))
+    assert not np.array_equal(trained["params"], params)
+
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), "out", "exported", "--dtype",
+                             "fp32"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config, exported = load_hf_folder(tmp_path / "exported")
+    assert config == CONFIG and np.array_equal(exported, trained["params"])
+    # the run's tokenizer (the HF folder's tokenizer.json) went along
+    assert Llama3Tokenizer(tmp_path / "exported" / "tokenizer.json").ranks == Llama3Tokenizer(folder / "tokenizer.json").ranks
+
+
+def test_bad_hf_folder_is_one_line(hf_folder, capsys):
+    folder, _, data = hf_folder
+    (folder / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "GPT2LMHeadModel (gpt2) is not supported; only LlamaForCausalLM" in err
+    assert train_llama.main(["--init", "hf:nowhere", *data, "-x", "1"]) == 2
+    assert "nowhere is not a folder" in capsys.readouterr().err
+
+
+def test_export_of_a_missing_checkpoint(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), str(tmp_path), "x"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
