@@ -99,3 +99,25 @@ def load_checkpoint(path: str | Path) -> dict:
         view[...] = tensors[name]
     return {"config": config, "params": params, "adam_m": moments["adam_m"], "adam_v": moments["adam_v"],
             "state": state}
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder itself, or the newest complete checkpoint of a run folder."""
+    path = Path(path)
+    found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no complete checkpoint")
+    return found
+
+
+def run_tokenizer_path(state: dict) -> str | None:
+    """The tokenizer file a training run used, from its recorded arguments: --tokenizer, else the
+    tokenizer of its --init hf: folder; None means the default (data/tokenizer/, else bytes)."""
+    from .hf import hf_tokenizer_path
+
+    args = state.get("args", {})
+    init = args.get("init") or ""
+    if args.get("tokenizer"):
+        return args["tokenizer"]
+    found = hf_tokenizer_path(init[3:]) if init.startswith("hf:") else None
+    return str(found) if found else None

@@ -11,19 +11,10 @@ data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 
 import argparse
 import sys
-from pathlib import Path
 
-from llama.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from llama.hf import EXPORT_DTYPES, hf_tokenizer_path, save_hf_folder
+from llama.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.hf import EXPORT_DTYPES, save_hf_folder
 from llama.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
-
-
-def run_tokenizer(state: dict, override: str | None):
-    """The tokenizer a training run used, from its recorded arguments."""
-    args = state.get("args", {})
-    init = args.get("init") or ""
-    path = override or args.get("tokenizer") or (init.startswith("hf:") and hf_tokenizer_path(init[3:])) or None
-    return load_tokenizer(path, quiet=True)
 
 
 def main(argv=None) -> int:
@@ -35,13 +26,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-shard-gb", type=float, default=5.0, help="split the weights into files of this size")
     args = parser.parse_args(argv)
     try:
-        path = Path(args.checkpoint)
-        checkpoint = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
-        if checkpoint is None:
-            raise CheckpointError(f"{path} holds no complete checkpoint")
+        checkpoint = find_checkpoint(args.checkpoint)
         loaded = load_checkpoint(checkpoint)
         config = loaded["config"]
-        tokenizer = run_tokenizer(loaded["state"], args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer or run_tokenizer_path(loaded["state"]), quiet=True)
         if tokenizer.vocab_size != config.vocab_size:
             raise TokenizerError(f"the tokenizer ({tokenizer.name}, vocab {tokenizer.vocab_size}) does not fit the "
                                  f"model's vocab {config.vocab_size}; pass the run's tokenizer with --tokenizer")

@@ -14,6 +14,7 @@ import train_llama
 from llama.checkpoint import latest_checkpoint, load_checkpoint
 from llama.config import get_preset
 from llama.datasets import prepare_tinyshakespeare
+from llama.generate import ReferenceDecoder, generate
 from llama.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters
 from llama.tokenizer import Llama3Tokenizer
@@ -73,3 +74,41 @@ def test_export_of_a_missing_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), str(tmp_path), "x"],
                             capture_output=True, text=True)
     assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
+
+
+def run_generate(*args, cwd, stdin=None):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), *args, "--device", "cpu"],
+                          capture_output=True, text=True, cwd=cwd, input=stdin)
+
+
+def test_generate_script_streams_what_generate_produces(hf_folder, tmp_path):
+    folder, params, _ = hf_folder
+    tokenizer = Llama3Tokenizer(folder / "tokenizer.json")
+    decoder = ReferenceDecoder(CONFIG, params, max_len=64)
+    prompt = "the thin line"
+    expected = generate(decoder, tokenizer.encode(prompt, bos=True), 12, np.random.default_rng(3), temperature=0.9,
+                        top_p=0.8, stop_ids=(tokenizer.eos_id,))
+    result = run_generate("hf", "--prompt", prompt, "-n", "12", "--temperature", "0.9", "--top-p", "0.8",
+                          "--seed", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    shown = [t for t in expected.tokens if t != tokenizer.eos_id]
+    assert result.stdout == prompt + tokenizer.decode(shown) + "\n"
+    assert re.search(r"\[cpu\] prefill 9 tokens: .* tokens/s \| decode \d+ tokens: .* tokens/s", result.stderr)
+
+    chat = tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    expected = generate(decoder, chat, 10, np.random.default_rng(0), temperature=0, stop_ids=tokenizer.stop_ids)
+    result = run_generate(f"hf:{folder}", "--chat", "-n", "10", "--temperature", "0", cwd=tmp_path, stdin="hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == tokenizer.decode([t for t in expected.tokens if t not in tokenizer.stop_ids]) + "\n"
+
+
+def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path):
+    folder, _, data = hf_folder
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-v", "0", "-s", "0", "-o", "out"]) == 0
+    result = run_generate("out", "--prompt", "the", "-n", "5", cwd=tmp_path)  # the run's tokenizer: the HF folder's
+    assert result.returncode == 0 and result.stdout.startswith("the"), result.stderr
+    result = run_generate("nowhere", "--prompt", "x", cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.strip() == "error: nowhere holds no complete checkpoint"
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    result = run_generate(str(folder), "--prompt", "x", cwd=tmp_path)
+    assert result.returncode == 1 and "config.json: missing num_attention_heads" in result.stderr
