@@ -32,7 +32,7 @@ from llama.generate import decoder_for, generate
 from llama.shards import ShardError
 from llama.tokenizer import TokenizerError, load_tokenizer
 
-DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 128, "lr": 1e-3, "steps": 400},
+DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
 STARTER_PACK = ("data/tinyshakespeare/tiny_shakespeare_train.bin", "data/tinyshakespeare/tiny_shakespeare_val.bin")
 BUILTIN_DIR = "data/builtin"

@@ -10,6 +10,7 @@ Llama 3 tokenizer is available, and says so.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -63,14 +64,24 @@ def ranks_from_hf_json(data: dict, path: Path) -> dict[bytes, int]:
         raise TokenizerError(f"{path}: a vocabulary entry is not in the byte-level alphabet") from None
 
 
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """A tokenizer.model: one `base64(token) rank` per line. Read here rather than with tiktoken's
+    loader, which caches files by their path string (a relative path such as data/tokenizer/...
+    would return the contents of whichever file was first read there)."""
+    ranks = {}
+    for line in path.read_bytes().splitlines():
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+    return ranks
+
+
 def load_ranks(path: Path) -> dict[bytes, int]:
     """Ranks from a tokenizer.model (tiktoken format) or a Hugging Face tokenizer.json."""
-    from tiktoken.load import load_tiktoken_bpe
-
     try:
         if path.suffix == ".json":
             return ranks_from_hf_json(json.loads(path.read_text(encoding="utf-8")), path)
-        return load_tiktoken_bpe(str(path))
+        return read_tiktoken_ranks(path)
     except FileNotFoundError:
         raise TokenizerError(f"tokenizer file not found: {path}") from None
     except TokenizerError:

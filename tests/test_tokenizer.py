@@ -148,3 +148,13 @@ def test_hf_tokenizers_library_encodes_the_same(llama3):
         ids = llama3.encode(text, bos=True)
         assert hf.encode(text).ids == ids
         assert hf.decode(ids, skip_special_tokens=False) == llama3.decode(ids)
+
+
+def test_a_replaced_file_at_the_same_path_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tok.DEFAULT_TOKENIZER_PATH  # relative, as the trainer uses it
+    path.parent.mkdir(parents=True)
+    path.write_bytes(ranks_file_bytes())
+    assert tok.Llama3Tokenizer(path).vocab_size == 517
+    path.write_bytes(ranks_file_bytes().rsplit(b"\n", 2)[0] + b"\n")  # one merge fewer
+    assert tok.Llama3Tokenizer(path).vocab_size == 516

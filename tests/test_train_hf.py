@@ -2,6 +2,7 @@
 --init hf:PATH (its tokenizer.json included), sampling through the KV-cache decoder, and
 scripts/export_hf.py."""
 
+import os
 import re
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tests.test_download import ranks_file_bytes
 from tests.test_train import TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the scripts import this checkout's llama package
 CONFIG = get_preset("tiny").replace(vocab_size=517, max_seq_len=64)
 
 
@@ -52,7 +54,7 @@ def test_fine_tune_from_hf_then_export(hf_folder, tmp_path, capsys):
     assert not np.array_equal(trained["params"], params)
 
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), "out", "exported", "--dtype",
-                             "fp32"], capture_output=True, text=True, cwd=tmp_path)
+                             "fp32"], capture_output=True, text=True, cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr
     config, exported = load_hf_folder(tmp_path / "exported")
     assert config == CONFIG and np.array_equal(exported, trained["params"])
@@ -72,13 +74,13 @@ def test_bad_hf_folder_is_one_line(hf_folder, capsys):
 
 def test_export_of_a_missing_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), str(tmp_path), "x"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=ENV)
     assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
 
 
 def run_generate(*args, cwd, stdin=None):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), *args, "--device", "cpu"],
-                          capture_output=True, text=True, cwd=cwd, input=stdin)
+                          capture_output=True, text=True, cwd=cwd, input=stdin, env=ENV)
 
 
 def test_generate_script_streams_what_generate_produces(hf_folder, tmp_path):
