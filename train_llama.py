@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group("data")
     g.add_argument("-i", "--train-data", default=None, help="glob of training shards")
     g.add_argument("-j", "--val-data", default=None, help="glob of validation shards")
-    g.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: data/tokenizer/, else bytes)")
+    g.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model or tokenizer.json (default: "
+                   "data/tokenizer/tokenizer.model, fetched on first use; byte-level tokens when offline)")
     g = p.add_argument_group("batch and length")
     g.add_argument("-b", "--batch-size", type=int, default=None, help="micro-batch size B")
     g.add_argument("-t", "--seq-len", type=int, default=None, help="sequence length T")

@@ -11,6 +11,7 @@ from llama.params import ParameterLayout
 from llama.reference import rope_cos_sin, rope_forward
 from tests.gpu_helpers import ERRORS, dev, poisoned
 from tests.gradcheck import rel_error
+from tests.test_train import corpus, run  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -126,3 +127,9 @@ def test_bad_inputs():
         GPUDecoder(CONFIG, dev(np.zeros(10)))
     with pytest.raises(ValueError, match="do not fit the cache"):
         decode_attention(poisoned((1, 2, 64)), poisoned((1, 4, 2, 16)), decoder.k_cache[0], decoder.v_cache[0], 7)
+
+
+def test_trainer_samples_through_the_gpu_decoder(corpus, capsys):
+    assert run("-e", "tiny", "-b", "4", "-t", "32", "-s", "2", "-g", "8", "-v", "0", "-x", "3", *corpus, "-o", "out",
+               device="cuda") == 0
+    assert "--- sample at step 2 ---" in capsys.readouterr().out
