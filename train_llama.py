@@ -24,11 +24,11 @@ from llama.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from llama.config import ConfigError, LlamaConfig, get_preset
 from llama.dataloader import DataLoader
 from llama.datasets import prepare_builtin_corpus
+from llama.generate import decoder_for, generate
 from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
 from llama.reference import ReferenceModel
-from llama.generate import decoder_for, generate
 from llama.shards import ShardError
 from llama.tokenizer import TokenizerError, load_tokenizer
 
