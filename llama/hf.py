@@ -234,16 +234,16 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
         raise HFError(f"{folder} is not a folder")
     config = config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
     files = _weight_files(folder)
-    expected = {hf_name(name): name for name in ParameterLayout(config).tensors}
+    layout = ParameterLayout(config)
+    expected = {hf_name(name): name for name in layout.tensors}
     for name in files:
         if name not in expected and not name.endswith(IGNORED_TENSORS) and not (
                 name == "lm_head.weight" and config.tie_embeddings):
             raise HFError(f"{files[name].name}: unexpected tensor {name}; not a weight of this Llama config")
-    layout = ParameterLayout(config)
     params = np.empty(layout.size, dtype=np.float32)
     views = layout.views(params)
     by_file: dict[Path, list[str]] = {}
-    for hf, meta in expected.items():
+    for hf in expected:
         if hf not in files:
             raise HFError(f"{folder}: missing tensor {hf}")
         by_file.setdefault(files[hf], []).append(hf)
