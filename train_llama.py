@@ -28,16 +28,17 @@ from llama.cli import (HelpFormatter, flag, fraction, nonnegative_float, nonnega
 from llama.config import ConfigError, LlamaConfig, get_preset
 from llama.dataloader import DataLoader
 from llama.datasets import prepare_builtin_corpus
+from llama.generate import decoder_for, generate
+from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
 from llama.reference import ReferenceModel
 from llama.run_dir import RunDir, RunDirError
-from llama.sample import generate
 from llama.shards import ShardError
 from llama.signals import GracefulStop, StopNow
 from llama.tokenizer import TokenizerError, load_tokenizer
 
-DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 128, "lr": 1e-3, "steps": 400},
+DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
 STARTER_PACK = ("data/tinyshakespeare/tiny_shakespeare_train.bin", "data/tinyshakespeare/tiny_shakespeare_val.bin")
 BUILTIN_DIR = "data/builtin"
@@ -60,12 +61,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group("model")
     g.add_argument("-e", "--model", default=None,
                    help=f"preset name (d12, small, llama3.2-1b, ...) or config JSON ({device_default('model')})")
-    g.add_argument("--init", default=None, help="start from the weights of this checkpoint folder (default: random)")
+    g.add_argument("--init", default=None, help="start from the weights of this checkpoint folder, or of a local "
+                   "Hugging Face Llama folder with hf:PATH (config.json, safetensors, tokenizer) (default: random)")
     g = p.add_argument_group("data")
     g.add_argument("-i", "--train-data", default=None, help="glob of training shards (default: the starter pack's "
                    "tinyshakespeare if downloaded, else the built-in corpus)")
     g.add_argument("-j", "--val-data", default=None, help="glob of validation shards, with -i (default: none)")
-    g.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: data/tokenizer/, else bytes)")
+    g.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model or tokenizer.json (default: "
+                   "data/tokenizer/tokenizer.model, fetched on first use; byte-level tokens when offline)")
     g = p.add_argument_group("batch and length")
     g.add_argument("-b", "--batch-size", type=positive_int, default=None,
                    help=f"micro-batch size B ({device_default('batch_size')})")
@@ -151,6 +154,14 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     return str(train), str(val)
 
 
+def load_source(path: str) -> dict:
+    """{'config', 'params', ...} of a checkpoint folder, or of a Hugging Face folder given as hf:PATH."""
+    if path.startswith("hf:"):
+        config, params = load_hf_folder(path[3:])
+        return {"config": config, "params": params}
+    return load_checkpoint(path)
+
+
 def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     """Training FLOPs per token, llm.c's convention: 6 per matmul weight + causal attention."""
     layout = ParameterLayout(config)
@@ -210,10 +221,11 @@ def train(args, run_dir: RunDir) -> int:
         raise UserError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
     lr = args.lr if args.lr is not None else defaults["lr"]
     out = run_dir.path
-    tokenizer = load_tokenizer(args.tokenizer)
+    hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
+    tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
 
     resume = find_resume_checkpoint(out) if args.resume else None
-    source = resume or (load_checkpoint(args.init) if args.init else None)
+    source = resume or (load_source(args.init) if args.init else None)
     if source is not None:
         config = source["config"]
         if args.model and resolve_config(args.model).replace(vocab_size=config.vocab_size) != config:
@@ -298,9 +310,11 @@ def train(args, run_dir: RunDir) -> int:
         last_good = save_checkpoint(out, done_steps, config, params, *model.get_optimizer_state(), state,
                                     keep=args.keep_checkpoints)
 
+    decoder = decoder_for(model, max_len=T) if args.sample_every else None
+
     def sample(step: int) -> None:
-        ids = generate(model, tokenizer.bos_id, args.gen_tokens, T, sample_rng, args.temperature, args.top_k)
-        tqdm.write(f"--- sample at step {step} ---\n{tokenizer.decode(ids)}\n---")
+        result = generate(decoder, [tokenizer.bos_id], args.gen_tokens, sample_rng, args.temperature, args.top_k)
+        tqdm.write(f"--- sample at step {step} ---\n{tokenizer.decode(result.tokens)}\n---")
 
     loss = val_loss = None
     done, began = start, time.perf_counter()
@@ -353,7 +367,7 @@ def main(argv=None) -> int:
     try:
         with RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) as run_dir:
             return train(args, run_dir)
-    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError) as e:
+    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a missing file, a full disk, a read-only folder

@@ -263,3 +263,25 @@ def newest_usable(out_dir: str | Path) -> tuple[dict | None, list[str]]:
         except CheckpointError as e:
             skipped.append(str(e))
     return None, skipped
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder itself, or the newest complete checkpoint of a run folder."""
+    path = Path(path)
+    found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no complete checkpoint")
+    return found
+
+
+def run_tokenizer_path(state: dict) -> str | None:
+    """The tokenizer file a training run used, from its recorded arguments: --tokenizer, else the
+    tokenizer of its --init hf: folder; None means the default (data/tokenizer/, else bytes)."""
+    from .hf import hf_tokenizer_path
+
+    args = state.get("args", {})
+    init = args.get("init") or ""
+    if args.get("tokenizer"):
+        return args["tokenizer"]
+    found = hf_tokenizer_path(init[3:]) if init.startswith("hf:") else None
+    return str(found) if found else None

@@ -33,7 +33,7 @@ class LlamaConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_context: int = 8192
-    max_seq_len: int = 8192
+    max_seq_len: int = 131072  # Llama 3.1 and 3.2 context length (max_position_embeddings)
     tie_embeddings: bool = False
 
     def __post_init__(self):
@@ -117,8 +117,9 @@ PRESETS: dict[str, LlamaConfig] = {
                        ffn_dim_multiplier=None, max_seq_len=2048),
     "d6": LlamaConfig(dim=384, n_layers=6, n_heads=6, n_kv_heads=2, multiple_of=128,
                       ffn_dim_multiplier=None, max_seq_len=1024),
+    # the CPU default: with the 128256 vocab the tied embedding table is most of its 17.2M parameters
     "small": LlamaConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, multiple_of=64,
-                         ffn_dim_multiplier=None, max_seq_len=512),
+                         ffn_dim_multiplier=None, max_seq_len=512, tie_embeddings=True),
     "tiny": LlamaConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, multiple_of=16,
                         ffn_dim_multiplier=None, max_seq_len=64, vocab_size=97),
 }

@@ -91,6 +91,15 @@ def runtime() -> Runtime:
     return Runtime()
 
 
+def cuda_unavailable() -> str | None:
+    """None when a CUDA GPU is usable through pycuda, else why not (one line)."""
+    try:
+        runtime()
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 class DeviceArray:
     """A typed, shaped view of device memory; `base` keeps the allocation alive."""
 

@@ -1,14 +1,24 @@
-"""Hugging Face transformers <-> Meta naming and layout, for comparisons and weight exchange.
+"""Hugging Face transformers <-> Meta naming and layout: comparisons, import and export.
 
 HF rotates (i, i + D/2) pairs ("rotate half") where Meta rotates (2i, 2i+1), so HF's q and k
 projection rows are permuted per head; everything else maps by name only.
+
+A Hugging Face Llama folder holds config.json, the weights as model.safetensors or as shards listed
+in model.safetensors.index.json (float32, bfloat16 or float16), and usually the tokenizer
+(tokenizer.json, or Meta's original/tokenizer.model). load_hf_folder() reads one into our config
+and flat float32 parameters; save_hf_folder() writes one that transformers loads.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
-from .config import LlamaConfig
+from .config import PRESETS, LlamaConfig
+from .cuda import BF16
+from .params import ParameterLayout
 
 HF_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head",
             "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -70,3 +80,240 @@ def transformers_config(config: LlamaConfig, attn_implementation: str = "eager")
     hf_config = transformers.LlamaConfig(**kwargs)
     hf_config._attn_implementation = attn_implementation
     return hf_config
+
+
+# ----------------------------------------------------------------------------------------------
+# Import and export of Hugging Face folders
+
+
+class HFError(ValueError):
+    """A Hugging Face folder that cannot be read or describes a model we cannot represent."""
+
+
+SAFETENSORS_DTYPES = {"F32": np.float32, "BF16": BF16, "F16": np.float16}
+EXPORT_DTYPES = {"bf16": (BF16, "bfloat16"), "fp32": (np.float32, "float32")}
+IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints saved
+
+
+def _rope_settings(values: dict, where: str) -> dict:
+    """Our RoPE fields from rope_scaling + rope_theta (transformers 4) or rope_parameters (5)."""
+    rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", values.get("rope_theta", 10000.0))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return {"rope_theta": float(theta), "use_scaled_rope": False}
+    if kind != "llama3":
+        raise HFError(f"{where}: rope type {kind!r} is not supported (only the default and llama3)")
+    return {"rope_theta": float(theta), "use_scaled_rope": True, "rope_scale_factor": float(rope["factor"]),
+            "rope_low_freq_factor": float(rope["low_freq_factor"]),
+            "rope_high_freq_factor": float(rope["high_freq_factor"]),
+            "rope_original_context": int(rope["original_max_position_embeddings"])}
+
+
+def _ffn_settings(dim: int, hidden: int) -> dict:
+    """multiple_of and ffn_dim_multiplier giving this FFN width: a preset's own when a preset has
+    the same dim and width (so Meta's models come out exactly), else ones that round to it."""
+    for preset in PRESETS.values():
+        if preset.dim == dim and preset.ffn_hidden_dim == hidden:
+            return {"multiple_of": preset.multiple_of, "ffn_dim_multiplier": preset.ffn_dim_multiplier}
+    return {"multiple_of": hidden, "ffn_dim_multiplier": hidden / int(2 * (4 * dim) / 3)}
+
+
+def config_from_hf(values: dict, where: str = "config.json") -> LlamaConfig:
+    """Our config of an HF LlamaConfig dict; HFError, in one line, for what we cannot represent."""
+    architectures = values.get("architectures") or ["LlamaForCausalLM"]
+    if values.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in architectures:
+        raise HFError(f"{where}: {'/'.join(architectures)} ({values.get('model_type')}) is not supported; "
+                      "only LlamaForCausalLM")
+    for key, unsupported in (("hidden_act", lambda v: v != "silu"), ("attention_bias", bool), ("mlp_bias", bool),
+                             ("quantization_config", lambda v: v is not None)):
+        if key in values and unsupported(values[key]):
+            raise HFError(f"{where}: {key} = {values[key]!r} is not supported")
+
+    def number(key: str, cast=int, default=None):
+        value = values.get(key, default)
+        if value is None:
+            raise HFError(f"{where}: missing {key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise HFError(f"{where}: {key} = {value!r} is not a number")
+        return cast(value)
+
+    dim, heads = number("hidden_size"), number("num_attention_heads")
+    if values.get("head_dim") not in (None, dim // max(heads, 1)):
+        raise HFError(f"{where}: head_dim {values['head_dim']} differs from hidden_size / num_attention_heads "
+                      f"= {dim // max(heads, 1)}; not supported")
+    try:
+        return LlamaConfig(vocab_size=number("vocab_size"), dim=dim, n_layers=number("num_hidden_layers"),
+                           n_heads=heads, n_kv_heads=number("num_key_value_heads", default=heads),
+                           norm_eps=number("rms_norm_eps", float, 1e-6),
+                           max_seq_len=number("max_position_embeddings", default=2048),
+                           tie_embeddings=bool(values.get("tie_word_embeddings", False)),
+                           **_ffn_settings(dim, number("intermediate_size")), **_rope_settings(values, where))
+    except (KeyError, TypeError, ValueError) as e:  # ConfigError included
+        if isinstance(e, HFError):
+            raise
+        raise HFError(f"{where}: {'missing ' if isinstance(e, KeyError) else ''}{e}") from None
+
+
+def config_to_hf(config: LlamaConfig, torch_dtype: str, bos_id: int | None = None,
+                 eos_id: int | None = None) -> dict:
+    """config.json of the same model for transformers (4.x reads rope_scaling, 5.x rope_parameters)."""
+    rope = None
+    if config.use_scaled_rope:
+        rope = {"rope_type": "llama3", "factor": config.rope_scale_factor,
+                "low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor,
+                "original_max_position_embeddings": config.rope_original_context}
+    values = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
+              "hidden_size": config.dim, "intermediate_size": config.ffn_hidden_dim,
+              "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
+              "num_key_value_heads": config.n_kv_heads, "head_dim": config.head_dim, "hidden_act": "silu",
+              "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
+              "rope_theta": config.rope_theta, "rope_scaling": rope,
+              "rope_parameters": {**(rope or {"rope_type": "default"}), "rope_theta": config.rope_theta},
+              "tie_word_embeddings": config.tie_embeddings, "attention_bias": False, "attention_dropout": 0.0,
+              "mlp_bias": False, "initializer_range": 0.02, "pretraining_tp": 1, "use_cache": True,
+              "torch_dtype": torch_dtype, "dtype": torch_dtype}
+    if bos_id is not None:
+        values.update(bos_token_id=bos_id, eos_token_id=eos_id)
+    return values
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        values = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HFError(f"{path.parent} has no {path.name} ({what})") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFError(f"cannot read {path}: {e}") from None
+    if not isinstance(values, dict):
+        raise HFError(f"{path} must hold a JSON object")
+    return values
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file that holds it."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = _read_json(index, "the shard index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise HFError(f"{index} has no weight_map")
+        files = {name: folder / file for name, file in weight_map.items()}
+        for path in set(files.values()):
+            if not path.is_file():
+                raise HFError(f"{index} lists {path.name}, which is missing")
+        return files
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise HFError(f"{folder} has no model.safetensors or model.safetensors.index.json "
+                      "(only safetensors weights are supported)")
+    try:
+        with safe_open(str(single), framework="np") as f:
+            return {name: single for name in f.keys()}
+    except Exception as e:
+        raise HFError(f"cannot read {single}: {e}") from None
+
+
+def hf_tokenizer_path(folder: str | Path) -> Path | None:
+    """The tokenizer shipped with an HF folder: Meta's tokenizer.model (also under original/),
+    else tokenizer.json; None when there is neither."""
+    folder = Path(folder)
+    for candidate in ("tokenizer.model", "original/tokenizer.model", "tokenizer.json"):
+        if (folder / candidate).is_file():
+            return folder / candidate
+    return None
+
+
+def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
+    """(config, flat float32 parameters in our layout) of a local HF Llama folder."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HFError(f"{folder} is not a folder")
+    config = config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
+    files = _weight_files(folder)
+    layout = ParameterLayout(config)
+    expected = {hf_name(name): name for name in layout.tensors}
+    for name in files:
+        if name not in expected and not name.endswith(IGNORED_TENSORS) and not (
+                name == "lm_head.weight" and config.tie_embeddings):
+            raise HFError(f"{files[name].name}: unexpected tensor {name}; not a weight of this Llama config")
+    params = np.empty(layout.size, dtype=np.float32)
+    views = layout.views(params)
+    by_file: dict[Path, list[str]] = {}
+    for hf in expected:
+        if hf not in files:
+            raise HFError(f"{folder}: missing tensor {hf}")
+        by_file.setdefault(files[hf], []).append(hf)
+    for path, names in by_file.items():
+        try:
+            with safe_open(str(path), framework="np") as f:
+                for hf in names:
+                    meta, view = expected[hf], views[expected[hf]]
+                    tensor = f.get_slice(hf)
+                    shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+                    if shape != view.shape:
+                        raise HFError(f"{path.name}: {hf} has shape {shape}, expected {view.shape}")
+                    if dtype not in SAFETENSORS_DTYPES:
+                        raise HFError(f"{path.name}: {hf} is {dtype}; only F32, BF16 and F16 are supported")
+                    w = f.get_tensor(hf).astype(np.float32)
+                    view[...] = hf_to_meta(w, heads_of(meta, config)) if heads_of(meta, config) else w
+        except HFError:
+            raise
+        except Exception as e:
+            raise HFError(f"cannot read {path}: {e}") from None
+    return config, params
+
+
+def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dtype: str = "bf16",
+                   tokenizer=None, max_shard_bytes: int = 5 << 30) -> list[Path]:
+    """Write config.json, generation_config.json, the weights (one model.safetensors, or shards
+    of at most max_shard_bytes with model.safetensors.index.json) and, for a Llama 3 tokenizer,
+    the tokenizer files. dtype: 'bf16' or 'fp32'. Returns the files written."""
+    from safetensors.numpy import save_file
+
+    from .tokenizer import Llama3Tokenizer, hf_tokenizer_files
+
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    np_dtype, torch_dtype = EXPORT_DTYPES[dtype]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = to_hf_state(ParameterLayout(config).views(params), config)
+    sizes = {name: w.size * np.dtype(np_dtype).itemsize for name, w in state.items()}
+    shards: list[list[str]] = [[]]
+    shard_bytes = 0
+    for name in state:
+        if shards[-1] and shard_bytes + sizes[name] > max_shard_bytes:
+            shards.append([])
+            shard_bytes = 0
+        shards[-1].append(name)
+        shard_bytes += sizes[name]
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    written = []
+    for file, shard in zip(names, shards):
+        save_file({name: np.ascontiguousarray(state[name].astype(np_dtype)) for name in shard}, out / file,
+                  metadata={"format": "pt"})
+        written.append(out / file)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(sizes.values())},
+                 "weight_map": {name: file for file, shard in zip(names, shards) for name in shard}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        written.append(out / "model.safetensors.index.json")
+    bos = eos = None
+    if tokenizer is not None:
+        bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    files = {"config.json": config_to_hf(config, torch_dtype, bos, eos)}
+    if tokenizer is not None:
+        files["generation_config.json"] = {"bos_token_id": bos, "eos_token_id": list(tokenizer.stop_ids),
+                                           "do_sample": True, "temperature": 0.6, "top_p": 0.9}
+    if isinstance(tokenizer, Llama3Tokenizer):
+        files.update(hf_tokenizer_files(tokenizer, config.max_seq_len))
+    for name, values in files.items():
+        indent = None if name == "tokenizer.json" else 2  # the vocabulary and merges stay compact
+        (out / name).write_text(json.dumps(values, indent=indent, ensure_ascii=False) + "\n", encoding="utf-8")
+        written.append(out / name)
+    return written

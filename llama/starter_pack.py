@@ -1,5 +1,7 @@
-"""The starter pack: the Llama 3 tokenizer (gated, needs a Hugging Face token) and tinyshakespeare,
-downloaded and tokenized into shards under --dest. Run it as scripts/download_starter_pack.py."""
+"""The starter pack: the Llama 3 tokenizer and tinyshakespeare, downloaded and tokenized into shards
+under --dest. The tokenizer comes from Meta's llama-models wheel on the Python package index (no
+account needed), or with --hf-token from the gated Hugging Face repository. Run it as
+scripts/download_starter_pack.py."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from .datasets import prepare_tinyshakespeare
 from .download import GATED_HELP, DownloadError, download
 from .shards import ShardError, read_header
 from .tokenizer import ByteTokenizer, Llama3Tokenizer
+from .tokenizer_fetch import LLAMA3_TOKENIZER, FetchError, fetch_llama3_tokenizer
 
 TOKENIZER = dict(base="https://huggingface.co", path="meta-llama/Llama-3.1-8B/resolve/main/original/tokenizer.model",
-                 dest="tokenizer/tokenizer.model", size=2_183_982,
-                 sha256="82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55")
+                 dest="tokenizer/tokenizer.model", **LLAMA3_TOKENIZER)
 TINYSHAKESPEARE = dict(base="https://raw.githubusercontent.com",
                        path="karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
                        dest="tinyshakespeare/input.txt", size=1_115_394,
@@ -38,7 +40,12 @@ def shards_match(paths, vocab_size: int) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hf-token", default=os.environ.get("HF_TOKEN"),
-                        help="Hugging Face access token for the gated tokenizer (default: $HF_TOKEN)")
+                        help="get the tokenizer from the gated Hugging Face repository with this access token "
+                             "instead of the llama-models wheel (default: $HF_TOKEN)")
+    parser.add_argument("--tokenizer-wheel", default=None,
+                        help="a llama-models 0.3.0 wheel file already on disk to take the tokenizer from")
+    parser.add_argument("--index-url", default=None,
+                        help="the package index pip downloads the llama-models wheel from (default: pip's own)")
     parser.add_argument("--base-url", default=None,
                         help="a mirror that serves every file under the same path as its origin")
     parser.add_argument("--dest", default="data", help="download and output folder (default: data)")
@@ -50,9 +57,15 @@ def main(argv=None) -> int:
         tokenizer_path = dest / TOKENIZER["dest"]
         if args.hf_token:
             fetch(TOKENIZER, args, headers={"Authorization": f"Bearer {args.hf_token}"}, gated=True)
-        elif not tokenizer_path.exists():
-            print("skipping the Llama 3 tokenizer: no Hugging Face token given. " + GATED_HELP +
-                  "\nThe data is tokenized with the byte-level tokenizer instead.", file=sys.stderr)
+        else:
+            try:
+                fetch_llama3_tokenizer(tokenizer_path, wheel=args.tokenizer_wheel, index_url=args.index_url,
+                                       timeout=args.timeout, retries=args.retries)
+                print(f"Llama 3 tokenizer: {tokenizer_path} (from the llama-models wheel)")
+            except FetchError as e:
+                print(f"could not get the Llama 3 tokenizer from the llama-models wheel: {e}\n"
+                      "Alternatively: " + GATED_HELP + "\nThe data is tokenized with the byte-level tokenizer "
+                      "instead.", file=sys.stderr)
         text = fetch(TINYSHAKESPEARE, args)
         tokenizer = Llama3Tokenizer(tokenizer_path) if tokenizer_path.exists() else ByteTokenizer()
         out = dest / "tinyshakespeare"

@@ -1,7 +1,9 @@
-"""Download the Llama 3 tokenizer (needs --hf-token or HF_TOKEN) and tinyshakespeare, and tokenize
-the text into data/tinyshakespeare/*.bin.
+"""Download the Llama 3 tokenizer (from Meta's llama-models wheel on the Python package index, or
+with --hf-token from the gated Hugging Face repository) and tinyshakespeare, and tokenize the text
+into data/tinyshakespeare/*.bin.
 
-    python scripts/download_starter_pack.py [--hf-token hf_...] [--dest data] [--base-url MIRROR]
+    python scripts/download_starter_pack.py [--tokenizer-wheel FILE | --index-url URL | --hf-token hf_...]
+                                            [--dest data] [--base-url MIRROR]
 """
 
 import sys

@@ -5,6 +5,17 @@ import functools
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_package_index():
+    """No test reaches the network: the tokenizer fetch's pip gets an index on a closed local port
+    unless the test serves one itself (session-wide, so that module fixtures are covered too)."""
+    closed = "http://127.0.0.1:9/simple/"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("llama.tokenizer_fetch.INDEX_URL", closed)
+        patch.setenv("LLAMA_PACKAGE_INDEX", closed)  # trainers started as subprocesses
+        yield
+
+
 @functools.cache
 def gpu_available() -> bool:
     try:

@@ -12,6 +12,7 @@ class Route:
     honor_range: bool = True
     drop_first_after: int | None = None  # first GET: promise the whole body, send this many bytes, hang up
     fail_first: int = 0  # answer 503 to this many GETs first
+    content_type: str | None = None
     requests: list = field(default_factory=list)  # Range header of each GET (None when absent)
 
 
@@ -49,6 +50,8 @@ class Server:
                 else:
                     self.send_response(200)
                 self.send_header("Content-Length", str(len(body) - start))
+                if route.content_type:
+                    self.send_header("Content-Type", route.content_type)
                 self.end_headers()
                 if route.drop_first_after is not None:
                     self.wfile.write(body[start:start + route.drop_first_after])

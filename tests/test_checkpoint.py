@@ -96,7 +96,9 @@ def trained(tmp_path_factory):
     (folder / "input.txt").write_text(TEXT)
     train, val = prepare_tinyshakespeare(folder / "input.txt", folder / "data", ByteTokenizer())
     data = ["-i", str(train), "-j", str(val)]
-    assert run(*BASE, *data, "-x", "4", "-n", "2", "-nk", "0", "-o", str(folder / "out")) == 0
+    with pytest.MonkeyPatch.context() as patch:  # a tokenizer in the caller's data/tokenizer/ stays out of it
+        patch.chdir(folder)
+        assert run(*BASE, *data, "-x", "4", "-n", "2", "-nk", "0", "-o", str(folder / "out")) == 0
     return folder / "out"
 
 

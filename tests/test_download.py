@@ -162,10 +162,11 @@ def run_pack(mirror, tmp_path, *extra):
     return starter_pack.main(["--base-url", mirror.url, "--dest", str(tmp_path), "--retries", "1", *extra])
 
 
-def test_starter_pack_without_token_uses_byte_tokenizer(mirror, tmp_path, capsys, monkeypatch):
+def test_starter_pack_without_any_tokenizer_uses_byte_tokenizer(mirror, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert run_pack(mirror, tmp_path) == 0
-    assert "no Hugging Face token" in capsys.readouterr().err
+    assert run_pack(mirror, tmp_path) == 0  # the package index is unreachable in the tests
+    err = capsys.readouterr().err
+    assert "could not get the Llama 3 tokenizer from the llama-models wheel" in err and "--hf-token" in err
     assert read_header(tmp_path / "tinyshakespeare" / "tiny_shakespeare_train.bin").vocab_size == 264
     assert not (tmp_path / "tokenizer" / "tokenizer.model").exists()
 

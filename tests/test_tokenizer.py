@@ -1,3 +1,6 @@
+import json
+from pathlib import Path
+
 import pytest
 
 from llama import tokenizer as tok
@@ -67,3 +70,91 @@ def test_load_tokenizer(tmp_path, monkeypatch, capsys):
     default.parent.mkdir(parents=True)
     default.write_bytes(ranks_file_bytes())
     assert tok.load_tokenizer().vocab_size == 517
+
+
+def test_chat_encoding_follows_meta_format(llama3):
+    # ids of the test vocabulary: 261 <|begin_of_text|>, 267 <|start_header_id|>, 268 <|end_header_id|>,
+    # 270 <|eot_id|>; merges th 256, the 257, in 260; other ids are bytes
+    messages = [{"role": "system", "content": "the thin line"}, {"role": "user", "content": "hi"}]
+    assert llama3.encode_chat(messages) == [
+        261,
+        267, 115, 121, 115, 116, 101, 109, 268, 10, 10,  # system header, "\n\n"
+        257, 32, 256, 260, 32, 108, 260, 101, 270,  # "the" " th|in" " l|in|e" <|eot_id|>
+        267, 117, 115, 101, 114, 268, 10, 10,  # user header
+        104, 105, 270,  # "hi" <|eot_id|>
+        267, 97, 115, 115, 105, 115, 116, 97, 110, 116, 268, 10, 10,  # assistant header, for the reply
+    ]
+    assert llama3.encode_header("tool")[1:-3] == llama3.encode("ipython")
+    assert llama3.stop_ids == (262, 269, 270)
+    with pytest.raises(ValueError, match="unknown chat role 'robot'"):
+        llama3.encode_chat([{"role": "robot", "content": "x"}])
+
+
+REAL_TOKENIZER = Path(__file__).resolve().parent.parent / tok.DEFAULT_TOKENIZER_PATH
+
+
+@pytest.mark.skipif(not REAL_TOKENIZER.exists(), reason="Meta's tokenizer.model is not in data/tokenizer/")
+def test_real_tokenizer_matches_meta_tests():
+    """The token ids of llama-models' own tokenizer tests (llama3/tests/api/test_tokenizer.py)."""
+    real = tok.Llama3Tokenizer(REAL_TOKENIZER)
+    assert real.vocab_size == 128256
+    sentence = [2028, 374, 264, 1296, 11914, 13]
+    assert real.encode("This is a test sentence.", bos=True) == [128000, *sentence]
+    assert real.encode_chat([{"role": "system", "content": "This is a test sentence."},
+                             {"role": "user", "content": "This is a response."}]) == [
+        128000, 128006, 9125, 128007, 271, *sentence, 128009,
+        128006, 882, 128007, 271, 2028, 374, 264, 2077, 13, 128009,
+        128006, 78191, 128007, 271]
+
+
+def test_token_bytes_for_streaming(llama3):
+    ids = llama3.encode("日本 the")
+    assert b"".join(llama3.token_bytes(i) for i in ids) == "日本 the".encode()
+    assert llama3.token_bytes(llama3.eot_id) == b"<|eot_id|>"
+    b = tok.ByteTokenizer()
+    assert b.token_bytes(0xe6) == b"\xe6" and b.token_bytes(257) == b"<|end_of_text|>"
+
+
+def test_hf_tokenizer_json_round_trip(llama3, tmp_path):
+    files = tok.hf_tokenizer_files(llama3, model_max_length=64)
+    model = files["tokenizer.json"]["model"]
+    assert model["merges"] == [["t", "h"], ["th", "e"], ["Ġ", "the"], ["l", "l"], ["i", "n"]]
+    assert model["vocab"]["Ġthe"] == 258 and model["vocab"]["Ċ"] == 10  # GPT-2's byte alphabet
+    added = files["tokenizer.json"]["added_tokens"]
+    assert len(added) == 256 and added[9] == {**added[9], "id": 270, "content": "<|eot_id|>"}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(files["tokenizer.json"]))
+    again = tok.Llama3Tokenizer(path)
+    assert again.ranks == llama3.ranks and again.vocab_size == llama3.vocab_size
+    text = "the thin line: ünïcödé 日本語 🦙\r\n  tabs\tand 12345"
+    assert again.encode(text) == llama3.encode(text)
+
+
+def test_tokenizer_json_that_is_not_llama3(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}, "pre_tokenizer": None}))
+    with pytest.raises(tok.TokenizerError, match="is not a Llama 3 tokenizer"):
+        tok.Llama3Tokenizer(path)
+    path.write_text("{")
+    with pytest.raises(tok.TokenizerError, match="cannot read tokenizer file"):
+        tok.Llama3Tokenizer(path)
+
+
+def test_hf_tokenizers_library_encodes_the_same(llama3):
+    tokenizers = pytest.importorskip("tokenizers")
+    files = tok.hf_tokenizer_files(llama3, model_max_length=64)
+    hf = tokenizers.Tokenizer.from_str(json.dumps(files["tokenizer.json"]))
+    for text in ["the thin line: ünïcödé 日本語 🦙\r\n  tabs\tand 12345", "  the  the\n\n\nthe", "ll in the, thin."]:
+        ids = llama3.encode(text, bos=True)
+        assert hf.encode(text).ids == ids
+        assert hf.decode(ids, skip_special_tokens=False) == llama3.decode(ids)
+
+
+def test_a_replaced_file_at_the_same_path_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tok.DEFAULT_TOKENIZER_PATH  # relative, as the trainer uses it
+    path.parent.mkdir(parents=True)
+    path.write_bytes(ranks_file_bytes())
+    assert tok.Llama3Tokenizer(path).vocab_size == 517
+    path.write_bytes(ranks_file_bytes().rsplit(b"\n", 2)[0] + b"\n")  # one merge fewer
+    assert tok.Llama3Tokenizer(path).vocab_size == 516

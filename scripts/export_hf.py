@@ -1,0 +1,48 @@
+"""Export a checkpoint as a Hugging Face Llama folder that transformers (and the tools built on its
+format) load: config.json, generation_config.json, safetensors weights and the tokenizer.
+
+    python scripts/export_hf.py out/d12 exported/d12                # the run's newest checkpoint, bf16
+    python scripts/export_hf.py out/d12/ckpt_00002000 exported/d12 --dtype fp32
+
+Then: transformers.LlamaForCausalLM.from_pretrained("exported/d12") and AutoTokenizer likewise.
+The tokenizer is the one the run trained with (--tokenizer, else the --init hf: folder's, else
+data/tokenizer/tokenizer.model); a byte-level model is exported without one.
+"""
+
+import argparse
+import sys
+
+from llama.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.hf import EXPORT_DTYPES, save_hf_folder
+from llama.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
+    parser.add_argument("out", help="the folder to write")
+    parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="bf16", help="weight format (default: bf16)")
+    parser.add_argument("--tokenizer", default=None, help="the tokenizer.model or tokenizer.json to ship")
+    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="split the weights into files of this size")
+    args = parser.parse_args(argv)
+    try:
+        checkpoint = find_checkpoint(args.checkpoint)
+        loaded = load_checkpoint(checkpoint)
+        config = loaded["config"]
+        tokenizer = load_tokenizer(args.tokenizer or run_tokenizer_path(loaded["state"]), quiet=True)
+        if tokenizer.vocab_size != config.vocab_size:
+            raise TokenizerError(f"the tokenizer ({tokenizer.name}, vocab {tokenizer.vocab_size}) does not fit the "
+                                 f"model's vocab {config.vocab_size}; pass the run's tokenizer with --tokenizer")
+        if isinstance(tokenizer, ByteTokenizer):
+            print("note: a byte-level model: no tokenizer files are written", file=sys.stderr)
+        written = save_hf_folder(args.out, config, loaded["params"], args.dtype, tokenizer,
+                                 max_shard_bytes=int(args.max_shard_gb * 2**30))
+    except (CheckpointError, TokenizerError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"exported {checkpoint} to {args.out} ({args.dtype}): {', '.join(p.name for p in written)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

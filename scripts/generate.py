@@ -1,0 +1,109 @@
+"""Generate text from a checkpoint or a Hugging Face Llama folder, streaming it as it comes, with a
+KV cache: on the GPU with our kernels (bf16 cache), else on the CPU with the numpy reference.
+
+    python scripts/generate.py out/d12 --prompt "To be, or not to be"
+    python scripts/generate.py Llama-3.2-1B-Instruct --chat --prompt "Name three rivers." -n 200
+    echo "Once upon a time" | python scripts/generate.py out/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
+
+MODEL is a checkpoint folder, a run folder (its newest checkpoint) or a folder with config.json and
+safetensors (also written hf:PATH). --chat wraps the prompt in the Llama 3 chat format (for instruct
+models) and stops at the end of the turn. Tokens/s of prefill and decode go to stderr.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from llama.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.cuda import cuda_unavailable
+from llama.generate import ReferenceDecoder, TextStream, generate
+from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
+from llama.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
+
+
+def load_model(name: str, tokenizer_path: str | None):
+    """(config, flat float32 params, tokenizer) of a checkpoint or an HF folder."""
+    path = Path(name.removeprefix("hf:"))
+    if name.startswith("hf:") or (path / "config.json").is_file():
+        config, params = load_hf_folder(path)
+        tokenizer_path = tokenizer_path or hf_tokenizer_path(path)
+    else:
+        loaded = load_checkpoint(find_checkpoint(path))
+        config, params = loaded["config"], loaded["params"]
+        tokenizer_path = tokenizer_path or run_tokenizer_path(loaded["state"])
+    # a model with more ids than bytes needs the Llama 3 tokenizer: fetch it when it is not on disk
+    tokenizer = load_tokenizer(tokenizer_path, quiet=True, fetch=config.vocab_size > ByteTokenizer.vocab_size)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise TokenizerError(f"the tokenizer ({tokenizer.name}, vocab {tokenizer.vocab_size}) does not fit the "
+                             f"model's vocab {config.vocab_size}; pass the model's tokenizer with --tokenizer")
+    return config, params, tokenizer
+
+
+def make_decoder(device: str, config, params: np.ndarray, max_len: int, cache: str):
+    if device == "cpu":
+        return ReferenceDecoder(config, params, max_len=max_len)
+    from llama.cuda import BF16, to_device
+    from llama.gpu_decode import GPUDecoder
+    decoder = GPUDecoder(config, to_device(params), max_len=max_len, cache_dtype=BF16 if cache == "bf16" else np.float32)
+    decoder.forward(np.zeros((1, 1), dtype=np.int64))  # loads the kernels, so that the timings leave that out
+    decoder.reset()
+    return decoder
+
+
+def pick_device(requested: str | None) -> str:
+    if requested == "cpu":
+        return "cpu"
+    reason = cuda_unavailable()
+    if reason and requested == "cuda":
+        raise RuntimeError(f"--device cuda, but no CUDA GPU is usable here ({reason})")
+    return "cpu" if reason else "cuda"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="checkpoint folder, run folder, or Hugging Face folder")
+    p.add_argument("--prompt", default=None, help="the prompt (default: read from stdin)")
+    p.add_argument("--chat", action="store_true", help="Llama 3 chat format: the prompt is the user's message")
+    p.add_argument("--system", default=None, help="with --chat: a system message first")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (1: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
+    p.add_argument("--cache", choices=("bf16", "fp32"), default="bf16", help="GPU KV cache format")
+    args = p.parse_args(argv)
+    try:
+        config, params, tokenizer = load_model(args.model, args.tokenizer)
+        prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+        if args.chat:
+            if not isinstance(tokenizer, Llama3Tokenizer):
+                raise TokenizerError("--chat needs the Llama 3 tokenizer")
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                [{"role": "user", "content": prompt}]
+            ids, stop_ids = tokenizer.encode_chat(messages), tokenizer.stop_ids
+        else:
+            ids, stop_ids = tokenizer.encode(prompt, bos=True), (tokenizer.eos_id,)
+        max_len = min(config.max_seq_len, len(ids) + args.max_new_tokens)
+        if len(ids) >= max_len:
+            raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room in the model's {config.max_seq_len}")
+        device = pick_device(args.device)
+        decoder = make_decoder(device, config, params, max_len, args.cache)
+        if not args.chat:
+            sys.stdout.write(prompt)
+        stream = TextStream(tokenizer)
+        result = generate(decoder, ids, args.max_new_tokens, np.random.default_rng(args.seed), args.temperature,
+                          args.top_k, args.top_p, stop_ids, lambda token: token in stop_ids or stream(token))
+    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(file=sys.stdout)
+    print(f"[{device}] {result.speeds()}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""A random transformers LlamaForCausalLM (GQA, llama3 RoPE scaling, tied and untied) saved with
+save_pretrained, imported into our GPU model: the same logits. Needs a GPU, torch and transformers."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from llama.hf import load_hf_folder
+from tests.gpu_helpers import ERRORS
+from tests.gradcheck import rel_error
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.test_hf_transformers import TOKENS, hf_logits, random_hf_model  # noqa: E402
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_save_pretrained_imports_into_the_gpu_model(tmp_path, tied, dtype):
+    from llama.gpu_model import GPUModel
+    model = random_hf_model(tied)
+    with torch.no_grad():  # the weights as stored; the transformers model stays float32
+        for p in model.parameters():
+            p.copy_(p.to(getattr(torch, dtype)).float())
+    copy.deepcopy(model).to(getattr(torch, dtype)).save_pretrained(tmp_path, safe_serialization=True)
+    config, params = load_hf_folder(tmp_path)
+    gpu = GPUModel(config, B=TOKENS.shape[0], T=TOKENS.shape[1], params=params)
+    gpu.forward(TOKENS)
+    err = rel_error(gpu.read_logits(), hf_logits(model, TOKENS))
+    ERRORS.append((f"hf_import_gpu_logits[{dtype},tied={tied}]", err))
+    assert np.isfinite(err) and err < 1e-5

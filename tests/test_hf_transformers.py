@@ -1,0 +1,84 @@
+"""Import and export against transformers itself (optional: skipped where torch or transformers is
+missing): a random LlamaForCausalLM saved with save_pretrained imports with the same logits, and our
+export loads with from_pretrained / AutoTokenizer with the same logits and token ids."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from llama.config import get_preset
+from llama.hf import load_hf_folder, save_hf_folder, transformers_config
+from llama.reference import ReferenceModel
+from llama.tokenizer import Llama3Tokenizer
+from tests.gradcheck import rel_error
+from tests.test_download import ranks_file_bytes
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# GQA and llama3 RoPE scaling with a short original context, so that all three scaling branches act
+CONFIG = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=517, max_seq_len=128,
+                                    rope_theta=10000.0, rope_scale_factor=32.0, rope_original_context=32)
+TOKENS = np.random.default_rng(5).integers(0, 517, (2, 40))
+
+
+def random_hf_model(tied: bool, seed: int = 0):
+    """A random LlamaForCausalLM in float32 whose norm weights are not all 1."""
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers_config(CONFIG.replace(tie_embeddings=tied))).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def hf_logits(model, tokens) -> np.ndarray:
+    with torch.no_grad():
+        return model.double()(torch.tensor(tokens)).logits.numpy()
+
+
+def reference_logits(config, params, tokens) -> np.ndarray:
+    model = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
+    model.forward(tokens)
+    return model.read_logits()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_save_pretrained_imports_with_the_same_logits(tmp_path, tied, dtype):
+    model = random_hf_model(tied)
+    with torch.no_grad():  # the weights as stored (the model itself stays float32, RoPE tables included)
+        for p in model.parameters():
+            p.copy_(p.to(getattr(torch, dtype)).float())
+    copy.deepcopy(model).to(getattr(torch, dtype)).save_pretrained(tmp_path, safe_serialization=True)
+    config, params = load_hf_folder(tmp_path)
+    assert config == CONFIG.replace(tie_embeddings=tied, multiple_of=config.multiple_of,
+                                    ffn_dim_multiplier=config.ffn_dim_multiplier)
+    err = rel_error(reference_logits(config, params, TOKENS), hf_logits(model, TOKENS))
+    print(f"\ntied={tied} {dtype}: logits rel err {err:.2e}")
+    assert err < 1e-6  # HF computes RoPE angles in float32 even in a float64 model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_loads_in_transformers(tmp_path, tied):
+    config = CONFIG.replace(tie_embeddings=tied)
+    params = ReferenceModel(config, seed=3).params
+    params += 0.05 * np.random.default_rng(0).standard_normal(params.size).astype(np.float32)
+    (tmp_path / "tokenizer.model").write_bytes(ranks_file_bytes())
+    tokenizer = Llama3Tokenizer(tmp_path / "tokenizer.model")
+    save_hf_folder(tmp_path / "out", config, params, "fp32", tokenizer)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    err = rel_error(reference_logits(config, params, TOKENS), hf_logits(model, TOKENS))
+    print(f"\ntied={tied}: logits rel err {err:.2e}")
+    assert err < 1e-6
+    assert model.generation_config.eos_token_id == list(tokenizer.stop_ids)
+
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    text = "the thin line: ünïcödé 日本語 🦙\r\n  tabs\tand 12345"
+    assert hf_tokenizer(text)["input_ids"] == tokenizer.encode(text, bos=True)
+    messages = [{"role": "system", "content": "the thin line"}, {"role": "user", "content": "hi"}]
+    chat = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    chat = chat["input_ids"] if not isinstance(chat, list) else chat
+    assert chat == tokenizer.encode_chat(messages)
