@@ -16,17 +16,29 @@ FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor 
 
 
 @functools.cache
-def gemm_version() -> str:
-    """bf16 GEMM: 'wgmma' (wgmma + TMA, version 2) on Hopper, 'mma' (mma.sync, version 1) from sm_80 on."""
+def _capability() -> tuple[int, int]:
     capability = runtime().device.compute_capability()
     if capability < (8, 0):
         raise RuntimeError(f"bf16 tensor-core kernels need compute capability 8.0 or newer, not {capability}")
-    return "wgmma" if capability == (9, 0) else "mma"
+    return capability
+
+
+def gemm_version(M: int | None = None, N: int | None = None, K: int | None = None) -> str:
+    """bf16 GEMM for an (M, N, K) problem (None: the family's name for the one-line summary).
+    Hopper: version 3 ('wgmma3', ping-pong consumers, split-K in the kernel) where it measured faster
+    than version 2 ('wgmma', cooperative 128x256 tiles): short K with N up to 16384, or few output
+    tiles; version 2 for long K over many tiles and for the vocabulary-wide head
+    (scripts/bench_matmul.py, H200; dev/cuda/README.md). Other GPUs from sm_80: 'mma' (version 1)."""
+    if _capability() != (9, 0):
+        return "mma"
+    if M is None:
+        return "wgmma/wgmma3"
+    return "wgmma3" if (K <= 4096 and N <= 16384) or M * N <= 8 * 2**20 else "wgmma"
 
 
 def attention_version() -> str:
-    """bf16 flash attention: version 1 (FA2-style on mma.sync, kernels/flash_attention.cu) from sm_80 on."""
-    return "flash v1 (mma.sync)"
+    """bf16 flash attention: version 2 (FA2-style on mma.sync, kernels/flash_attention.cu) from sm_80 on."""
+    return "flash v2 (mma.sync)"
 
 
 def bf16_unsupported(config) -> str | None:

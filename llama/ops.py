@@ -217,7 +217,7 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
                           mode, alpha, **rope_args)
     if version is None:
         from .device import gemm_version
-        version = gemm_version()
+        version = gemm_version(M, N, K)
     launch = _gemm_launcher(version)
     if version == "wgmma3":
         from .gemm_wgmma import splitk_splits3

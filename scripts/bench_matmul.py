@@ -72,7 +72,8 @@ def bench(layout, M, N, K, versions):
     for version in versions:
         def ours():
             a, b = dev_inputs[next(counter) % sets]
-            ops.gemm(c_dev, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=layout == "tn", version=version)
+            ops.gemm(c_dev, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=layout == "tn",
+                     version=None if version == "auto" else version)
         result[version] = flops / time_ms(ours) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()
@@ -82,11 +83,11 @@ def bench(layout, M, N, K, versions):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the table here")
-    parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time (default: all the device runs)")
+    parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time; 'auto' is the production choice of llama/device.py (default: all)")
     parser.add_argument("--only", default=None, help="only problems whose label contains this")
     args = parser.parse_args()
     hopper = runtime().device.compute_capability() == (9, 0)
-    versions = args.versions or (["mma", "wgmma", "wgmma3"] if hopper else ["mma"])
+    versions = args.versions or (["mma", "wgmma", "wgmma3", "auto"] if hopper else ["mma"])
     print(f"device: {runtime().name}; TFLOP/s, bf16 operands, fp32 accumulation; ratio = ours / cuBLAS")
     rows = []
     for label, layout, M, N, K in problems():
