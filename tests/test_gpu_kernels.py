@@ -116,9 +116,14 @@ def test_attention(ops, H, KV, B, T, D):
     dq, dk, dv = poisoned(q.shape), poisoned(k.shape), poisoned(v.shape)
     ops.attention_backward(dq, dk, dv, poisoned((B, H, T, T)), poisoned((B, H, T, D)), dev(dout), qd, kd, vd, att)
     rdq, rdk, rdv = ref.attention_backward(dout, q, k, v, ref_out, ref_lse)
+    check("attention_backward_dv", dv, rdv)
+    if T == 1:  # one key: dq and dk are zero in exact arithmetic, so only their size can be checked
+        for grad in (dq, dk):
+            value = grad.download()
+            assert np.isfinite(value).all() and np.linalg.norm(value) <= 1e-6 * np.linalg.norm(rdv)
+        return
     check("attention_backward_dq", dq, rdq)
     check("attention_backward_dk", dk, rdk)
-    check("attention_backward_dv", dv, rdv)
 
 
 @pytest.mark.parametrize("N, F", [(1, 1), (37, 100), (256, 2048)])
