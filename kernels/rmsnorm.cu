@@ -9,8 +9,8 @@
 // column_sum_accumulate:         out (C,) += sum over the P rows of partial (P, C), in a fixed order,
 //                                so the weight gradient is deterministic.
 //
-// bf16 versions, fused with the residual add (x, branch, h, ln, dln, dresidual, weight bf16; rstd and
-// dweight fp32). Blocks are 2D: blockDim.x = C / 8 rounded up to a multiple of 32, one thread per 8
+// bf16 versions, fused with the residual add (x, branch, h, ln, dln, dresidual bf16; weight, rstd and
+// dweight fp32: the norm reads the fp32 master weight, whose small updates a bf16 copy would lose). Blocks are 2D: blockDim.x = C / 8 rounded up to a multiple of 32, one thread per 8
 // columns of a row, and blockDim.y rows at a time. C must be a multiple of 8, at most 8192.
 // rmsnorm_residual_forward: h = x + branch (N, C), rounded to bf16 and stored as residual_out (the
 //                           new residual stream; may be x itself), then ln = h * rstd * weight of the
@@ -78,7 +78,7 @@ extern "C" __global__ void column_sum_accumulate(float* out, const float* partia
 }
 
 extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln_out, float* rstd, const bf16* x,
-                                                    const bf16* branch, const bf16* weight, int N, int C,
+                                                    const bf16* branch, const float* weight, int N, int C,
                                                     float eps) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y, c = threadIdx.x * 8;
     const bool active = row < N && c < C;
@@ -100,7 +100,7 @@ extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln
     const float r = 1.0f / sqrtf(row_sum(sum_sq) / C + eps);
     if (active) {
         float w[8], out[8];
-        load_bf16x8(w, weight + c);
+        load_f32x8(w, weight + c);
         for (int k = 0; k < 8; k++) out[k] = h[k] * r * w[k];
         store_bf16x8(ln_out + i, out);
         if (threadIdx.x == 0) rstd[row] = r;
@@ -109,12 +109,12 @@ extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln
 
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_backward_bf16(
     bf16* dresidual, float* dweight, float* partial, float* group_partial, unsigned int* counters, const bf16* dln,
-    const bf16* h, const bf16* weight, const float* rstd, int N, int C, int rows_per_part, int group) {
+    const bf16* h, const float* weight, const float* rstd, int N, int C, int rows_per_part, int group) {
     extern __shared__ __align__(16) float slice_dweight[];  // (blockDim.y, C): each row slice's dweight sums
     const int c = threadIdx.x * 8;
     const bool in_row = c < C;
     float w[8] = {}, dw[8] = {};
-    if (in_row) load_bf16x8(w, weight + c);
+    if (in_row) load_f32x8(w, weight + c);
     const int first = blockIdx.x * rows_per_part, last = min(N, first + rows_per_part);
     // this thread's row of each step, its inputs loaded one step ahead so that their latency overlaps the
     // step before (the row sum's barriers)

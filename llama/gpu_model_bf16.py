@@ -8,7 +8,8 @@ fused steps whose numpy twins are compositions of the reference's layers:
 - the classifier runs in chunks of tokens inside the forward: logits, loss and dlogits of a chunk,
   then at once the head's dX and dW GEMMs, so the (tokens, vocab) logits never exist whole.
 Precision: fp32 master weights and AdamW moments; a bf16 copy of every weight, written by the AdamW
-kernel in the same pass; bf16 activations; fp32 weight gradients, accumulated by the GEMM epilogue.
+kernel in the same pass, which the GEMMs and the embedding read (the RMSNorms read their fp32 master
+weights); bf16 activations; fp32 weight gradients, accumulated by the GEMM epilogue.
 With recompute, the RMSNorm outputs and the SwiGLU product are recomputed in the backward instead
 of being kept per layer.
 
@@ -117,6 +118,11 @@ class GPUModelBF16(TrainStep):
         tensor = self.layout.tensors[name]
         return self.params_bf16.view(tensor.offset, tensor.shape)
 
+    def master(self, name: str) -> DeviceArray:
+        """A weight's fp32 master copy, as the RMSNorms read it (their small updates would be lost in bf16)."""
+        tensor = self.layout.tensors[name]
+        return self.params.view(tensor.offset, tensor.shape)
+
     def grad(self, name: str) -> DeviceArray:
         tensor = self.layout.tensors[name]
         return self.grads.view(tensor.offset, tensor.shape)
@@ -172,22 +178,22 @@ class GPUModelBF16(TrainStep):
         for i, a in enumerate(layers):
             pre = f"layers.{i}."
             if i == 0:
-                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.weight(pre + "attention_norm.weight"),
+                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
             else:  # x = h + ffn branch of the layer before, then its norm
                 ops.rmsnorm_residual_forward(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
-                                             self.weight(pre + "attention_norm.weight"), c.norm_eps)
+                                             self.master(pre + "attention_norm.weight"), c.norm_eps)
             ops.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
                      rope=rope)
             ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV)
             ops.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
             ops.rmsnorm_residual_forward(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
-                                         self.weight(pre + "ffn_norm.weight"), c.norm_eps)
+                                         self.master(pre + "ffn_norm.weight"), c.norm_eps)
             ops.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
             ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
             ops.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
         ops.rmsnorm_residual_forward(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
-                                     self.weight("norm.weight"), c.norm_eps)
+                                     self.master("norm.weight"), c.norm_eps)
         if with_targets:
             self._classifier(s, N, loss_scale, loss_weight)
 
@@ -217,7 +223,7 @@ class GPUModelBF16(TrainStep):
         dx, grad = s["dresidual"], self.grad
         dx.fill_zero()
         ops.rmsnorm_backward_bf16(dx, grad("norm.weight"), self.rms_scratch, s["dln"], s["residual"],
-                                  self.weight("norm.weight"), s["rstdf"])
+                                  self.master("norm.weight"), s["rstdf"])
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", layers[i]
             if self.recompute:
@@ -227,23 +233,23 @@ class GPUModelBF16(TrainStep):
             ops.gemm(dffn, dx, self.weight(pre + "feed_forward.w2.weight"))
             ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
             if self.recompute:
-                ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.weight(pre + "ffn_norm.weight"), c.norm_eps)
+                ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
             ops.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
             ops.gemm(self._fused(self.grads, L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
-                                      self.weight(pre + "ffn_norm.weight"), a["rstd2"])
+                                      self.master(pre + "ffn_norm.weight"), a["rstd2"])
             ops.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
             ops.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
             ops.flash_attention_backward(s["dqkv"], s["delta"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
                                          self.rope_cos, self.rope_sin)
             if self.recompute:
-                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.weight(pre + "attention_norm.weight"),
+                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
             ops.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
             ops.gemm(self._fused(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
                      accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
-                                      self.weight(pre + "attention_norm.weight"), a["rstd1"])
+                                      self.master(pre + "attention_norm.weight"), a["rstd1"])
         ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
                                     self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
 

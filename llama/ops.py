@@ -631,7 +631,8 @@ def embedding_backward_bf16(dwte: DeviceArray, dout: DeviceArray, order: DeviceA
 def rmsnorm_residual_forward(residual_out: DeviceArray | None, ln_out: DeviceArray, rstd: DeviceArray,
                              x: DeviceArray, branch: DeviceArray | None, weight: DeviceArray, eps: float) -> None:
     """residual_out (N, C) = x + branch, and ln_out = rmsnorm(residual_out) * weight, all bf16, with
-    rstd (N,) fp32. branch=None with residual_out=None: a plain RMSNorm of x. residual_out may be x."""
+    rstd (N,) fp32; weight is the fp32 master weight. branch=None with residual_out=None: a plain RMSNorm
+    of x. residual_out may be x."""
     N, C = x.shape
     if (branch is None) != (residual_out is None):
         raise ValueError("rmsnorm_residual_forward: give both branch and residual_out, or neither")
@@ -639,7 +640,7 @@ def rmsnorm_residual_forward(residual_out: DeviceArray | None, ln_out: DeviceArr
     for name, array in named.items():
         _check(name, array, (N, C), BF16)
     _check("rstd", rstd, (N,))
-    _check("weight", weight, (C,), BF16)
+    _check("weight", weight, (C,))
     _check_vectors(C, weight=weight, **named)
     per_row, rows = _row_block(C, BLOCK)
     _kernel("rmsnorm", "rmsnorm_residual_forward", "PPPPPPiif")(
@@ -663,12 +664,12 @@ def rmsnorm_backward_bf16(dresidual: DeviceArray, dweight: DeviceArray, scratch:
                           h: DeviceArray, weight: DeviceArray, rstd: DeviceArray) -> None:
     """dresidual (N, C) bf16 += the norm's input gradient (the residual gradient passes the add
     unchanged), dweight (C,) fp32 += its gradient, deterministic, in one launch; h is the norm's bf16
-    input, weight its bf16 copy. scratch float32 (rmsnorm_bf16_scratch_size(C),), zeroed once."""
+    input, weight its fp32 master weight. scratch float32 (rmsnorm_bf16_scratch_size(C),), zeroed once."""
     N, C = h.shape
     for name, array in (("dresidual", dresidual), ("dln", dln), ("h", h)):
         _check(name, array, (N, C), BF16)
     _check("dweight", dweight, (C,))
-    _check("weight", weight, (C,), BF16)
+    _check("weight", weight, (C,))
     _check("rstd", rstd, (N,))
     size = rmsnorm_bf16_scratch_size(C)
     if scratch.dtype != F32 or scratch.size < size:

@@ -37,21 +37,22 @@ def test_embedding_rejects():
 
 def test_rmsnorm_rejects():
     N, C = 5, 64
+    w = fake((C,), F32)  # the norms read the fp32 master weight
     with pytest.raises(ValueError, match="both branch and residual_out"):
-        ops.rmsnorm_residual_forward(None, fake((N, C)), fake((N,), F32), fake((N, C)), fake((N, C)), fake((C,)), 1e-5)
-    with pytest.raises(ValueError, match="weight: expected bfloat16"):
-        ops.rmsnorm_forward_bf16(fake((N, C)), fake((N,), F32), fake((N, C)), fake((C,), F32), 1e-5)
+        ops.rmsnorm_residual_forward(None, fake((N, C)), fake((N,), F32), fake((N, C)), fake((N, C)), w, 1e-5)
+    with pytest.raises(ValueError, match="weight: expected float32"):
+        ops.rmsnorm_forward_bf16(fake((N, C)), fake((N,), F32), fake((N, C)), fake((C,)), 1e-5)
     with pytest.raises(ValueError, match="branch: must start 16-byte aligned"):
         ops.rmsnorm_residual_forward(fake((N, C)), fake((N, C)), fake((N,), F32), fake((N, C)),
-                                     fake((N, C), offset=8), fake((C,)), 1e-5)
+                                     fake((N, C), offset=8), w, 1e-5)
     with pytest.raises(ValueError, match="C <= 8192"):
-        ops.rmsnorm_forward_bf16(fake((N, 16384)), fake((N,), F32), fake((N, 16384)), fake((16384,)), 1e-5)
+        ops.rmsnorm_forward_bf16(fake((N, 16384)), fake((N,), F32), fake((N, 16384)), fake((16384,), F32), 1e-5)
     with pytest.raises(ValueError, match="scratch: needs"):
         ops.rmsnorm_backward_bf16(fake((N, C)), fake((C,), F32), fake((100,), F32), fake((N, C)), fake((N, C)),
-                                  fake((C,)), fake((N,), F32))
+                                  w, fake((N,), F32))
     with pytest.raises(ValueError, match="dweight: expected float32"):
         ops.rmsnorm_backward_bf16(fake((N, C)), fake((C,)), fake((ops.rmsnorm_bf16_scratch_size(C),), F32),
-                                  fake((N, C)), fake((N, C)), fake((C,)), fake((N,), F32))
+                                  fake((N, C)), fake((N, C)), w, fake((N,), F32))
 
 
 def test_swiglu_and_classifier_reject():

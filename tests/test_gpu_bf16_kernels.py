@@ -104,7 +104,7 @@ def test_rmsnorm_residual_bf16(ops, N, C):
     eps = 1e-5
     x, branch, w = randn(N, C), randn(N, C), randn(C)
     residual, ln, rstd = poisoned_bf16((N, C)), poisoned_bf16((N, C)), poisoned((N,))
-    w_d = dev_bf16(w)
+    w_d = dev(w)  # the fp32 master weight
     ops.rmsnorm_residual_forward(residual, ln, rstd, dev_bf16(x), dev_bf16(branch), w_d, eps)
     ref_h, ref_ln, ref_rstd = ref.rmsnorm_residual_forward(x, branch, w, eps)
     check("rmsnorm_residual_forward_h", residual, ref_h, TOL["rmsnorm_residual_forward_h"])
@@ -137,7 +137,7 @@ def test_rmsnorm_residual_bf16(ops, N, C):
 def test_rmsnorm_forward_bf16(ops, N, C):
     x, w = randn(N, C), randn(C)
     out, rstd = poisoned_bf16((N, C)), poisoned((N,))
-    ops.rmsnorm_forward_bf16(out, rstd, dev_bf16(x), dev_bf16(w), 1e-5)
+    ops.rmsnorm_forward_bf16(out, rstd, dev_bf16(x), dev(w), 1e-5)
     ref_out, ref_rstd = ref.rmsnorm_forward(x, w, 1e-5)
     check("rmsnorm_forward_bf16", out, ref_out, TOL["rmsnorm_residual_forward_ln"])
     check("rmsnorm_forward_bf16_rstd", rstd, ref_rstd, TOL["rmsnorm_forward_bf16_rstd"])
