@@ -20,13 +20,13 @@ the bias corrections live in device memory, the loss accumulates on the device a
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from . import ops
 from .config import LlamaConfig
 from .cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
+from .gpu_model import GPUModel
 from .optim import AdamWConfig, TrainStep
 from .params import ParameterLayout, init_parameters
 from .reference import check_batch, rope_cos_sin
@@ -321,19 +321,11 @@ class GPUModelBF16(TrainStep):
         self._forward(1.0 / micro, True, 1.0 / micro)
         self.backward()
 
-    # ---- state for checkpoints (same method names on the other models)
+    # ---- state for checkpoints: the fp32 GPU model's, on the same flat fp32 buffers
 
-    def get_params(self) -> np.ndarray:
-        return self.params.download()
-
-    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.adam_m.download(), self.adam_v.download()
+    get_params = GPUModel.get_params
+    get_optimizer_state = GPUModel.get_optimizer_state
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        self.params.upload(params)
+        GPUModel.set_state(self, params, adam_m, adam_v)
         self.params_bf16.upload(params.astype(BF16))
-        for buffer, host in ((self.adam_m, adam_m), (self.adam_v, adam_v)):
-            if host is None:
-                buffer.fill_zero()
-            else:
-                buffer.upload(host)

@@ -11,38 +11,19 @@ at least 85%). One table at the end.
 """
 
 import argparse
-import statistics
 
 import numpy as np
 
 from llama import ops
-from llama.cuda import BF16, empty, runtime, to_device, zeros
+from llama.cuda import BF16, empty, runtime, time_ms, to_device, zeros
 from llama.optim import AdamWConfig
-
-
-def time_ms(fn, repeats: int, batch: int = 10, warmup: int = 3) -> float:
-    """Median milliseconds of one fn(), each sample `batch` back-to-back calls between two CUDA events,
-    so that Python's launch overhead hides behind the GPU's work."""
-    drv = runtime().drv
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = drv.Event(), drv.Event()
-        start.record()
-        for _ in range(batch):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.time_till(end) / batch)
-    return statistics.median(times)
 
 
 def copy_bandwidth(repeats: int, nbytes: int = 1 << 30) -> float:
     """GB/s of a device-to-device copy of nbytes, counting the bytes read and written."""
     src, dst = zeros(nbytes, np.uint8), empty(nbytes, np.uint8)
     drv = runtime().drv
-    ms = time_ms(lambda: drv.memcpy_dtod_async(dst.ptr, src.ptr, nbytes), repeats, batch=5)
+    ms = time_ms(lambda: drv.memcpy_dtod_async(dst.ptr, src.ptr, nbytes), repeats=repeats, inner=5)
     return 2 * nbytes / ms / 1e6
 
 
@@ -129,7 +110,7 @@ def main():
     rows, rng = [], np.random.default_rng(0)
     for group in (embedding_cases, rmsnorm_cases, swiglu_cases, classifier_cases, optimizer_cases):
         for name, nbytes, fn in group(args, rng):
-            ms = time_ms(fn, args.repeats)
+            ms = time_ms(fn, repeats=args.repeats, inner=10)
             rows.append((name, nbytes, ms, nbytes / ms / 1e6))
             print(f"  {name}: {ms * 1e3:.1f} us", flush=True)
     print(f"\n{'kernel':<50s} {'MB':>9s} {'us':>9s} {'GB/s':>7s} {'of copy':>8s}")

@@ -11,7 +11,6 @@ when torch is importable) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llama import ops  # noqa: E402
 from llama import reference as ref  # noqa: E402
 from llama.cuda import BF16, empty, runtime, to_device  # noqa: E402
+from llama.cuda import time_ms as cuda_time_ms  # noqa: E402
 
 DEV_DIR = Path(__file__).resolve().parent
 
@@ -102,30 +102,9 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
     return errors
 
 
-def event_timer():
-    """(make_event, elapsed_ms): torch.cuda events where torch is importable, else PyCUDA's."""
-    try:
-        import torch
-        return (lambda: torch.cuda.Event(enable_timing=True)), (lambda a, b: a.elapsed_time(b))
-    except ImportError:
-        drv = runtime().drv
-        return drv.Event, (lambda a, b: a.time_till(b))
-
-
-def time_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of fn() between CUDA events on the default stream."""
-    make_event, elapsed = event_timer()
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = make_event(), make_event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(elapsed(start, end))
-    return statistics.median(times)
+def time_ms(fn, repeats: int = 20) -> float:
+    """Median milliseconds of one fn() between CUDA events (llama.cuda.time_ms, one call per sample)."""
+    return cuda_time_ms(fn, repeats=repeats, inner=1)
 
 
 def main() -> None:
