@@ -34,6 +34,8 @@ HELLO = struct.Struct("!8sHii")   # magic, protocol version, rank, world_size: w
 LENGTH = struct.Struct("!Q")      # the length prefix of a broadcast payload
 ACCEPTED, REJECTED = b"A", b"R"   # rank 0's answer to a hello (a rejection is followed by its reason, then EOF)
 PAYLOAD, GOODBYE = b"P", b"G"     # what rank 0 broadcasts; what a rank sends when it closes cleanly
+MPI_VARIABLES = (("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                 ("mpirun (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"))  # launcher, rank, size, local rank
 SLURM_MASTER_HINT = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 
 
@@ -102,16 +104,14 @@ def _launcher_ranks(environ):
         else:
             raise DistributedError(f"LOCAL_RANK is not set: with WORLD_SIZE={world_size} each rank needs it "
                                    "to pick its GPU")
-        return "torchrun", ("RANK", _integer(environ, "RANK")), ("WORLD_SIZE", world_size), local
+        return "torchrun or llama.launch", ("RANK", _integer(environ, "RANK")), ("WORLD_SIZE", world_size), local
     if "SLURM_PROCID" in environ:
         size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
         if size_var not in environ or _integer(environ, size_var) == 1:
             return None
         return ("srun", ("SLURM_PROCID", _integer(environ, "SLURM_PROCID")), (size_var, _integer(environ, size_var)),
                 _required(environ, "SLURM_LOCALID", "srun"))
-    for launcher, rank_var, size_var, local_var in (("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                                     "OMPI_COMM_WORLD_LOCAL_RANK"),
-                                                    ("mpirun (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
+    for launcher, rank_var, size_var, local_var in MPI_VARIABLES:
         if rank_var in environ:
             return (launcher, (rank_var, _integer(environ, rank_var)), _required(environ, size_var, launcher),
                     _required(environ, local_var, launcher))
@@ -231,7 +231,12 @@ class Rendezvous:
                 pass
             sock.close()
             raise DistributedError(problem)
-        sock.sendall(ACCEPTED)
+        try:
+            sock.sendall(ACCEPTED)
+        except OSError as e:
+            sock.close()
+            raise DistributedError(f"rank 0: rank {rank} ({address}) went away while connecting ({e}): it has exited "
+                                   "or crashed") from None
         _keepalive(sock)
         self._peers[rank] = (sock, address)
 
