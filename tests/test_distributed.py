@@ -292,3 +292,13 @@ def test_watchdog_reports_a_failing_check():
     with Watchdog(60, fired.append, checks=[lambda: None, nccl_async_error], poll=0.02):
         time.sleep(0.3)
     assert fired == ["NCCL: unhandled system error"] and len(calls) == 3
+
+
+def test_abort_from_a_thread_ends_the_process_while_the_main_thread_is_busy():
+    program = ("import threading, time\n"
+               "from llama.distributed import abort\n"
+               "print('buffered', end='')\n"
+               "threading.Thread(target=abort, args=('rank 1: lost\\nrank 0', 3)).start()\n"
+               "time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=20)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "buffered", "error: rank 1: lost rank 0\n")
