@@ -82,6 +82,16 @@ class ParameterLayout:
         """The output head: its own matrix, or the token embeddings when tied."""
         return self.tensors["tok_embeddings.weight" if self.config.tie_embeddings else "output.weight"]
 
+    def layer_starts(self) -> list[int]:
+        """Offsets where each layer's parameters begin, and the final norm's: the bucket boundaries of
+        the gradients' reduce-scatter (llama/zero.py)."""
+        names = [f"layers.{i}.attention_norm.weight" for i in range(self.config.n_layers)] + ["norm.weight"]
+        return [self.tensors[name].offset for name in names]
+
+    def norm_names(self) -> list[str]:
+        """The RMSNorm weights, in layout order."""
+        return [t.name for t in self.tensors.values() if len(t.shape) == 1]
+
     def decay_mask(self) -> np.ndarray:
         """uint8 per parameter: 1 where AdamW applies weight decay (2D weights), 0 for norms."""
         mask = np.zeros(self.size, dtype=np.uint8)

@@ -1,0 +1,116 @@
+"""ZeRO-1's arithmetic on the CPU: shard layout, re-sharding across world sizes, and the sharded
+AdamW step against the unsharded one (llama/zero.py, llama/optim.py)."""
+
+import numpy as np
+import pytest
+
+from llama.config import get_preset
+from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm
+from llama.params import ParameterLayout
+from llama.zero import ALIGN, ShardLayout, replica_copies
+
+LAYOUT = ParameterLayout(get_preset("tiny"))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_buckets_cover_the_padded_buffer_and_pieces_are_aligned(world):
+    shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
+    assert shards.padded_size >= LAYOUT.size and shards.padded_size % world == 0
+    assert shards.padded_size - LAYOUT.size < max(1, world * ALIGN)
+    assert shards.buckets[0][0] == 0 and shards.buckets[-1][1] == shards.padded_size
+    assert all(a[1] == b[0] for a, b in zip(shards.buckets, shards.buckets[1:]))
+    assert sum(shards.pieces) == shards.shard_size == shards.padded_size // world
+    if world > 1:  # pieces start aligned; the embeddings, each layer and the head keep a bucket each
+        assert all(p % ALIGN == 0 for p in shards.pieces)
+        assert len(shards.buckets) == LAYOUT.config.n_layers + 2
+        for start in LAYOUT.layer_starts():  # each bucket starts at most one rounding unit after a layer
+            assert any(0 <= b - start < world * ALIGN for b, _ in shards.buckets)
+    else:
+        assert shards.buckets == [(0, LAYOUT.size)]
+
+
+def test_the_ranks_pieces_partition_the_buffer():
+    shards = ShardLayout(LAYOUT.size, 3, LAYOUT.layer_starts())
+    seen = np.zeros(shards.padded_size, np.int32)
+    for rank in range(3):
+        for start, end, offset in shards.owned(rank):
+            seen[start:end] += 1
+            assert 0 <= offset and offset + end - start <= shards.shard_size
+    assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_shard_and_unshard_round_trip(world):
+    flat = np.random.default_rng(world).standard_normal(LAYOUT.size).astype(np.float32)
+    shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
+    parts = [shards.shard(flat, r) for r in range(world)]
+    assert all(p.shape == (shards.shard_size,) for p in parts)
+    assert np.array_equal(shards.unshard(parts), flat)
+    assert sum(float(np.abs(p).sum()) for p in parts) == pytest.approx(float(np.abs(flat).sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("saved, loaded", [(2, 1), (1, 2), (2, 3), (4, 2)])
+def test_resharding_across_world_sizes(saved, loaded):
+    """A checkpoint holds the full array: shards of one world size, reassembled, cut for another."""
+    moments = np.random.default_rng(0).standard_normal(LAYOUT.size).astype(np.float32)
+    before = ShardLayout(LAYOUT.size, saved, LAYOUT.layer_starts())
+    full = before.unshard([before.shard(moments, r) for r in range(saved)])
+    after = ShardLayout(LAYOUT.size, loaded, LAYOUT.layer_starts())
+    for r in range(loaded):
+        expected = np.concatenate([np.pad(moments, (0, after.padded_size - LAYOUT.size))[a:b] for a, b, _ in after.owned(r)])
+        assert np.array_equal(after.shard(full, r), expected)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="world_size"):
+        ShardLayout(100, 0)
+    with pytest.raises(ValueError, match="shards"):
+        ShardLayout(100, 2).unshard([np.zeros(3)])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_adamw_step_equals_the_full_step(world):
+    """The ZeRO-1 step in numpy: per-rank gradients averaged and cut (reduce-scatter), the norm from
+    the shards' sums of squares, AdamW on each shard, shards gathered: the full step's result."""
+    rng = np.random.default_rng(1)
+    n, opt = LAYOUT.size, AdamWConfig(grad_clip=0.5)
+    params = rng.standard_normal(n)
+    m, v = 0.1 * rng.standard_normal(n), np.abs(rng.standard_normal(n))
+    rank_grads = [rng.standard_normal(n) for _ in range(world)]
+    mask = LAYOUT.decay_mask().astype(np.float64)
+
+    grads = np.mean(rank_grads, axis=0)
+    full = [params.copy(), m.copy(), v.copy()]
+    adamw_update(*full[:1], grads, *full[1:], mask, step=3, lr=1e-2, opt=opt,
+                 grad_scale=clip_scale(global_norm(grads), opt.grad_clip))
+
+    shards = ShardLayout(n, world, LAYOUT.layer_starts())
+    grad_shards = [shards.shard(grads, r) for r in range(world)]  # the reduce-scatter's result
+    norm = np.sqrt(sum(float(np.dot(g, g)) for g in grad_shards))  # the all-reduce of the partial sums
+    assert norm == pytest.approx(global_norm(grads), rel=1e-12)
+    states = []
+    for r in range(world):
+        p, mm, vv = (shards.shard(x, r) for x in (params, m, v))
+        adamw_update(p, grad_shards[r], mm, vv, shards.shard(mask, r), step=3, lr=1e-2, opt=opt,
+                     grad_scale=clip_scale(norm, opt.grad_clip))
+        states.append((p, mm, vv))
+    for i, expected in enumerate(full):
+        assert np.allclose(shards.unshard([s[i] for s in states]), expected, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_master_replica_copies_rebuild_the_norm_weights(world):
+    """Every rank copies the parts of the norm weights it owns into a zeroed replica; the sum over
+    ranks (the all-reduce) is every norm weight, exactly."""
+    params = np.random.default_rng(2).standard_normal(LAYOUT.size).astype(np.float32)
+    shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
+    tensors = [LAYOUT.tensors[name] for name in LAYOUT.norm_names()]
+    total = np.zeros(sum(t.size for t in tensors), np.float32)
+    for r in range(world):
+        offsets, copies = replica_copies(shards, r, tensors)
+        replica, shard = np.zeros_like(total), shards.shard(params, r)
+        for to, at, count in copies:
+            replica[to:to + count] = shard[at:at + count]
+        total += replica
+    for t in tensors:
+        assert np.array_equal(total[offsets[t.name]:offsets[t.name] + t.size], params[t.offset:t.offset + t.size])
