@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import weakref
 from pathlib import Path
 
@@ -89,6 +90,13 @@ class Kernel:
 @functools.cache
 def runtime() -> Runtime:
     return Runtime()
+
+
+def select_device(index: int) -> None:
+    """Run on GPU `index` (a rank's LOCAL_RANK); call before anything touches the GPU."""
+    if runtime.cache_info().currsize and runtime().device.pci_bus_id() != runtime().drv.Device(index).pci_bus_id():
+        raise RuntimeError(f"select_device({index}) after the runtime started on another GPU")
+    os.environ["CUDA_DEVICE"] = str(index)  # read by pycuda's make_default_context
 
 
 def cuda_unavailable() -> str | None:
