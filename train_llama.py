@@ -3,6 +3,11 @@
     python train_llama.py                                  # defaults that train visibly in a minute
     python train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o out/d12
     python train_llama.py -o out/d12 --resume              # continue from the newest complete checkpoint
+    python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o out/1b
+
+On several GPUs (llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data
+parallel with ZeRO-1 over NCCL (llama/zero.py); -d counts the tokens of a step over all GPUs, and
+rank 0 alone prints, logs and writes checkpoints, which resume on any number of GPUs.
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist
 (scripts/download_starter_pack.py), else on the built-in corpus (this machine's Python standard
@@ -14,7 +19,9 @@ is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once, with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,12 +35,13 @@ from llama.cli import (HelpFormatter, flag, fraction, nonnegative_float, nonnega
 from llama.config import ConfigError, LlamaConfig, get_preset
 from llama.dataloader import DataLoader
 from llama.datasets import prepare_builtin_corpus
+from llama.distributed import DistributedEnv, DistributedError
 from llama.generate import decoder_for, generate
 from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
 from llama.reference import ReferenceModel
-from llama.run_dir import RunDir, RunDirError
+from llama.run_dir import FollowerRunDir, RunDir, RunDirError
 from llama.shards import ShardError
 from llama.signals import GracefulStop, StopNow
 from llama.tokenizer import TokenizerError, load_tokenizer
@@ -75,7 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("-t", "--seq-len", type=positive_int, default=None,
                    help=f"sequence length T ({device_default('seq_len')})")
     g.add_argument("-d", "--total-batch-size", type=positive_int, default=None,
-                   help="tokens per step; a multiple of B*T (gradient accumulation); default B*T")
+                   help="tokens per step over all GPUs; a multiple of B*T*GPUs (gradient accumulation); "
+                        "default B*T*GPUs")
     length = g.add_mutually_exclusive_group()
     length.add_argument("-x", "--steps", type=step_count, default=None,
                         help=f"optimizer steps; -1 for one epoch ({device_default('steps')})")
@@ -112,6 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GPU precision: bf16 mixed precision or exact fp32 (default: bf16 where its kernels take "
                         "the model)")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the initialization, data and sampling")
+    g.add_argument("--dist-timeout", type=positive_float, default=600.0,
+                   help="several GPUs: seconds a rank waits for the others (rendezvous, one step) before it "
+                        "stops with an error")
     args = p.parse_args(argv)
     if args.val_data and not args.train_data:
         p.error("-j/--val-data needs -i/--train-data (the default data brings its own validation split)")
@@ -171,20 +183,27 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     return 6 * weights + 6 * config.n_layers * config.dim * T
 
 
-def build_model(device: str, dtype: str, config: LlamaConfig, B: int, T: int, params: np.ndarray):
+def build_model(device: str, dtype: str, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
     if device == "cpu":
         return ReferenceModel(config, params=params)
     if dtype == "bf16":
         from llama.gpu_model_bf16 import GPUModelBF16
-        return GPUModelBF16(config, B, T, params=params)
+        return GPUModelBF16(config, B, T, params=params, comm=comm)
     from llama.gpu_model import GPUModel
-    return GPUModel(config, B, T, params=params)
+    return GPUModel(config, B, T, params=params, comm=comm)
 
 
-def evaluate(model, loader: DataLoader, batches: int) -> float:
+def mean_over_ranks(comm, *values: float) -> list[float]:
+    """The mean over ranks of a few host numbers (the values themselves on one process)."""
+    if comm is None:
+        return list(values)
+    return list(comm.host_sum(values) / comm.world_size)
+
+
+def evaluate(model, loader: DataLoader, batches: int, comm=None) -> float:
     loader.reset()
     n = min(batches, loader.batches_per_epoch)
-    return sum(model.forward(*loader.next_batch()) for _ in range(n)) / n
+    return mean_over_ranks(comm, sum(model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
 
 
 def find_resume_checkpoint(out: Path) -> dict | None:
@@ -208,15 +227,19 @@ def step_line(step: int, steps: int, loss: float, lr: float, norm: float, dt: fl
     return line + (f" | MFU {mfu:.1%}" if mfu is not None else "")
 
 
-def train(args, run_dir: RunDir) -> int:
+def train(args, run_dir: RunDir, comm=None) -> int:
+    """The training run; comm is the NCCL communicator of a multi-GPU run (None on one process)."""
     device = pick_device(args.device)
+    rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    if world > 1 and device != "cuda":
+        raise UserError(f"{world} processes were started, but several processes need CUDA GPUs")
     defaults = DEVICE_DEFAULTS[device]
     B = args.batch_size or defaults["batch_size"]
     T = args.seq_len or defaults["seq_len"]
-    total = args.total_batch_size or B * T
-    if total % (B * T):
-        raise UserError(f"--total-batch-size ({total}) must be a positive multiple of B*T ({B}*{T})")
-    grad_accum = total // (B * T)
+    total = args.total_batch_size or B * T * world
+    if total % (B * T * world):
+        raise UserError(f"--total-batch-size ({total}) must be a positive multiple of B*T*GPUs ({B}*{T}*{world})")
+    grad_accum = total // (B * T * world)
     if device == "cpu" and args.dtype == "bf16":
         raise UserError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
     lr = args.lr if args.lr is not None else defaults["lr"]
@@ -247,18 +270,22 @@ def train(args, run_dir: RunDir) -> int:
         print(plan.describe(dtype, config), file=sys.stderr)
 
     train_pattern, val_pattern = resolve_data(args, tokenizer)
-    train_loader = DataLoader(train_pattern, B, T, seed=args.seed, vocab_size=config.vocab_size)
-    val_loader = DataLoader(val_pattern, B, T, shuffle=False, vocab_size=config.vocab_size) if val_pattern else None
+    # a loader batch is this rank's rows of one step (B * grad_accum rows of every B * grad_accum * world),
+    # so the data order is the same on any number of GPUs for the same tokens per step
+    train_loader = DataLoader(train_pattern, B * grad_accum, T, rank, world, seed=args.seed, vocab_size=config.vocab_size)
+    val_loader = (DataLoader(val_pattern, B, T, rank, world, shuffle=False, vocab_size=config.vocab_size)
+                  if val_pattern else None)
     if args.steps is not None and args.steps != -1:
         steps = args.steps
     elif args.epochs is not None or args.steps == -1:  # -x -1 is one epoch, as in llm.c
-        steps = math.ceil((args.epochs or 1) * train_loader.batches_per_epoch / grad_accum)
+        steps = math.ceil((args.epochs or 1) * train_loader.batches_per_epoch)
     else:
         steps = defaults["steps"]
 
-    run = {"batch_size": B, "seq_len": T, "tokens_per_step": total, "seed": args.seed}  # what exact resume needs
+    run = {"batch_size": B, "seq_len": T, "tokens_per_step": total, "seed": args.seed}
+    same = ("seq_len", "tokens_per_step", "seed")  # what exact resume needs: B and the GPU count may change
     params = source["params"] if source is not None else init_parameters(config, args.seed)
-    model = build_model(device, dtype, config, B, T, params)
+    model = build_model(device, dtype, config, B, T, params, comm)
     sample_rng = np.random.default_rng(args.seed)
     # each checkpoint's weights are checked on this fixed batch before they are saved (checkpoint.refusal)
     probe_loader = DataLoader(val_pattern or train_pattern, B, T, shuffle=False, vocab_size=config.vocab_size)
@@ -266,7 +293,8 @@ def train(args, run_dir: RunDir) -> int:
     start, recent_losses, log_bytes = 0, [], 0
     if resume is not None:
         state = source["state"]
-        for key, now in run.items():
+        for key in same:
+            now = run[key]
             if state["run"][key] != now:
                 raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
                                 f"this run asks for {now}")
@@ -285,35 +313,43 @@ def train(args, run_dir: RunDir) -> int:
 
     opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
     flops_per_step = matmul_flops_per_token(config, T) * total
-    peak = plan.peak_flops(dtype) if device == "cuda" else None
+    peak = plan.peak_flops(dtype) * world if device == "cuda" else None  # MFU per GPU
     model_name = "from checkpoint" if source is not None else args.model or defaults["model"]
-    print(f"device {device} | model {model_name}: "
+    gpus = f" x {world} GPUs (ZeRO-1 over NCCL)" if world > 1 else ""
+    print(f"device {device}{gpus} | model {model_name}: "
           f"{ParameterLayout(config).size / 1e6:.2f}M params, vocab {config.vocab_size} | B={B} T={T} "
           f"grad_accum={grad_accum} ({total} tokens/step) | {steps} steps, {train_loader.batches_per_epoch} "
-          f"batches/epoch", file=sys.stderr)
+          f"steps/epoch", file=sys.stderr)
 
     def diverged(message: str) -> TrainingDiverged:
         return TrainingDiverged(f"{message}; stopping. The last good checkpoint is "
                                 f"{last_good or 'none (none was written)'}; try a lower --lr")
 
     def checkpoint(done_steps: int) -> None:
+        """Rank 0 writes the full state (gathered from every rank's shard); every rank takes part."""
         nonlocal last_good, recent_losses
-        params = model.get_params()
-        probe_loss = model.forward(*probe_batch)
-        reason = refusal(params, probe_loss, recent_losses)  # never replace a good checkpoint by a diverged one
-        if reason:
-            raise diverged(f"step {done_steps - 1}: {reason}; not saving a checkpoint")
+        params = model.get_params()  # None on ranks other than 0
+        probe_loss = model.forward(*probe_batch)  # the same batch and weights on every rank
+        reason = refusal(params, probe_loss, recent_losses) if params is not None else None
+        if mean_over_ranks(comm, float(reason is not None))[0] > 0:  # never replace a good checkpoint by a diverged one
+            raise diverged(f"step {done_steps - 1}: {reason or 'rank 0 refused the weights'}; not saving a checkpoint")
         recent_losses = (recent_losses + [probe_loss])[-RECENT:]
-        state = {"run": run, "loader": train_loader.state_dict(), "sample_rng": sample_rng.bit_generator.state,
-                 "probe_loss": probe_loss, "recent_losses": recent_losses, "log_bytes": log.synced_size(),
-                 "args": vars(args)}
-        last_good = save_checkpoint(out, done_steps, config, params, *model.get_optimizer_state(), state,
-                                    keep=args.keep_checkpoints)
+        adam_m, adam_v = model.get_optimizer_state()
+        if rank != 0:
+            return
+        state = {"run": run | {"world_size": world}, "loader": train_loader.state_dict(),
+                 "sample_rng": sample_rng.bit_generator.state, "probe_loss": probe_loss,
+                 "recent_losses": recent_losses, "log_bytes": log.synced_size(), "args": vars(args)}
+        last_good = save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=args.keep_checkpoints)
 
-    decoder = decoder_for(model, max_len=T) if args.sample_every else None
+    # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
+    decoder = decoder_for(model, max_len=T) if args.sample_every and comm is None else None
 
     def sample(step: int) -> None:
-        result = generate(decoder, [tokenizer.bos_id], args.gen_tokens, sample_rng, args.temperature, args.top_k)
+        step_decoder = decoder or decoder_for(model, max_len=T)
+        if rank != 0:
+            return
+        result = generate(step_decoder, [tokenizer.bos_id], args.gen_tokens, sample_rng, args.temperature, args.top_k)
         tqdm.write(f"--- sample at step {step} ---\n{tokenizer.decode(result.tokens)}\n---")
 
     loss = val_loss = None
@@ -323,15 +359,21 @@ def train(args, run_dir: RunDir) -> int:
         for step in range(start, steps):
             last = step == steps - 1
             if val_loader is not None and args.val_every and (step % args.val_every == 0 or last):
-                val_loss = evaluate(model, val_loader, args.val_batches)
+                val_loss = evaluate(model, val_loader, args.val_batches, comm)
                 log.write(f"s:{step} tel:{val_loss:.6f}")
                 tqdm.write(f"step {step}: val loss {val_loss:.4f}")
             if args.sample_every and step > 0 and step % args.sample_every == 0:
                 sample(step)
             t0 = time.perf_counter()
             step_lr = learning_rate(step, steps, lr, args.warmup, args.schedule, args.final_lr_frac)
-            batches = [train_loader.next_batch() for _ in range(grad_accum)]
+            inputs, targets = train_loader.next_batch()
+            batches = list(zip(np.split(inputs, grad_accum), np.split(targets, grad_accum)))
             loss, norm = model.train_step(batches, step_lr, step + 1, opt)
+            # the mean loss over ranks, and whether any rank was asked to stop: all stop at this step
+            loss, stops = mean_over_ranks(comm, loss, float(stop.requested))
+            stopping = stops > 0
+            if comm is not None:
+                comm.beat()
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 raise diverged(f"step {step}: loss {loss}, grad norm {norm} is not finite")
             dt = time.perf_counter() - t0
@@ -346,36 +388,62 @@ def train(args, run_dir: RunDir) -> int:
             bar.set_postfix(postfix)
             bar.update(1)
             done = step + 1
-            if stop.requested or last or (args.checkpoint_every and done % args.checkpoint_every == 0):
+            if stopping or last or (args.checkpoint_every and done % args.checkpoint_every == 0):
                 checkpoint(done)
-                if stop.requested:
+                if stopping:
                     break
     if args.sample_every and done == steps and done > start:
         sample(steps)
     elapsed, trained = time.perf_counter() - began, done - start
     shown = {name: "n/a" if value is None else f"{value:.4f}" for name, value in (("train", loss), ("val", val_loss))}
-    outcome = f"stopped by {stop.name} after step {done}/{steps}" if stop.requested else f"done: step {done}/{steps}"
+    stopped = stop.requested or done < steps  # here, or on another rank
+    outcome = f"stopped by {stop.name or 'another rank'} after step {done}/{steps}" if stopped else f"done: step {done}/{steps}"
     print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {trained * total / max(elapsed, 1e-9):,.0f} tok/s | "
           f"train loss {shown['train']} | val loss {shown['val']} | checkpoint {last_good} | log {run_dir.log_path}")
-    if stop.requested:
+    if stopped:
         print(f"rerun with --resume to continue from {last_good}", file=sys.stderr)
     return stop.exit_code
 
 
+def connect(env: DistributedEnv, timeout: float):
+    """The NCCL communicator of this rank, on the GPU of its LOCAL_RANK."""
+    from llama.cuda import select_device
+    from llama.nccl import Communicator
+    select_device(env.local_rank)
+    return Communicator(env, timeout)
+
+
+@contextlib.contextmanager
+def quiet(enabled: bool):
+    """Ranks other than 0 print nothing while they train; their errors still reach stderr (main)."""
+    if not enabled:
+        yield
+        return
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        yield
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    where = ""
     try:
-        with RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) as run_dir:
-            return train(args, run_dir)
-    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        env = DistributedEnv.from_environ()
+        where = f"rank {env.rank}: " if env.world_size > 1 else ""
+        comm = connect(env, args.dist_timeout) if env.world_size > 1 else None
+        run_dir = (RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) if env.is_main
+                   else FollowerRunDir(args.output_dir))
+        with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
+            return train(args, run_dir, comm)
+    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError,
+            DistributedError) as e:
+        print(f"error: {where}{e}", file=sys.stderr)
         return 2
     except OSError as e:  # a missing file, a full disk, a read-only folder
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        detail = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{detail}{e.strerror or e}", file=sys.stderr)
         return 2
     except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {where}{e}", file=sys.stderr)
         return 1
     except StopNow as e:
         print(f"\nstopped at once by a second {e}, without saving; rerun with --resume to continue from the last "

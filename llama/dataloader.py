@@ -87,8 +87,11 @@ class DataLoader:
                 "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        mine = self.state_dict()
-        for key in ("seed", "files", "B", "T", "rank", "world_size"):
+        """Resume at a saved position; the state may come from another rank or world size, as long as
+        the rows of a global batch (B * world_size) are the same."""
+        mine = self.state_dict() | {"rows_per_batch": self.B * self.world_size}
+        state = state | {"rows_per_batch": state["B"] * state["world_size"]}
+        for key in ("seed", "files", "T", "rows_per_batch"):
             if state[key] != mine[key]:
                 raise ValueError(f"data loader state does not fit this loader: {key} was {state[key]!r}, "
                                  f"is {mine[key]!r}")

@@ -163,9 +163,10 @@ class ReferenceDecoder:
 
 
 def decoder_for(model, max_len: int, batch: int = 1):
-    """The decoder of a training model's current weights: a ReferenceModel's on the CPU, a
-    GPUModel's (its fp32 master weights) on the GPU."""
-    if isinstance(model.params, np.ndarray):
+    """The decoder of a training model's current weights: a ReferenceModel's on the CPU, a GPU
+    model's fp32 master weights on the GPU (read in place on one GPU; on several, a snapshot
+    gathered from every rank: all ranks call this)."""
+    if isinstance(getattr(model, "params", None), np.ndarray):
         return ReferenceDecoder(model.config, model.params, batch, max_len)
     from .gpu_decode import GPUDecoder
-    return GPUDecoder(model.config, model.params, batch, max_len)
+    return GPUDecoder(model.config, model.master_weights(), batch, max_len)

@@ -4,7 +4,8 @@ It mirrors llama/reference.py layer by layer, with the same names: read the two 
 Parameters live in one flat device buffer and gradients in another (layout from llama/params.py);
 activations are allocated once for the largest batch (B, T), and a smaller (b, t) uses a prefix of
 each buffer. Within a step nothing is allocated, copied to the host or synchronized, except when the
-loss or the grad norm is read.
+loss or the grad norm is read. With a communicator (several GPUs) optimizer_step is ZeRO-1
+(llama/zero.py) over the full fp32 params.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import numpy as np
 
 from . import ops
 from .config import LlamaConfig
-from .cuda import DeviceArray, empty, to_device, zeros
+from .cuda import DeviceArray, empty, to_device
 from .optim import AdamWConfig, TrainStep
 from .params import ParameterLayout, init_parameters
 from .reference import check_batch, rope_cos_sin
+from .zero import ShardLayout, Zero1
 
 class GPUModel(TrainStep):
-    def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0):
+    def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
+                 comm=None):
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T = config, B, T
@@ -28,10 +31,10 @@ class GPUModel(TrainStep):
             params = init_parameters(config, seed)
         if params.shape != (self.layout.size,):
             raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
-        n = self.layout.size
-        self.params = to_device(params.astype(np.float32))
-        self.grads, self.adam_m, self.adam_v = zeros(n), zeros(n), zeros(n)
-        self.decay_mask = to_device(self.layout.decay_mask())
+        # the AdamW state is this rank's shard (all of it on one GPU); the params are the full fp32 weights
+        self.zero = Zero1(ShardLayout(self.layout.size, comm.world_size if comm else 1, self.layout.layer_starts()),
+                          comm, params, self.layout.decay_mask(), np.float32)
+        self.params, self.grads = self.zero.weights, self.zero.grads
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self._allocate_activations()
@@ -179,24 +182,28 @@ class GPUModel(TrainStep):
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm
-        (reading it synchronizes; return_norm=False skips that)."""
-        s = self.buffers
-        ops.global_norm_squared(s["norm_squared"], s["norm_partial"], self.grads)
-        ops.adamw_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, s["norm_squared"],
-                         step, lr, opt)
+        (reading it synchronizes; return_norm=False skips that). On several GPUs this is ZeRO-1
+        (llama/zero.py): reduce-scatter the gradients, the global norm, AdamW on this rank's shard of
+        the fp32 params, all-gather them."""
+        s, z = self.buffers, self.zero
+        z.finish_reduce()
+        ops.global_norm_squared(s["norm_squared"], s["norm_partial"], z.grad_shard)
+        z.sum_over_ranks(s["norm_squared"])
+        ops.adamw_update(z.master, z.grad_shard, z.m, z.v, z.decay_mask, s["norm_squared"], step, lr, opt)
+        z.gather_weights()
         return float(np.sqrt(s["norm_squared"].download()[0])) if return_norm else None
 
-    # state for checkpoints (same method names on the reference model)
-    def get_params(self) -> np.ndarray:
-        return self.params.download()
+    # state for checkpoints (same method names on the reference model): full arrays on rank 0, None elsewhere
+    def get_params(self) -> np.ndarray | None:
+        return self.zero.gather(self.zero.master)
 
-    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.adam_m.download(), self.adam_v.download()
+    def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        return self.zero.gather(self.zero.m), self.zero.gather(self.zero.v)
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        self.params.upload(params)
-        for buffer, host in ((self.adam_m, adam_m), (self.adam_v, adam_v)):
-            if host is None:
-                buffer.fill_zero()
-            else:
-                buffer.upload(host)
+        self.zero.set_weights(params)
+        self.zero.set_moments(adam_m, adam_v)
+
+    def master_weights(self) -> DeviceArray:
+        """The full flat fp32 weights on the device (every rank holds them)."""
+        return self.params.prefix(self.layout.size)

@@ -16,6 +16,11 @@ of being kept per layer.
 train_step() captures a micro-step (forward and backward) and the optimizer step as CUDA graphs
 on its first call and replays them after: tokens upload asynchronously from pinned memory, lr and
 the bias corrections live in device memory, the loss accumulates on the device and is read once.
+
+With a communicator (several GPUs, llama/nccl.py) the optimizer is ZeRO-1 (llama/zero.py): the
+backward of the last micro-batch reduce-scatters each layer's gradients as soon as they are final,
+each rank updates its shard of the fp32 master weights and moments, and the bf16 weights are
+all-gathered. The RMSNorm weights, read in fp32, come from a small all-reduced replica of their masters.
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ import numpy as np
 from . import ops
 from .config import LlamaConfig
 from .cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
-from .gpu_model import GPUModel
 from .optim import AdamWConfig, TrainStep
 from .params import ParameterLayout, init_parameters
 from .reference import check_batch, rope_cos_sin
+from .zero import MasterReplica, ShardLayout, Zero1
 
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 
@@ -38,23 +43,23 @@ class GPUModelBF16(TrainStep):
     dtype = "bf16"
 
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 recompute: bool = True):
+                 recompute: bool = True, comm=None):
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         if config.vocab_size % 8 or config.dim % 8:
             raise ValueError(f"bf16 needs dim and vocab_size multiples of 8 (16-byte rows), got {config.dim}, "
                              f"{config.vocab_size}")
-        self.config, self.B, self.T, self.recompute = config, B, T, recompute
+        self.config, self.B, self.T, self.recompute, self.comm = config, B, T, recompute, comm
         self.layout = ParameterLayout(config)
         if params is None:
             params = init_parameters(config, seed)
         if params.shape != (self.layout.size,):
             raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
-        n = self.layout.size
-        self.params = to_device(params.astype(np.float32))
-        self.params_bf16 = to_device(params.astype(BF16))
-        self.grads, self.adam_m, self.adam_v = zeros(n), zeros(n), zeros(n)
-        self.decay_mask = to_device(self.layout.decay_mask())
+        # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
+        self.zero = Zero1(ShardLayout(self.layout.size, comm.world_size if comm else 1, self.layout.layer_starts()),
+                          comm, params, self.layout.decay_mask(), BF16)
+        self.params_bf16, self.grads = self.zero.weights, self.zero.grads
+        self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self._allocate()
@@ -120,8 +125,10 @@ class GPUModelBF16(TrainStep):
 
     def master(self, name: str) -> DeviceArray:
         """A weight's fp32 master copy, as the RMSNorms read it (their small updates would be lost in bf16)."""
+        if self.norm_weights is not None:
+            return self.norm_weights.view(name)
         tensor = self.layout.tensors[name]
-        return self.params.view(tensor.offset, tensor.shape)
+        return self.zero.master.view(tensor.offset, tensor.shape)
 
     def grad(self, name: str) -> DeviceArray:
         tensor = self.layout.tensors[name]
@@ -214,8 +221,10 @@ class GPUModelBF16(TrainStep):
                 ops.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
         ops.loss_accumulate(self.loss_total, s["losses"], loss_weight / N)
 
-    def backward(self) -> None:
-        """Add the gradients of the last forward (run with loss_scale) into self.grads."""
+    def backward(self, sync: bool = False) -> None:
+        """Add the gradients of the last forward (run with loss_scale) into self.grads; with sync (the
+        last micro-batch of a step, several GPUs) each bucket of final gradients is reduce-scattered
+        while the backward goes on."""
         c, L = self.config, self.layout
         b, t = self.shape
         N, H, KV = b * t, c.n_heads, c.n_kv_heads
@@ -224,6 +233,7 @@ class GPUModelBF16(TrainStep):
         dx.fill_zero()
         ops.rmsnorm_backward_bf16(dx, grad("norm.weight"), self.rms_scratch, s["dln"], s["residual"],
                                   self.master("norm.weight"), s["rstdf"])
+        self._gradients_final_from("norm.weight", sync)
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", layers[i]
             if self.recompute:
@@ -250,8 +260,14 @@ class GPUModelBF16(TrainStep):
                      accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                       self.master(pre + "attention_norm.weight"), a["rstd1"])
+            self._gradients_final_from(pre + "attention_norm.weight", sync)
         ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
                                     self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
+
+    def _gradients_final_from(self, name: str, sync: bool) -> None:
+        """The gradients from this tensor to the end of the flat buffer are final."""
+        if sync:
+            self.zero.reduce_from(self.layout.tensors[name].offset)
 
     def zero_grad(self) -> None:
         self.grads.fill_zero()
@@ -273,6 +289,7 @@ class GPUModelBF16(TrainStep):
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1), updating the bf16 copy."""
+        self.zero.finish_reduce()
         self._set_scalars(lr, step, opt)
         self._optimizer(opt)
         return float(np.sqrt(self.norm_squared.download()[0])) if return_norm else None
@@ -285,9 +302,16 @@ class GPUModelBF16(TrainStep):
         self.pinned_free[2].record(runtime().stream)
 
     def _optimizer(self, opt: AdamWConfig) -> None:
-        ops.grad_norm_squared(self.norm_squared, self.norm_scratch, self.grads)
-        ops.adamw_update_bf16(self.params, self.params_bf16, self.grads, self.adam_m, self.adam_v, self.decay_mask,
-                              self.norm_squared, self.adam_scalars, opt)
+        """ZeRO-1 (llama/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
+        shard, then every rank's new bf16 weights (and the norms' fp32 masters) to every rank."""
+        z = self.zero
+        ops.grad_norm_squared(self.norm_squared, self.norm_scratch, z.grad_shard)
+        z.sum_over_ranks(self.norm_squared)
+        ops.adamw_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m, z.v, z.decay_mask, self.norm_squared,
+                              self.adam_scalars, opt)
+        if self.norm_weights is not None:
+            self.norm_weights.collect()
+        z.gather_weights(extra=[self.norm_weights.values] if self.norm_weights is not None else [])
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
         """One optimizer step over the micro-batches [(tokens, targets), ...]: replays the captured
@@ -299,33 +323,49 @@ class GPUModelBF16(TrainStep):
         graphs = self.graphs.get(key) if len(shapes) == 1 else None
         self.zero_grad()
         self.loss_total.fill_zero()
-        for tokens, targets in batches:
+        for i, (tokens, targets) in enumerate(batches):
             check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
             self._upload(tokens, targets)
             self.shape = tokens.shape
+            last = i == micro - 1
             if graphs is not None:
-                graphs[0].replay()
+                graphs[last].replay()
             else:
-                self._micro_step(micro)
+                self._micro_step(micro, last)
         self._set_scalars(lr, step, opt)
         if graphs is not None:
-            graphs[1].replay()
+            graphs[2].replay()
         else:
             self._optimizer(opt)
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
         if graphs is None and len(shapes) == 1 and key not in self.graphs:  # everything is allocated and compiled now
-            self.graphs[key] = (Graph(lambda: self._micro_step(micro)), Graph(lambda: self._optimizer(opt)))
+            self.graphs[key] = (Graph(lambda: self._micro_step(micro, False)) if micro > 1 else None,
+                                Graph(lambda: self._micro_step(micro, True)), Graph(lambda: self._optimizer(opt)))
         return loss, norm
 
-    def _micro_step(self, micro: int) -> None:
+    def _micro_step(self, micro: int, last: bool) -> None:
+        """Forward and backward of one micro-batch; the last one of a step also reduce-scatters the
+        gradients (several GPUs)."""
         self._forward(1.0 / micro, True, 1.0 / micro)
-        self.backward()
+        self.backward(sync=last)
+        if last:
+            self.zero.finish_reduce()
 
-    # ---- state for checkpoints: the fp32 GPU model's, on the same flat fp32 buffers
+    # ---- state for checkpoints: the full fp32 arrays (on rank 0; None on the others)
 
-    get_params = GPUModel.get_params
-    get_optimizer_state = GPUModel.get_optimizer_state
+    def get_params(self) -> np.ndarray | None:
+        return self.zero.gather(self.zero.master)
+
+    def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        return self.zero.gather(self.zero.m), self.zero.gather(self.zero.v)
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        GPUModel.set_state(self, params, adam_m, adam_v)
-        self.params_bf16.upload(params.astype(BF16))
+        self.zero.set_weights(params)
+        self.zero.set_moments(adam_m, adam_v)
+        if self.norm_weights is not None:
+            self.norm_weights.set(params)
+
+    def master_weights(self) -> DeviceArray:
+        """The full flat fp32 weights on the device (gathered from every rank on several GPUs: all
+        ranks call it), e.g. for a decoder."""
+        return self.zero.gather_device(self.zero.master).prefix(self.layout.size)

@@ -181,3 +181,37 @@ class MainLog:
             self._file.close()
         except OSError:  # the flush of a full disk; the error that stopped the run is the one to report
             pass
+
+
+class FollowerRunDir:
+    """The run's folder as ranks other than 0 of a multi-GPU run see it: they read its checkpoints;
+    rank 0 alone locks it, writes main.log and saves checkpoints."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.log_path = self.path / LOG
+
+    def __enter__(self) -> "FollowerRunDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def open_log(self, keep_bytes: int | None) -> "NoLog":
+        return NoLog()
+
+
+class NoLog:
+    """MainLog's interface, writing nothing (ranks other than 0)."""
+
+    def write(self, line: str) -> None:
+        pass
+
+    def synced_size(self) -> int:
+        return 0
+
+    def __enter__(self) -> "NoLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass

@@ -166,10 +166,10 @@ def kernel_breakdown(model, batches, opt) -> dict:
     try:
         model.zero_grad()
         model.loss_total.fill_zero()
-        for tokens, targets in batches:
+        for i, (tokens, targets) in enumerate(batches):
             model._upload(tokens, targets)
             model.shape = tokens.shape
-            model._micro_step(len(batches))
+            model._micro_step(len(batches), i == len(batches) - 1)
         model._set_scalars(1e-4, 1, opt)
         model._optimizer(opt)
         runtime().synchronize()

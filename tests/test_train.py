@@ -118,9 +118,11 @@ def test_checkpoint_that_does_not_fit(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "2", "-o", "out") == 0
     assert run(*BASE, *corpus, "-x", "4", "-o", "out", "--resume", "-e", "small") == 2
     assert "does not match --model small" in capsys.readouterr().err
-    args = [a if a != "4" else "2" for a in BASE]  # batch size 2 instead of 4
+    args = [a if a != "4" else "2" for a in BASE]  # batch size 2 instead of 4: half the tokens per step
     assert run(*args, *corpus, "-x", "4", "-o", "out", "--resume") == 2
-    assert "made with batch_size 4, this run asks for 2" in capsys.readouterr().err
+    assert "made with tokens_per_step 128, this run asks for 64" in capsys.readouterr().err
+    assert run(*args, *corpus, "-x", "4", "-o", "out", "--resume", "-d", "128") == 0  # the same step in 2 micro-batches
+    assert sorted(log_lines(tmp_path / "out")) == [0, 1, 2, 3]
 
 
 def test_data_from_another_tokenizer(corpus, tmp_path, capsys):
