@@ -26,6 +26,14 @@ def gpu_available() -> bool:
         return False
 
 
+@functools.cache
+def gpu_count() -> int:
+    if not gpu_available():
+        return 0
+    import pycuda.driver as drv
+    return drv.Device.count()
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_available():
         return

@@ -1,0 +1,153 @@
+"""The bf16 training step on 1 and N GPUs (data parallel, ZeRO-1 over NCCL): tok/s, scaling
+efficiency, memory per GPU, and how much of the communication the backward hides.
+
+    python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--configs d12 llama3.2-1b] [--steps 12] [--json out.json]
+
+The driver starts one run per GPU count (this script with --worker, through llama.launch when N > 1)
+with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
+(N x tok/s on 1). Each run reports, from rank 0:
+- ms per step: the median over timed steps of GPUModelBF16.train_step (CUDA graphs, one sync a step);
+- memory per GPU: everything our allocations hold, and the optimizer state (fp32 master + AdamW moments).
+  The 1-GPU figure is also what plain data parallelism without ZeRO-1 holds per GPU (a full replica);
+- on N > 1 GPUs, where the communication goes: the collectives timed alone (reduce-scatter of every
+  bucket, then the all-gather), the same step with every collective skipped (the work without the
+  communication; its numbers are wrong, its time is not), and from them the exposed communication
+  (step - step without collectives), the share hidden behind the backward (1 - exposed / alone), and
+  the share of the step spent waiting on communication (exposed / step).
+"""
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llama.config import get_preset  # noqa: E402
+from llama.optim import AdamWConfig  # noqa: E402
+
+CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T) per GPU
+VOCAB = 128256
+
+
+def median_ms(fn, repeats: int) -> float:
+    from llama.cuda import runtime
+    times = []
+    for _ in range(repeats):
+        runtime().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        runtime().synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, object]:
+    """Median ms of a captured training step, the memory it holds, and the model."""
+    from llama.cuda import allocated_bytes
+    from llama.gpu_model_bf16 import GPUModelBF16
+    before = allocated_bytes()
+    model = GPUModelBF16(config, B, T, comm=comm)
+    rng = np.random.default_rng(comm.rank if comm else 0)
+    batches = [[(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
+               for _ in range(4)]
+    opt, done = AdamWConfig(), [0]
+
+    def step():
+        done[0] += 1
+        model.train_step(batches[done[0] % 4], 1e-4, done[0], opt)
+        if comm is not None:
+            comm.beat()
+
+    for _ in range(3):  # the first step compiles and captures
+        step()
+    ms = median_ms(step, steps)
+    z = model.zero
+    memory = {"total": allocated_bytes() - before, "optimizer": z.master.nbytes + z.m.nbytes + z.v.nbytes}
+    return ms, memory, model
+
+
+def worker(args) -> None:
+    from llama.cuda import runtime, select_device
+    from llama.distributed import DistributedEnv
+    env = DistributedEnv.from_environ()
+    comm = None
+    if env.world_size > 1:
+        from llama.nccl import Communicator
+        select_device(env.local_rank)
+        comm = Communicator(env, timeout=900)
+    B, T = CONFIGS[args.config]
+    config = get_preset(args.config).replace(vocab_size=VOCAB)
+    ms, memory, model = step_ms(config, B, T, args.steps, comm)
+    result = {"gpus": env.world_size, "B": B, "T": T, "ms": ms, "memory": memory, "device": runtime().name}
+    if comm is not None:
+        z = model.zero
+        result["reduce_scatter_ms"] = median_ms(z.finish_reduce, args.steps)
+        result["all_gather_ms"] = median_ms(z.gather_weights, args.steps)
+        del model
+        gc.collect()
+        for name in ("reduce_scatter", "all_gather", "all_reduce"):  # the same work with no communication
+            setattr(comm, name, lambda *a, **k: None)
+        result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm)
+    if env.is_main:
+        Path(args.out).write_text(json.dumps(result))
+    if comm is not None:
+        comm.close()
+
+
+def run(gpus: int, config: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", str(gpus)] if gpus > 1 else [sys.executable]
+        command = [*launch, __file__, "--worker", "--config", config, "--steps", str(steps), "--out", str(out)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        subprocess.run(command, check=True, env=env, cwd=ROOT)
+        return json.loads(out.read_text())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    results = {name: {g: run(g, name, args.steps) for g in args.gpus} for name in args.configs}
+    print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO-1 "
+          "over NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
+    print(f"{'config':<13}{'GPUs':>5}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"
+          f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'comm share':>11}")
+    for name, by_gpus in results.items():
+        base = by_gpus.get(1)
+        for g, r in by_gpus.items():
+            tok_s = g * r["B"] * r["T"] / r["ms"] * 1e3
+            r["tok_s"] = tok_s
+            eff = f"{tok_s / (g * base['tok_s']):.3f}" if base and "tok_s" in base else "-"
+            line = (f"{name:<13}{g:>5}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}{r['memory']['total'] / 1e9:>8.1f}"
+                    f"{r['memory']['optimizer'] / 1e9:>9.2f}")
+            if g > 1:
+                exposed = r["ms"] - r["no_comm_ms"]
+                alone = r["reduce_scatter_ms"] + r["all_gather_ms"]
+                r["exposed_ms"], r["hidden"] = exposed, 1 - exposed / alone
+                line += (f"{r['reduce_scatter_ms']:>7.2f}{r['all_gather_ms']:>7.2f}{r['no_comm_ms']:>11.1f}"
+                         f"{exposed:>11.2f}{r['hidden']:>7.0%}{exposed / r['ms']:>11.1%}")
+            print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""One rank of the collectives check (tests/test_gpu_multi.py): started by llama.launch, one process
+per GPU. Every check compares with values computed on the host; a failure exits non-zero."""
+
+import faulthandler
+import sys
+
+import numpy as np
+
+from llama.cuda import BF16, Graph, empty, runtime, select_device, to_device
+from llama.distributed import DistributedEnv
+from llama.zero import ShardLayout, Zero1
+
+
+def rank_values(rank: int, n: int, dtype) -> np.ndarray:
+    return (np.random.default_rng(rank).standard_normal(n)).astype(dtype)
+
+
+def main() -> int:
+    faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where it is
+    env = DistributedEnv.from_environ()
+    select_device(env.local_rank)
+    from llama.nccl import Communicator
+    world, rank = env.world_size, env.rank
+    with Communicator(env, timeout=120) as comm:
+        everyone = [rank_values(r, 4096 * world, np.float32) for r in range(world)]
+        total = np.sum(everyone, axis=0, dtype=np.float64)
+
+        x = to_device(everyone[rank])
+        comm.fork(); comm.all_reduce(x); comm.join()
+        assert np.allclose(x.download(), total, rtol=1e-5, atol=1e-5), "all_reduce sum"
+        print(f"rank {rank}: all_reduce sum ok", flush=True)
+
+        out = empty(4096)
+        comm.fork(); comm.reduce_scatter(out, to_device(everyone[rank])); comm.join()
+        mine = slice(rank * 4096, (rank + 1) * 4096)
+        assert np.allclose(out.download(), total[mine] / world, rtol=1e-5, atol=1e-6), "reduce_scatter mean"
+        print(f"rank {rank}: reduce_scatter mean ok", flush=True)
+
+        piece = rank_values(10 + rank, 1000, BF16)
+        gathered = empty(1000 * world, BF16)
+        comm.fork(); comm.all_gather(gathered, to_device(piece)); comm.join()
+        expected = np.concatenate([rank_values(10 + r, 1000, BF16) for r in range(world)])
+        assert np.array_equal(gathered.download().view(np.uint16), expected.view(np.uint16)), "all_gather bf16"
+        print(f"rank {rank}: all_gather bf16 ok", flush=True)
+
+        assert np.allclose(comm.host_sum([rank, 1.5]), [sum(range(world)), 1.5 * world]), "host_sum"
+        print(f"rank {rank}: host_sum ok", flush=True)
+
+        # a captured fork / all-reduce / join replays with the values in place at replay time
+        y = to_device(everyone[rank])
+        graph = Graph(lambda: (comm.fork(), comm.all_reduce(y), comm.join()))
+        for _ in range(2):
+            y.upload(everyone[rank])
+            graph.replay()
+            assert np.allclose(y.download(), total, rtol=1e-5, atol=1e-5), "captured all_reduce"
+        del graph  # NCCL releases the communicator only once its graphs are gone
+        print(f"rank {rank}: captured all_reduce ok", flush=True)
+
+        # Zero1: the full array from every rank's shard, bucket by bucket
+        flat = rank_values(99, 50_000, np.float32)
+        layout = ShardLayout(flat.size, world, [7_000, 20_003, 41_000])
+        zero = Zero1(layout, comm, flat, np.ones(flat.size, np.uint8), BF16)
+        back = zero.gather(zero.master)
+        if rank == 0:
+            assert np.array_equal(back, flat), "Zero1.gather"
+        zero.gather_weights()
+        assert np.array_equal(zero.weights.download()[:flat.size].view(np.uint16),
+                              flat.astype(BF16).view(np.uint16)), "Zero1.gather_weights"
+        print(f"rank {rank}: Zero1.gather_weights ok", flush=True)
+        runtime().synchronize()
+    print(f"rank {rank}: collectives ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Data parallelism on 2 GPUs (device kind nvidia-h200-x2): NCCL collectives, ZeRO-1 training against
+one GPU at the same global batch, checkpoints across GPU counts, determinism, and faults.
+
+The trainer runs as it does for users: `python -m llama.launch --nproc-per-node 2 train_llama.py ...`
+(or, for the fault tests, two processes given torchrun's environment by hand)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama.checkpoint import load_checkpoint
+from tests.conftest import gpu_count
+from tests.test_train import BASE, corpus, log_lines, losses  # noqa: F401 (fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")]
+
+FP32 = [*BASE, "-x", "20", "-n", "10", "-nk", "0", "--dtype", "fp32", "--device", "cuda"]  # tiny, fp32
+BF16 = [*BASE, "-e", "d6", "-t", "64", "-l", "6e-4", "-x", "20", "-n", "10", "-nk", "0", "--device", "cuda"]  # d6, bf16
+ENDLESS = [*BASE, "-x", "100000", "-n", "0", "--device", "cuda", "--dtype", "fp32"]  # until stopped
+
+
+def environment(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               NCCL_NVLS_ENABLE="0")
+    return env | {k: str(v) for k, v in extra.items()}
+
+
+def train(gpus: int, *args, check=True) -> subprocess.CompletedProcess:
+    """train_llama.py on `gpus` GPUs (through llama.launch when more than one)."""
+    launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", str(gpus)] if gpus > 1 else [sys.executable]
+    result = subprocess.run([*launch, str(ROOT / "train_llama.py"), *args], env=environment(), capture_output=True,
+                            text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def relative(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b) / np.abs(b)))
+
+
+def same_bits(a: Path, b: Path) -> None:
+    x, y = load_checkpoint(a), load_checkpoint(b)
+    for key in ("params", "adam_m", "adam_v"):
+        assert np.array_equal(x[key], y[key]), key
+
+
+def test_collectives_and_shards():
+    result = subprocess.run([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2",
+                             str(ROOT / "tests" / "multi_gpu_worker.py")], env=environment(), capture_output=True,
+                            text=True, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: collectives ok" in result.stdout and "rank 1: collectives ok" in result.stdout
+
+
+@pytest.mark.parametrize("dtype, args, T, tol", [("fp32", FP32, 32, 1e-5), ("bf16", BF16, 64, 1e-2)], ids=["fp32", "bf16"])
+def test_two_gpus_match_one_and_checkpoints_move_across_gpu_counts(corpus, tmp_path, dtype, args, T, tol):
+    """20 steps at 8 sequences a step: one GPU with B=8 against two with B=4 each; resume 2->1, 1->2
+    and 2->2 from step 10; a second identical 2-GPU run."""
+    one, two = [*args, *corpus, "-b", "8"], [*args, *corpus, "-b", "4"]
+    train(1, *one, "-o", "one")
+    result = train(2, *two, "-o", "two", "-s", "10", "-g", "8")  # and a sample from gathered weights
+    assert "x 2 GPUs (ZeRO-1 over NCCL)" in result.stderr and "--- sample at step 10 ---" in result.stdout
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == len(b) == 20
+    train(1, *args, *corpus, "-b", "4", "-d", str(8 * T), "-o", "one_accumulated")  # control: 2 micro-batches on 1 GPU
+    print(f"\n{dtype}: worst relative |2 GPUs - 1 GPU| train loss over 20 steps {relative(b, a):.2e}, "
+          f"val {relative(losses(tmp_path / 'two', 'tel'), losses(tmp_path / 'one', 'tel')):.2e}; "
+          f"1 GPU in 2 micro-batches: {relative(losses(tmp_path / 'one_accumulated'), a):.2e}\n1 GPU  {a}\n2 GPUs {b}")
+    assert relative(b, a) < tol
+    assert relative(losses(tmp_path / "two", "tel"), losses(tmp_path / "one", "tel")) < tol
+
+    train(2, *two, "-o", "two_again")  # determinism: the same bits
+    same_bits(tmp_path / "two" / "ckpt_00000020", tmp_path / "two_again" / "ckpt_00000020")
+    assert log_lines(tmp_path / "two") == log_lines(tmp_path / "two_again")
+
+    for name, gpus, source, batch in (("two_from_two", 2, "two", "4"), ("one_from_two", 1, "two", "8"),
+                                      ("two_from_one", 2, "one", "4")):
+        (tmp_path / name).mkdir()
+        os.symlink(tmp_path / source / "ckpt_00000010", tmp_path / name / "ckpt_00000010")
+        train(gpus, *args, *corpus, "-b", batch, "-o", name, "--resume")
+        resumed, reference = log_lines(tmp_path / name), log_lines(tmp_path / source)
+        assert sorted(resumed) == list(range(10, 20))
+        if gpus == 2 and source == "two":  # the same GPU count: bit for bit
+            assert all(resumed[s] == reference[s] for s in resumed)
+            same_bits(tmp_path / name / "ckpt_00000020", tmp_path / source / "ckpt_00000020")
+        else:
+            assert relative(losses(tmp_path / name), losses(tmp_path / source)[10:]) < tol
+
+
+def start_rank(rank: int, port: int, out: Path, *args) -> subprocess.Popen:
+    """One rank of a 2-GPU run with the environment torchrun would give it."""
+    env = environment(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    return subprocess.Popen([sys.executable, str(ROOT / "train_llama.py"), *args, "-o", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_steps(out: Path, steps: int, ranks, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not ((out / "main.log").exists() and len(log_lines(out)) >= steps):
+        assert time.time() < deadline and all(r.poll() is None for r in ranks), "the run did not start"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("fault", ["killed", "stopped"])
+def test_a_lost_rank_ends_the_job_with_a_clear_error(corpus, tmp_path, fault):
+    """Rank 1 is killed (its sockets close: rank 0 stops at once) or frozen with SIGSTOP (nothing
+    closes: rank 0's watchdog stops it after --dist-timeout)."""
+    train(1, *ENDLESS, *corpus, "-x", "1", "-o", "warm")  # the kernels are compiled: the first step is quick
+    port, out = free_port(), tmp_path / "run"
+    args = [*ENDLESS, "--dist-timeout", "20", *corpus]
+    ranks = [start_rank(r, port, out, *args) for r in range(2)]
+    try:
+        wait_for_steps(out, 3, ranks)
+        ranks[1].send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        lost = time.time()
+        _, err = ranks[0].communicate(timeout=120)
+        waited = time.time() - lost
+    finally:
+        for r in ranks:
+            r.kill()
+            r.wait()
+    print(f"\n{fault}: rank 0 stopped {waited:.1f} s after rank 1 was {fault}: {err.strip().splitlines()[-1]}")
+    assert ranks[0].returncode not in (0, None)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: rank 0: ")
+    if fault == "killed":
+        assert "rank 1" in last and waited < 20
+    else:
+        assert "20" in last and waited < 60
+
+
+def test_sigterm_to_the_launcher_checkpoints_on_every_gpu_count_and_resumes(corpus, tmp_path):
+    """SIGTERM to llama.launch reaches both ranks; they stop at the same step and rank 0 writes a
+    checkpoint that a 1-GPU run resumes."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2",
+                                 str(ROOT / "train_llama.py"), *ENDLESS, *corpus, "-o", str(out)], env=environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_steps(out, 3, [launcher])
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 143, err[-2000:]
+    saved = sorted(out.glob("ckpt_*"))
+    assert len(saved) == 1
+    done = int(saved[0].name.split("_")[1])
+    assert sorted(log_lines(out))[-1] == done - 1
+    state = load_checkpoint(saved[0])
+    assert state["state"]["run"]["world_size"] == 2
+    train(1, *ENDLESS, "-x", str(done + 2), *corpus, "-b", "8", "-o", str(out), "--resume")
+    assert sorted(log_lines(out))[-1] == done + 1
