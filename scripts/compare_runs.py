@@ -1,0 +1,62 @@
+"""Train the same model from the same init on the same data in two or more ways, and compare the
+loss curves: the mean train loss over the last 50 steps of each run, the largest difference from the
+first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is installed). Needs a GPU.
+
+    python3 scripts/compare_runs.py dtype bf16 fp32 [-o out/compare] [-- extra train_llama.py arguments]
+    python3 scripts/compare_runs.py gpus 1 8 [-o out/scaling] [-- extra train_llama.py arguments]
+
+`dtype` runs each precision on one GPU. `gpus` runs each GPU count (llama.launch) at the same global
+batch: every run has B sequences per micro-batch, and B x T x the largest count tokens per step, so
+fewer GPUs accumulate more micro-batches.
+"""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plot_log import read_log  # noqa: E402
+
+B, T = 8, 1024
+DEFAULT_RUN = ["-e", "d12", "-b", str(B), "-t", str(T), "-x", "300", "-v", "0", "-s", "0", "-n", "0", "--seed", "0"]
+
+
+def command(vary: str, value: str, values: list[str]) -> list[str]:
+    if vary == "dtype":
+        return [sys.executable, "train_llama.py", *DEFAULT_RUN, "--dtype", value]
+    launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", value, "train_llama.py"]
+    return [*launch, *DEFAULT_RUN, "-d", str(B * T * max(int(v) for v in values))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("vary", choices=("dtype", "gpus"))
+    parser.add_argument("values", nargs="+", help="bf16 fp32, or GPU counts")
+    parser.add_argument("-o", "--output-dir", default="out/compare")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]  # after --: train_llama.py arguments
+    if not all(v in ("bf16", "fp32") if args.vary == "dtype" else v.isdigit() and int(v) > 0 for v in args.values):
+        parser.error(f"{args.vary} takes " + ("bf16 and fp32" if args.vary == "dtype" else "GPU counts"))
+    out = Path(args.output_dir)
+    means, logs = {}, []
+    for value in args.values:
+        log = out / f"{args.vary}_{value}"
+        run = [*command(args.vary, value, args.values), *extra, "--device", "cuda", "-o", str(log)]
+        print(" ".join(run[1:]), flush=True)
+        if subprocess.run(run).returncode != 0:
+            return 1
+        train, _ = read_log(log / "main.log")
+        last = [train[s] for s in sorted(train)[-50:]]
+        means[value], logs = sum(last) / len(last), logs + [str(log / "main.log")]
+    first = args.values[0]
+    print("mean train loss over the last 50 steps: " + ", ".join(f"{args.vary} {v} {m:.4f}" for v, m in means.items())
+          + f" | largest |difference| from {args.vary} {first}: "
+          f"{max(abs(m - means[first]) for m in means.values()):.4f} nats")
+    subprocess.run([sys.executable, str(Path(__file__).parent / "plot_log.py"), *logs, "-o", str(out / "compare.png")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
