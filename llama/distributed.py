@@ -431,12 +431,9 @@ class Watchdog:
                     return
 
 
-def abort(message: str, exit_code: int = 1, cleanup: Callable[[], None] | None = None,
-          cleanup_limit: float = 10.0) -> NoReturn:
+def abort(message: str, exit_code: int = 1) -> NoReturn:
     """Print 'error: <message>' as one line to stderr, flush, and end the process at once with os._exit:
-    called from a watcher thread while the main thread may be blocked inside a CUDA call. cleanup
-    (e.g. aborting NCCL's kernels, so that the exit does not wait on them) runs first, for at most
-    cleanup_limit seconds."""
+    called from a watcher thread while the main thread may be blocked inside a CUDA call."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -445,9 +442,5 @@ def abort(message: str, exit_code: int = 1, cleanup: Callable[[], None] | None =
     line = "error: " + " ".join(message.splitlines()) + "\n"
     try:
         os.write(2, line.encode(errors="replace"))
-        if cleanup is not None:
-            worker = threading.Thread(target=cleanup, name="abort-cleanup", daemon=True)
-            worker.start()
-            worker.join(cleanup_limit)
     finally:
         os._exit(exit_code)

@@ -180,8 +180,10 @@ class Communicator:
         return f"NCCL reported an error: {_lib().ncclGetErrorString(result.value).decode()}"
 
     def _fail(self, message: str) -> None:
-        """A peer is gone or stuck: one error line, NCCL's pending work aborted, the process ended."""
-        abort(f"rank {self.rank}: {message}; stopping", cleanup=self._abort_nccl)
+        """A peer is gone or stuck (called from a watcher thread): one error line, and the process
+        ends at once. Aborting NCCL first would wake the main thread, whose own output could then
+        bury that line, or end the interpreter before it is printed."""
+        abort(f"rank {self.rank}: {message}; stopping")
 
     def _abort_nccl(self) -> None:
         if self.comm:
