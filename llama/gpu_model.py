@@ -16,9 +16,9 @@ from . import ops
 from .config import LlamaConfig
 from .cuda import DeviceArray, empty, to_device
 from .optim import AdamWConfig, TrainStep
-from .params import ParameterLayout, init_parameters
+from .params import ParameterLayout, model_parameters
 from .reference import check_batch, rope_cos_sin
-from .zero import ShardLayout, Zero1
+from .zero import Zero1
 
 class GPUModel(TrainStep):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
@@ -27,13 +27,9 @@ class GPUModel(TrainStep):
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T = config, B, T
         self.layout = ParameterLayout(config)
-        if params is None:
-            params = init_parameters(config, seed)
-        if params.shape != (self.layout.size,):
-            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
+        params = model_parameters(self.layout, params, seed)
         # the AdamW state is this rank's shard (all of it on one GPU); the params are the full fp32 weights
-        self.zero = Zero1(ShardLayout(self.layout.size, comm.world_size if comm else 1, self.layout.layer_starts()),
-                          comm, params, self.layout.decay_mask(), np.float32)
+        self.zero = Zero1.for_model(self.layout, comm, params, np.float32)
         self.params, self.grads = self.zero.weights, self.zero.grads
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))

@@ -31,10 +31,11 @@ import numpy as np
 from . import ops
 from .config import LlamaConfig
 from .cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
+from .gpu_model import GPUModel
 from .optim import AdamWConfig, TrainStep
-from .params import ParameterLayout, init_parameters
+from .params import ParameterLayout, model_parameters
 from .reference import check_batch, rope_cos_sin
-from .zero import MasterReplica, ShardLayout, Zero1
+from .zero import MasterReplica, Zero1
 
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 
@@ -51,13 +52,9 @@ class GPUModelBF16(TrainStep):
                              f"{config.vocab_size}")
         self.config, self.B, self.T, self.recompute, self.comm = config, B, T, recompute, comm
         self.layout = ParameterLayout(config)
-        if params is None:
-            params = init_parameters(config, seed)
-        if params.shape != (self.layout.size,):
-            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
+        params = model_parameters(self.layout, params, seed)
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero1(ShardLayout(self.layout.size, comm.world_size if comm else 1, self.layout.layer_starts()),
-                          comm, params, self.layout.decay_mask(), BF16)
+        self.zero = Zero1.for_model(self.layout, comm, params, BF16)
         self.params_bf16, self.grads = self.zero.weights, self.zero.grads
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         cos, sin = rope_cos_sin(config, T)
@@ -351,17 +348,13 @@ class GPUModelBF16(TrainStep):
         if last:
             self.zero.finish_reduce()
 
-    # ---- state for checkpoints: the full fp32 arrays (on rank 0; None on the others)
+    # ---- state for checkpoints: the fp32 GPU model's, on the same Zero1 state (full arrays on rank 0)
 
-    def get_params(self) -> np.ndarray | None:
-        return self.zero.gather(self.zero.master)
-
-    def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        return self.zero.gather(self.zero.m), self.zero.gather(self.zero.v)
+    get_params = GPUModel.get_params
+    get_optimizer_state = GPUModel.get_optimizer_state
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        self.zero.set_weights(params)
-        self.zero.set_moments(adam_m, adam_v)
+        GPUModel.set_state(self, params, adam_m, adam_v)
         if self.norm_weights is not None:
             self.norm_weights.set(params)
 

@@ -122,3 +122,13 @@ def init_parameters(config: LlamaConfig, seed: int = 0, dtype=np.float32) -> np.
             std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
             view[...] = rng.standard_normal(view.shape, dtype=np.float32) * std
     return flat
+
+
+def model_parameters(layout: ParameterLayout, params: np.ndarray | None, seed: int) -> np.ndarray:
+    """A model's starting parameters: params, checked to be one flat array of the layout, or a fresh
+    initialization from seed when None."""
+    if params is None:
+        return init_parameters(layout.config, seed)
+    if params.shape != (layout.size,):
+        raise ValueError(f"params must be a flat array of {layout.size} values, got shape {params.shape}")
+    return params

@@ -110,6 +110,12 @@ class Zero1:
         self.launched = set()
         self.set_weights(params)
 
+    @classmethod
+    def for_model(cls, layout, comm, params: np.ndarray, weight_dtype) -> "Zero1":
+        """The state of a model's flat parameters (llama/params.py layout), bucketed at its layers."""
+        shards = ShardLayout(layout.size, comm.world_size if comm is not None else 1, layout.layer_starts())
+        return cls(shards, comm, params, layout.decay_mask(), weight_dtype)
+
     def set_weights(self, params: np.ndarray) -> None:
         """Upload the full fp32 params: the master shard and the full weight buffer."""
         padded = np.zeros(self.layout.padded_size, np.float32)
