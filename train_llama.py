@@ -6,7 +6,7 @@
     python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o out/1b
 
 On several GPUs (llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data
-parallel with ZeRO-1 over NCCL (llama/zero.py); -d counts the tokens of a step over all GPUs, and
+parallel with ZeRO-1 over NCCL (llama/parallel/zero.py); -d counts the tokens of a step over all GPUs, and
 rank 0 alone prints, logs and writes checkpoints, which resume on any number of GPUs.
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist
@@ -29,22 +29,22 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from llama.checkpoint import RECENT, CheckpointError, load_checkpoint, newest_usable, refusal, save_checkpoint
+from llama.io.checkpoint import RECENT, CheckpointError, load_checkpoint, newest_usable, refusal, save_checkpoint
 from llama.cli import (HelpFormatter, flag, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int,
                        step_count)
 from llama.config import ConfigError, LlamaConfig, get_preset
-from llama.dataloader import DataLoader
-from llama.datasets import prepare_builtin_corpus
-from llama.distributed import DistributedEnv, DistributedError
+from llama.data.dataloader import DataLoader
+from llama.data.datasets import prepare_builtin_corpus
+from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.generate import decoder_for, generate
-from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
+from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
-from llama.reference import ReferenceModel
-from llama.run_dir import FollowerRunDir, RunDir, RunDirError
-from llama.shards import ShardError
+from llama.model.reference import ReferenceModel
+from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError
+from llama.data.shards import ShardError
 from llama.signals import GracefulStop, StopNow
-from llama.tokenizer import TokenizerError, load_tokenizer
+from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
@@ -187,9 +187,9 @@ def build_model(device: str, dtype: str, config: LlamaConfig, B: int, T: int, pa
     if device == "cpu":
         return ReferenceModel(config, params=params)
     if dtype == "bf16":
-        from llama.gpu_model_bf16 import GPUModelBF16
+        from llama.model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm)
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_fp32 import GPUModel
     return GPUModel(config, B, T, params=params, comm=comm)
 
 
@@ -408,7 +408,7 @@ def train(args, run_dir: RunDir, comm=None) -> int:
 def connect(env: DistributedEnv, timeout: float):
     """The NCCL communicator of this rank, on the GPU of its LOCAL_RANK."""
     from llama.cuda import select_device
-    from llama.nccl import Communicator
+    from llama.parallel.nccl import Communicator
     select_device(env.local_rank)
     return Communicator(env, timeout)
 

@@ -8,8 +8,8 @@ The starter pack (scripts/download_starter_pack.py) downloads input.txt and runs
 import argparse
 import sys
 
-from llama.datasets import prepare_tinyshakespeare
-from llama.tokenizer import TokenizerError, load_tokenizer
+from llama.data.datasets import prepare_tinyshakespeare
+from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 
 def main(argv=None) -> int:

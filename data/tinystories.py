@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from llama.datasets import prepare_tinystories
-from llama.download import DownloadError, download
-from llama.tokenizer import TokenizerError, load_tokenizer
+from llama.data.datasets import prepare_tinystories
+from llama.data.download import DownloadError, download
+from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStories_all_data.tar.gz"
 

@@ -1,4 +1,4 @@
-// Generation with a KV cache: the kernels that differ from training (llama/gpu_decode.py strings them
+// Generation with a KV cache: the kernels that differ from training (llama/model/gpu_decoder.py strings them
 // together with the training kernels for the matmuls, norms and SwiGLU).
 // A forward step takes n new tokens per sequence at the absolute positions p0 .. p0 + n - 1
 // (prefill: n = prompt length, p0 = 0; decode: n = 1, p0 = tokens so far). Per layer the cache holds

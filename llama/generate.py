@@ -6,8 +6,8 @@ each generated token costs one position instead of the whole window:
                            the last one; prefill is forward(prompt), decode is forward(token)
   decoder.reset()          forget the cache (position 0)
   decoder.position, decoder.max_len, decoder.batch
-ReferenceDecoder (here, numpy, with the layer functions of llama/reference.py) and GPUDecoder
-(llama/gpu_decode.py, our kernels) have this interface; generate() drives either.
+ReferenceDecoder (here, numpy, with the layer functions of llama/model/reference.py) and GPUDecoder
+(llama/model/gpu_decoder.py, our kernels) have this interface; generate() drives either.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import LlamaConfig
 from .params import ParameterLayout
-from .reference import (embedding_forward, matmul_forward, residual_forward, rmsnorm_forward, rope_cos_sin,
+from .model.reference import (embedding_forward, matmul_forward, residual_forward, rmsnorm_forward, rope_cos_sin,
                         rope_forward, swiglu_forward)
 
 
@@ -168,5 +168,5 @@ def decoder_for(model, max_len: int, batch: int = 1):
     gathered from every rank: all ranks call this)."""
     if isinstance(getattr(model, "params", None), np.ndarray):
         return ReferenceDecoder(model.config, model.params, batch, max_len)
-    from .gpu_decode import GPUDecoder
+    from .model.gpu_decoder import GPUDecoder
     return GPUDecoder(model.config, model.master_weights(), batch, max_len)

@@ -84,7 +84,7 @@ class ParameterLayout:
 
     def layer_starts(self) -> list[int]:
         """Offsets where each layer's parameters begin, and the final norm's: the bucket boundaries of
-        the gradients' reduce-scatter (llama/zero.py)."""
+        the gradients' reduce-scatter (llama/parallel/zero.py)."""
         names = [f"layers.{i}.attention_norm.weight" for i in range(self.config.n_layers)] + ["norm.weight"]
         return [self.tensors[name].offset for name in names]
 

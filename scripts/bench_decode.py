@@ -16,7 +16,7 @@ import numpy as np
 
 from llama.config import get_preset
 from llama.cuda import BF16, runtime, to_device
-from llama.gpu_decode import GPUDecoder
+from llama.model.gpu_decoder import GPUDecoder
 from llama.params import ParameterLayout
 
 

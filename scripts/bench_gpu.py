@@ -16,7 +16,7 @@ import numpy as np
 from llama import ops
 from llama.config import get_preset
 from llama.cuda import empty, runtime, to_device
-from llama.gpu_model import GPUModel
+from llama.model.gpu_fp32 import GPUModel
 from llama.optim import AdamWConfig
 from llama.params import count_parameters
 
@@ -90,7 +90,7 @@ def bench_our_step(config, B: int, T: int, steps: int) -> dict:
 def bench_torch_step(config, B: int, T: int, steps: int) -> dict:
     import torch
     import transformers
-    from llama.hf import transformers_config
+    from llama.io.hf import transformers_config
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = transformers.LlamaForCausalLM(transformers_config(config, "sdpa")).cuda()

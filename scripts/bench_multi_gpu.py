@@ -53,7 +53,7 @@ def median_ms(fn, repeats: int) -> float:
 def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, object]:
     """Median ms of a captured training step, the memory it holds, and the model."""
     from llama.cuda import allocated_bytes
-    from llama.gpu_model_bf16 import GPUModelBF16
+    from llama.model.gpu_bf16 import GPUModelBF16
     before = allocated_bytes()
     model = GPUModelBF16(config, B, T, comm=comm)
     rng = np.random.default_rng(comm.rank if comm else 0)
@@ -77,11 +77,11 @@ def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, obje
 
 def worker(args) -> None:
     from llama.cuda import runtime, select_device
-    from llama.distributed import DistributedEnv
+    from llama.parallel.distributed import DistributedEnv
     env = DistributedEnv.from_environ()
     comm = None
     if env.world_size > 1:
-        from llama.nccl import Communicator
+        from llama.parallel.nccl import Communicator
         select_device(env.local_rank)
         comm = Communicator(env, timeout=900)
     B, T = CONFIGS[args.config]

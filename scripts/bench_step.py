@@ -1,6 +1,6 @@
 """One training step, ours against PyTorch, in one process on the GPU.
 
-Ours: llama.gpu_model_bf16.GPUModelBF16.train_step (forward, backward, clip, AdamW, CUDA graphs;
+Ours: llama.model.gpu_bf16.GPUModelBF16.train_step (forward, backward, clip, AdamW, CUDA graphs;
 the loss and norm are read once per step). PyTorch: the same architecture written below (RMSNorm,
 RoPE, SDPA with GQA, SwiGLU, untied head), bf16 autocast over fp32 weights, fused AdamW, global-norm
 clipping, torch.compile. For each config it prints ms/step, tok/s and peak device memory (torch:
@@ -23,7 +23,7 @@ from llama import ops
 from llama.config import get_preset
 from llama.cuda import allocated_bytes, runtime
 from llama.optim import AdamWConfig
-from llama.reference import rope_cos_sin
+from llama.model.reference import rope_cos_sin
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
 VOCAB = 128256
@@ -120,7 +120,7 @@ def bench_torch(c, B, T, steps):
 
 
 def bench_ours(c, B, T, steps):
-    from llama.gpu_model_bf16 import GPUModelBF16
+    from llama.model.gpu_bf16 import GPUModelBF16
     before = allocated_bytes()
     model = GPUModelBF16(c, B, T)
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ into data/tinyshakespeare/*.bin.
 
 import sys
 
-from llama.starter_pack import main
+from llama.data.starter_pack import main
 
 if __name__ == "__main__":
     sys.exit(main())

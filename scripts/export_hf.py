@@ -12,9 +12,9 @@ data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 import argparse
 import sys
 
-from llama.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
-from llama.hf import EXPORT_DTYPES, save_hf_folder
-from llama.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
+from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.io.hf import EXPORT_DTYPES, save_hf_folder
+from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 
 def main(argv=None) -> int:

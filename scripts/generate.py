@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
 from llama.cuda import cuda_unavailable
 from llama.generate import ReferenceDecoder, TextStream, generate
-from llama.hf import HFError, hf_tokenizer_path, load_hf_folder
-from llama.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
+from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
+from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
 
 
 def load_model(name: str, tokenizer_path: str | None):
@@ -45,7 +45,7 @@ def make_decoder(device: str, config, params: np.ndarray, max_len: int, cache: s
     if device == "cpu":
         return ReferenceDecoder(config, params, max_len=max_len)
     from llama.cuda import BF16, to_device
-    from llama.gpu_decode import GPUDecoder
+    from llama.model.gpu_decoder import GPUDecoder
     decoder = GPUDecoder(config, to_device(params), max_len=max_len, cache_dtype=BF16 if cache == "bf16" else np.float32)
     decoder.forward(np.zeros((1, 1), dtype=np.int64))  # loads the kernels, so that the timings leave that out
     decoder.reset()

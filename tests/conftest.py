@@ -11,7 +11,7 @@ def no_package_index():
     unless the test serves one itself (session-wide, so that module fixtures are covered too)."""
     closed = "http://127.0.0.1:9/simple/"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("llama.tokenizer_fetch.INDEX_URL", closed)
+        patch.setattr("llama.data.tokenizer_fetch.INDEX_URL", closed)
         patch.setenv("LLAMA_PACKAGE_INDEX", closed)  # trainers started as subprocesses
         yield
 

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 
 from llama.cuda import BF16, Graph, empty, runtime, select_device, to_device
-from llama.distributed import DistributedEnv
-from llama.zero import ShardLayout, Zero1
+from llama.parallel.distributed import DistributedEnv
+from llama.parallel.zero import ShardLayout, Zero1
 
 
 def rank_values(rank: int, n: int, dtype) -> np.ndarray:
@@ -19,7 +19,7 @@ def main() -> int:
     faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where it is
     env = DistributedEnv.from_environ()
     select_device(env.local_rank)
-    from llama.nccl import Communicator
+    from llama.parallel.nccl import Communicator
     world, rank = env.world_size, env.rank
     with Communicator(env, timeout=120) as comm:
         everyone = [rank_values(r, 4096 * world, np.float32) for r in range(world)]

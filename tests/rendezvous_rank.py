@@ -5,7 +5,7 @@ print "watching", wait for stdin to close, print what on_lost received, then clo
 or let an exception escape the `with` block ("raise")."""
 import sys
 
-from llama.distributed import DistributedEnv, DistributedError, Rendezvous
+from llama.parallel.distributed import DistributedEnv, DistributedError, Rendezvous
 
 rank, world, port, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 try:

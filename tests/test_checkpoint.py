@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from llama.checkpoint import DONE, load_checkpoint
+from llama.io.checkpoint import DONE, load_checkpoint
 from llama.config import get_preset
-from llama.dataloader import DataLoader
-from llama.datasets import prepare_tinyshakespeare
+from llama.data.dataloader import DataLoader
+from llama.data.datasets import prepare_tinyshakespeare
 from llama.params import ParameterLayout
-from llama.reference import ReferenceModel
-from llama.tokenizer import ByteTokenizer
-from llama.tokenizer import ByteTokenizer
+from llama.model.reference import ReferenceModel
+from llama.data.tokenizer import ByteTokenizer
+from llama.data.tokenizer import ByteTokenizer
 from tests.test_train import BASE, TEXT, corpus, run  # noqa: F401 (fixture)
 
 
@@ -167,7 +167,7 @@ def test_checkpoint_files_are_plain_safetensors(corpus, tmp_path):
 
 
 def test_rotation_keeps_the_newest_good_checkpoint_and_leaves_later_ones(corpus, tmp_path):
-    from llama.checkpoint import rotate_checkpoints
+    from llama.io.checkpoint import rotate_checkpoints
     assert run(*BASE, *corpus, "-x", "8", "-n", "2", "-nk", "0", "-o", "out") == 0
     out = tmp_path / "out"
     (out / "ckpt_00000001").mkdir()  # left by a crash, incomplete

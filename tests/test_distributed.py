@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from llama.distributed import DistributedEnv, DistributedError, Rendezvous, Watchdog
+from llama.parallel.distributed import DistributedEnv, DistributedError, Rendezvous, Watchdog
 from tests.test_run_dir import REPO
 
 # ---- from_environ ------------------------------------------------------------------------------
@@ -296,7 +296,7 @@ def test_watchdog_reports_a_failing_check():
 
 def test_abort_from_a_thread_ends_the_process_while_the_main_thread_is_busy():
     program = ("import threading, time\n"
-               "from llama.distributed import abort\n"
+               "from llama.parallel.distributed import abort\n"
                "print('buffered', end='')\n"
                "threading.Thread(target=abort, args=('rank 1: lost\\nrank 0', 3)).start()\n"
                "time.sleep(30)\n")

@@ -4,9 +4,9 @@ import hashlib
 import numpy as np
 import pytest
 
-import llama.download as dl
-from llama import starter_pack
-from llama.shards import read_header
+import llama.data.download as dl
+from llama.data import starter_pack
+from llama.data.shards import read_header
 from tests.httpserver import Route, Server
 
 BODY = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()

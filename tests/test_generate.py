@@ -8,8 +8,8 @@ import pytest
 
 from llama.config import get_preset
 from llama.generate import ReferenceDecoder, TextStream, decoder_for, generate, sample_token
-from llama.reference import ReferenceModel
-from llama.tokenizer import ByteTokenizer
+from llama.model.reference import ReferenceModel
+from llama.data.tokenizer import ByteTokenizer
 from tests.gradcheck import rel_error
 
 CONFIG = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=120, max_seq_len=48,

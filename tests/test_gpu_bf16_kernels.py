@@ -1,4 +1,4 @@
-"""The bf16 mixed-precision kernels against the float64 twins of llama/reference.py (a fused kernel
+"""The bf16 mixed-precision kernels against the float64 twins of llama/model/reference.py (a fused kernel
 against the composition of the unfused twins), on the same bf16-rounded inputs: NaN-poisoned
 outputs, shapes that are not multiples of the blocks, and bit-identical reruns of the deterministic
 reductions (which also shows that their completion counters reset themselves)."""
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from llama import reference as ref
+from llama.model import reference as ref
 from llama.cuda import BF16
 from llama.optim import AdamWConfig, adamw_update
 from tests.gpu_helpers import ERRORS, check, dev, poisoned

@@ -8,7 +8,7 @@ from llama.config import get_preset
 from llama.cuda import BF16
 from llama.generate import cached_attention, generate
 from llama.params import ParameterLayout
-from llama.reference import rope_cos_sin, rope_forward
+from llama.model.reference import rope_cos_sin, rope_forward
 from tests.gpu_helpers import ERRORS, dev, poisoned
 from tests.gradcheck import rel_error
 from tests.test_train import corpus, run  # noqa: F401 (fixture)
@@ -32,7 +32,7 @@ def poisoned_cache(shape, dtype):
 @pytest.mark.parametrize("B, n, H, KV, D, p0, T_max", [(2, 5, 4, 2, 16, 3, 12), (1, 1, 6, 2, 24, 40, 41),
                                                         (3, 37, 8, 8, 64, 0, 40)])
 def test_rope_kv_write(cache_dtype, B, n, H, KV, D, p0, T_max):
-    from llama.gpu_decode import rope_kv_write
+    from llama.model.gpu_decoder import rope_kv_write
     config = get_preset("tiny").replace(dim=H * D, n_heads=H, n_kv_heads=KV, rope_original_context=16)
     rng = np.random.default_rng(0)
     qkv = rng.standard_normal((B, n, (H + 2 * KV) * D)).astype(np.float32)
@@ -58,7 +58,7 @@ def test_rope_kv_write(cache_dtype, B, n, H, KV, D, p0, T_max):
 ])
 def test_decode_attention(cache_dtype, B, n, H, KV, D, p0, T_max):
     from llama.cuda import to_device
-    from llama.gpu_decode import decode_attention
+    from llama.model.gpu_decoder import decode_attention
     rng = np.random.default_rng(1)
     q = rng.standard_normal((B, H, n, D)).astype(np.float32)
     k = rng.standard_normal((B, KV, T_max, D)).astype(cache_dtype)
@@ -80,8 +80,8 @@ CONFIG = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2,
 @pytest.mark.parametrize("cache_dtype, tol", [(np.float32, 1e-5), (BF16, 2e-2)], ids=["f32", "bf16"])
 @pytest.mark.parametrize("chunks", [[1] * 40, [7] + [1] * 33, [40]])
 def test_decoder_matches_the_full_forward_at_every_position(cache_dtype, tol, chunks):
-    from llama.gpu_decode import GPUDecoder
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_decoder import GPUDecoder
+    from llama.model.gpu_fp32 import GPUModel
     rng = np.random.default_rng(2)
     params = (0.1 * rng.standard_normal(ParameterLayout(CONFIG).size)).astype(np.float32) + 0.02
     model = GPUModel(CONFIG, B=2, T=40, params=params)
@@ -99,8 +99,8 @@ def test_decoder_matches_the_full_forward_at_every_position(cache_dtype, tol, ch
 
 
 def test_greedy_decode_matches_full_forwards():
-    from llama.gpu_decode import GPUDecoder
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_decoder import GPUDecoder
+    from llama.model.gpu_fp32 import GPUModel
     rng = np.random.default_rng(3)
     params = (0.1 * rng.standard_normal(ParameterLayout(CONFIG).size)).astype(np.float32)
     model = GPUModel(CONFIG, B=1, T=32, params=params)
@@ -115,8 +115,8 @@ def test_greedy_decode_matches_full_forwards():
 
 
 def test_bad_inputs():
-    from llama.gpu_decode import GPUDecoder, decode_attention
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_decoder import GPUDecoder, decode_attention
+    from llama.model.gpu_fp32 import GPUModel
     model = GPUModel(CONFIG, B=1, T=8)
     decoder = GPUDecoder(CONFIG, model.params, batch=1, max_len=8)
     with pytest.raises(ValueError, match="do not fit"):

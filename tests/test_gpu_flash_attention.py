@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama import reference as ref
+from llama.model import reference as ref
 from llama.config import get_preset
 from llama.cuda import BF16
 from tests.gpu_helpers import ERRORS, check, dev, poisoned

@@ -7,7 +7,7 @@ Tolerances (‖out − ref‖ / ‖ref‖): fp32 output 1e-5, bf16 output 5e-3."
 import numpy as np
 import pytest
 
-from llama import reference as ref
+from llama.model import reference as ref
 from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu

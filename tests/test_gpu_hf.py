@@ -6,7 +6,7 @@ import copy
 import numpy as np
 import pytest
 
-from llama.hf import load_hf_folder
+from llama.io.hf import load_hf_folder
 from tests.gpu_helpers import ERRORS
 from tests.gradcheck import rel_error
 
@@ -20,7 +20,7 @@ from tests.test_hf_transformers import TOKENS, hf_logits, random_hf_model  # noq
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_save_pretrained_imports_into_the_gpu_model(tmp_path, tied, dtype):
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_fp32 import GPUModel
     model = random_hf_model(tied)
     with torch.no_grad():  # the weights as stored; the transformers model stays float32
         for p in model.parameters():

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from llama import reference as ref
+from llama.model import reference as ref
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update
 from tests.gpu_helpers import ERRORS, check, dev, poisoned

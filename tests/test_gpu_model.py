@@ -5,7 +5,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.optim import AdamWConfig
-from llama.reference import ReferenceModel
+from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
 from tests.gpu_helpers import ERRORS
 
@@ -20,7 +20,7 @@ def batch(seed, B=3, T=37, vocab=300):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_loss_and_every_gradient(tied):
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_fp32 import GPUModel
     config = CONFIG.replace(tie_embeddings=tied)
     cpu = ReferenceModel(config, dtype=np.float64, seed=3)
     gpu = GPUModel(config, B=4, T=40, params=cpu.params.astype(np.float32))
@@ -45,7 +45,7 @@ def test_loss_and_every_gradient(tied):
 
 
 def test_smaller_batch_and_logits():
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_fp32 import GPUModel
     cpu = ReferenceModel(CONFIG, dtype=np.float64, seed=4)
     gpu = GPUModel(CONFIG, B=4, T=40, params=cpu.params.astype(np.float32))
     tokens, _ = batch(1, B=1, T=9)
@@ -61,7 +61,7 @@ def test_smaller_batch_and_logits():
 
 
 def test_ten_adamw_steps_match_reference():
-    from llama.gpu_model import GPUModel
+    from llama.model.gpu_fp32 import GPUModel
     cpu = ReferenceModel(CONFIG, dtype=np.float64, seed=5)
     gpu = GPUModel(CONFIG, B=3, T=37, params=cpu.params.astype(np.float32))
     opt = AdamWConfig(grad_clip=1.0, weight_decay=0.1)

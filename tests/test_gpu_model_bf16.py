@@ -10,7 +10,7 @@ import pytest
 from llama.config import get_preset
 from llama.cuda import BF16
 from llama.optim import AdamWConfig
-from llama.reference import ReferenceModel
+from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
 from tests.gpu_helpers import ERRORS
 
@@ -33,7 +33,7 @@ def bf16_params(config, seed):
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("recompute", [True, False])
 def test_one_step_gradients(tied, recompute):
-    from llama.gpu_model_bf16 import GPUModelBF16
+    from llama.model.gpu_bf16 import GPUModelBF16
     config = CONFIG.replace(tie_embeddings=tied)
     params = bf16_params(config, seed=5)
     cpu = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
@@ -57,7 +57,7 @@ def test_one_step_gradients(tied, recompute):
 
 
 def test_logits_without_targets():
-    from llama.gpu_model_bf16 import GPUModelBF16
+    from llama.model.gpu_bf16 import GPUModelBF16
     params = bf16_params(CONFIG, seed=6)
     cpu = ReferenceModel(CONFIG, params=params.astype(np.float64), dtype=np.float64)
     gpu = GPUModelBF16(CONFIG, B=4, T=96, params=params)
@@ -80,7 +80,7 @@ def run_steps(model, steps, start=0):
 def test_runs_are_bit_identical_and_resume_is_exact():
     """Step 1 runs eagerly and captures; later steps replay the graphs. Two runs agree bit for bit,
     and a model resumed after 3 steps (its first step eager again) reproduces steps 4-6."""
-    from llama.gpu_model_bf16 import GPUModelBF16
+    from llama.model.gpu_bf16 import GPUModelBF16
     params = bf16_params(CONFIG, seed=7)
     a, b = (GPUModelBF16(CONFIG, B=3, T=80, params=params) for _ in range(2))
     losses_a, losses_b = run_steps(a, 6), run_steps(b, 3)
@@ -96,7 +96,7 @@ def test_runs_are_bit_identical_and_resume_is_exact():
 
 def test_captured_step_matches_the_eager_path():
     """The same step through train_step (graphs) and through forward/backward/optimizer_step."""
-    from llama.gpu_model_bf16 import GPUModelBF16
+    from llama.model.gpu_bf16 import GPUModelBF16
     params = bf16_params(CONFIG, seed=8)
     a, b = (GPUModelBF16(CONFIG, B=3, T=80, params=params) for _ in range(2))
     run_steps(a, 2)  # the second step replays the captured graphs

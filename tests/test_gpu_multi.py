@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama.checkpoint import load_checkpoint
+from llama.io.checkpoint import load_checkpoint
 from tests.conftest import gpu_count
 from tests.test_train import BASE, corpus, log_lines, losses  # noqa: F401 (fixture)
 

@@ -7,9 +7,9 @@ layout on the way in and back on the way out.
 import numpy as np
 import pytest
 
-from llama import reference as ref
+from llama.model import reference as ref
 from llama.config import get_preset
-from llama.hf import heads_of, hf_name, hf_to_meta, to_hf_state, transformers_config
+from llama.io.hf import heads_of, hf_name, hf_to_meta, to_hf_state, transformers_config
 from tests.gradcheck import rel_error
 
 torch = pytest.importorskip("torch")

@@ -9,9 +9,9 @@ from safetensors.numpy import save_file
 
 from llama.config import get_preset
 from llama.cuda import BF16
-from llama.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
+from llama.io.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
 from llama.params import ParameterLayout, init_parameters
-from llama.tokenizer import Llama3Tokenizer
+from llama.data.tokenizer import Llama3Tokenizer
 from tests.test_download import ranks_file_bytes
 
 LLAMA3_ROPE = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
@@ -55,7 +55,7 @@ def hf_permute(w, heads):
 
 
 def hf_state(config, params):
-    """HF-named tensors of our flat parameters, built by hand (not with llama.hf)."""
+    """HF-named tensors of our flat parameters, built by hand (not with llama.io.hf)."""
     p = ParameterLayout(config).views(params)
     state = {"model.embed_tokens.weight": p["tok_embeddings.weight"], "model.norm.weight": p["norm.weight"]}
     if not config.tie_embeddings:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.hf import load_hf_folder, save_hf_folder, transformers_config
-from llama.reference import ReferenceModel
-from llama.tokenizer import Llama3Tokenizer
+from llama.io.hf import load_hf_folder, save_hf_folder, transformers_config
+from llama.model.reference import ReferenceModel
+from llama.data.tokenizer import Llama3Tokenizer
 from tests.gradcheck import rel_error
 from tests.test_download import ranks_file_bytes
 

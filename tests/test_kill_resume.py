@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from llama.checkpoint import load_checkpoint
+from llama.io.checkpoint import load_checkpoint
 from tests.test_run_dir import REPO, wait_for
 from tests.test_train import BASE, corpus, samples  # noqa: F401 (fixture)
 
@@ -17,13 +17,13 @@ STEPS = 48  # enough that 12 kills never reach the end, however fast the machine
 ARGS = [*BASE[:-6], "-s", "4", "-g", "6", "-v", "3", "-m", "1", "-x", str(STEPS), "-n", "2", "-nk", "2",
         "--device", "cpu"]
 
-# Runs train_llama.py, SIGKILLing itself at the start of the nth call of one of llama.checkpoint's write
+# Runs train_llama.py, SIGKILLing itself at the start of the nth call of one of llama.io.checkpoint's write
 # steps: write_tensors (model, optimizer), _write_file (state.json, DONE after the rename) or
 # remove_checkpoint (rotation). argv: function name (or "none"), n, the trainer's arguments.
 DIE_INSIDE = """
 import os, runpy, signal, sys
 sys.path.insert(0, %r)
-import llama.checkpoint as checkpoint
+import llama.io.checkpoint as checkpoint
 name, nth = sys.argv[1], int(sys.argv[2])
 if name != "none":
     real, calls = getattr(checkpoint, name), []

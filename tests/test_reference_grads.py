@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from llama import reference as ref
+from llama.model import reference as ref
 from llama.config import get_preset
 from llama.optim import AdamWConfig
 from tests.gradcheck import numerical_grad, rel_error

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import train_llama
-from llama.checkpoint import load_checkpoint
+from llama.io.checkpoint import load_checkpoint
 from tests.faults import DiskFault
 from tests.test_train import BASE, corpus, log_lines, run  # noqa: F401 (fixture)
 
@@ -153,10 +153,10 @@ def test_disk_failure_during_a_checkpoint(corpus, tmp_path, capsys, monkeypatch,
 
 
 def test_disk_full_while_building_the_builtin_corpus(tmp_path, capsys, monkeypatch):
-    import llama.datasets
+    import llama.data.datasets
     monkeypatch.chdir(tmp_path)
-    few = llama.datasets.stdlib_sources()[:120]
-    monkeypatch.setattr(llama.datasets, "stdlib_sources", lambda: few)
+    few = llama.data.datasets.stdlib_sources()[:120]
+    monkeypatch.setattr(llama.data.datasets, "stdlib_sources", lambda: few)
     DiskFault(tmp_path / "data", errno.ENOSPC, budget=5000).install(monkeypatch)
     assert run("-e", "tiny", "-t", "32", "-x", "2", "-s", "0") == 2
     assert last_error(capsys) == "error: cannot build the built-in corpus in data/builtin: No space left on device"

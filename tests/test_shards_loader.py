@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from llama.dataloader import DataLoader
-from llama.datasets import prepare_builtin_corpus, prepare_tinyshakespeare, prepare_tinystories, stdlib_sources
-from llama.shards import HEADER_INTS, ShardError, open_shard, read_header, write_shard
-from llama.tokenizer import ByteTokenizer
+from llama.data.dataloader import DataLoader
+from llama.data.datasets import prepare_builtin_corpus, prepare_tinyshakespeare, prepare_tinystories, stdlib_sources
+from llama.data.shards import HEADER_INTS, ShardError, open_shard, read_header, write_shard
+from llama.data.tokenizer import ByteTokenizer
 
 
 def test_round_trip(tmp_path):

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from llama.checkpoint import DONE, load_checkpoint
+from llama.io.checkpoint import DONE, load_checkpoint
 from tests.test_run_dir import REPO, signal_at, wait_for
 from tests.test_train import BASE, corpus, log_lines, run, samples  # noqa: F401 (fixture)
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from llama import tokenizer as tok
+from llama.data import tokenizer as tok
 from tests.test_download import ranks_file_bytes
 
 

@@ -7,8 +7,10 @@ import zipfile
 
 import pytest
 
-from llama import starter_pack, tokenizer as tok, tokenizer_fetch as tf
-from llama.shards import read_header
+from llama.data import starter_pack
+from llama.data import tokenizer as tok
+from llama.data import tokenizer_fetch as tf
+from llama.data.shards import read_header
 from tests.httpserver import Route, Server
 from tests.test_download import SHAKESPEARE, ranks_file_bytes
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import train_llama
-from llama.checkpoint import DONE, latest_checkpoint, load_checkpoint
-from llama.datasets import prepare_tinyshakespeare
-from llama.tokenizer import ByteTokenizer
+from llama.io.checkpoint import DONE, latest_checkpoint, load_checkpoint
+from llama.data.datasets import prepare_tinyshakespeare
+from llama.data.tokenizer import ByteTokenizer
 from tests.test_download import ranks_file_bytes
 
 TEXT = "\n\n".join(f"ROMEO {i % 7}:\nWhat light through yonder window breaks? It is the east.\n"
@@ -140,7 +140,7 @@ def test_defaults_use_the_builtin_corpus(tmp_path, monkeypatch, capsys):
 
 
 def test_epochs_set_the_number_of_steps(corpus, tmp_path):
-    from llama.dataloader import DataLoader
+    from llama.data.dataloader import DataLoader
     batches = DataLoader(corpus[1], 4, 32).batches_per_epoch
     assert run(*BASE, *corpus, "--epochs", "0.1", "-d", "256", "-v", "0", "-o", "out") == 0
     assert len(log_lines(tmp_path / "out")) == math.ceil(0.1 * batches / 2)  # 2 micro-batches per step

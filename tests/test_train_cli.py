@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import train_llama
-from llama.shards import open_shard, write_shard
-from llama.tokenizer import ByteTokenizer
+from llama.data.shards import open_shard, write_shard
+from llama.data.tokenizer import ByteTokenizer
 from tests.test_train import BASE, corpus, log_lines, run  # noqa: F401 (fixture)
 
 

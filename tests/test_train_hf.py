@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import train_llama
-from llama.checkpoint import latest_checkpoint, load_checkpoint
+from llama.io.checkpoint import latest_checkpoint, load_checkpoint
 from llama.config import get_preset
-from llama.datasets import prepare_tinyshakespeare
+from llama.data.datasets import prepare_tinyshakespeare
 from llama.generate import ReferenceDecoder, generate
-from llama.hf import load_hf_folder, save_hf_folder
+from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters
-from llama.tokenizer import Llama3Tokenizer
+from llama.data.tokenizer import Llama3Tokenizer
 from tests.test_download import ranks_file_bytes
 from tests.test_train import TEXT
 

@@ -1,5 +1,5 @@
 """ZeRO-1's arithmetic on the CPU: shard layout, re-sharding across world sizes, and the sharded
-AdamW step against the unsharded one (llama/zero.py, llama/optim.py)."""
+AdamW step against the unsharded one (llama/parallel/zero.py, llama/optim.py)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm
 from llama.params import ParameterLayout
-from llama.zero import ALIGN, ShardLayout, replica_copies
+from llama.parallel.zero import ALIGN, ShardLayout, replica_copies
 
 LAYOUT = ParameterLayout(get_preset("tiny"))
 

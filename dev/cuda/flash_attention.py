@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llama import ops  # noqa: E402
-from llama import reference as ref  # noqa: E402
+from llama.model import reference as ref  # noqa: E402
 from llama.cuda import BF16, empty, runtime, to_device  # noqa: E402
 from llama.cuda import time_ms as cuda_time_ms  # noqa: E402
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
+from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
 
 ALIGN = 16  # elements: pieces start 64-byte aligned in fp32, 32-byte in bf16
 

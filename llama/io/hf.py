@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PRESETS, LlamaConfig
-from .cuda import BF16
-from .params import ParameterLayout
+from ..config import PRESETS, LlamaConfig
+from ..cuda import BF16
+from ..params import ParameterLayout
 
 HF_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head",
             "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -274,7 +274,7 @@ def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dty
     the tokenizer files. dtype: 'bf16' or 'fp32'. Returns the files written."""
     from safetensors.numpy import save_file
 
-    from .tokenizer import Llama3Tokenizer, hf_tokenizer_files
+    from ..data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
 
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")

@@ -5,7 +5,7 @@ libnccl.so.2 comes from the `nvidia-nccl-cu13` wheel (the `[cuda]` extra), or fr
 pointers, so they are also captured by CUDA graphs (llama.cuda.Graph).
 
 Communicator joins the ranks: rank 0 makes the NCCL unique id and hands it to the others over the
-TCP rendezvous (llama.distributed), each process takes the GPU of its LOCAL_RANK, and the
+TCP rendezvous (llama.parallel.distributed), each process takes the GPU of its LOCAL_RANK, and the
 collectives run on `comm.stream`, ordered against the compute stream (runtime().stream) with
 events: `comm.fork()` before the collectives, `comm.join()` after them. The rendezvous sockets stay
 open as a liveness channel, and a watchdog ends the process with a one-line error when a peer
@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from .cuda import BF16, DeviceArray, empty, runtime
+from ..cuda import BF16, DeviceArray, empty, runtime
 from .distributed import DistributedEnv, Rendezvous, Watchdog, abort
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import LlamaConfig
-from .optim import AdamWConfig, TrainStep, adamw_update, clip_scale, global_norm
-from .params import ParameterLayout, init_parameters
+from ..config import LlamaConfig
+from ..optim import AdamWConfig, TrainStep, adamw_update, clip_scale, global_norm
+from ..params import ParameterLayout, init_parameters
 
 # ----------------------------------------------------------------------------------------------
 # RoPE frequencies (Llama 3.1 scaling)

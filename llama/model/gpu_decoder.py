@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ops
-from .config import LlamaConfig
-from .cuda import BF16, DeviceArray, empty, to_device, zeros
-from .params import ParameterLayout
+from .. import ops
+from ..config import LlamaConfig
+from ..cuda import BF16, DeviceArray, empty, to_device, zeros
+from ..params import ParameterLayout
 from .reference import rope_cos_sin
 
 F32, I32 = ops.F32, ops.I32

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, LlamaConfig
-from .params import ParameterLayout
+from ..config import ConfigError, LlamaConfig
+from ..params import ParameterLayout
 from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
 
 DONE = "DONE"

@@ -1,6 +1,6 @@
 """Llama 3.1 on the GPU in bf16 mixed precision: the fast training path.
 
-It follows llama/reference.py layer by layer, like llama/gpu_model.py (the exact fp32 path), with
+It follows llama/model/reference.py layer by layer, like llama/model/gpu_fp32.py (the exact fp32 path), with
 fused steps whose numpy twins are compositions of the reference's layers:
 - rmsnorm_residual_forward = residual_forward, then rmsnorm_forward (one pass);
 - the QKV GEMM's epilogue applies RoPE (rope_forward's rotation), and flash attention reads q, k, v
@@ -17,7 +17,7 @@ train_step() captures a micro-step (forward and backward) and the optimizer step
 on its first call and replays them after: tokens upload asynchronously from pinned memory, lr and
 the bias corrections live in device memory, the loss accumulates on the device and is read once.
 
-With a communicator (several GPUs, llama/nccl.py) the optimizer is ZeRO-1 (llama/zero.py): the
+With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO-1 (llama/parallel/zero.py): the
 backward of the last micro-batch reduce-scatters each layer's gradients as soon as they are final,
 each rank updates its shard of the fp32 master weights and moments, and the bf16 weights are
 all-gathered. The RMSNorm weights, read in fp32, come from a small all-reduced replica of their masters.
@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ops
-from .config import LlamaConfig
-from .cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
-from .gpu_model import GPUModel
-from .optim import AdamWConfig, TrainStep
-from .params import ParameterLayout, model_parameters
+from .. import ops
+from ..config import LlamaConfig
+from ..cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
+from .gpu_fp32 import GPUModel
+from ..optim import AdamWConfig, TrainStep
+from ..params import ParameterLayout, model_parameters
 from .reference import check_batch, rope_cos_sin
-from .zero import MasterReplica, Zero1
+from ..parallel.zero import MasterReplica, Zero1
 
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 
@@ -299,7 +299,7 @@ class GPUModelBF16(TrainStep):
         self.pinned_free[2].record(runtime().stream)
 
     def _optimizer(self, opt: AdamWConfig) -> None:
-        """ZeRO-1 (llama/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
+        """ZeRO-1 (llama/parallel/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
         shard, then every rank's new bf16 weights (and the norms' fp32 masters) to every rank."""
         z = self.zero
         ops.grad_norm_squared(self.norm_squared, self.norm_scratch, z.grad_shard)

@@ -1,24 +1,24 @@
 """Llama 3.1 on the GPU, built from the kernels in kernels/ through the launchers in llama/ops.py.
 
-It mirrors llama/reference.py layer by layer, with the same names: read the two side by side.
+It mirrors llama/model/reference.py layer by layer, with the same names: read the two side by side.
 Parameters live in one flat device buffer and gradients in another (layout from llama/params.py);
 activations are allocated once for the largest batch (B, T), and a smaller (b, t) uses a prefix of
 each buffer. Within a step nothing is allocated, copied to the host or synchronized, except when the
 loss or the grad norm is read. With a communicator (several GPUs) optimizer_step is ZeRO-1
-(llama/zero.py) over the full fp32 params.
+(llama/parallel/zero.py) over the full fp32 params.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import ops
-from .config import LlamaConfig
-from .cuda import DeviceArray, empty, to_device
-from .optim import AdamWConfig, TrainStep
-from .params import ParameterLayout, model_parameters
+from .. import ops
+from ..config import LlamaConfig
+from ..cuda import DeviceArray, empty, to_device
+from ..optim import AdamWConfig, TrainStep
+from ..params import ParameterLayout, model_parameters
 from .reference import check_batch, rope_cos_sin
-from .zero import Zero1
+from ..parallel.zero import Zero1
 
 class GPUModel(TrainStep):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
@@ -179,7 +179,7 @@ class GPUModel(TrainStep):
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm
         (reading it synchronizes; return_norm=False skips that). On several GPUs this is ZeRO-1
-        (llama/zero.py): reduce-scatter the gradients, the global norm, AdamW on this rank's shard of
+        (llama/parallel/zero.py): reduce-scatter the gradients, the global norm, AdamW on this rank's shard of
         the fp32 params, all-gather them."""
         s, z = self.buffers, self.zero
         z.finish_reduce()
