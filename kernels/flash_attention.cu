@@ -450,7 +450,7 @@ template <int D>  // Q, dO; K, V double-buffered
 __host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q_ROWS + 4 * Q_BC); }
 }  // namespace bwd
 
-// launch configuration, read by the host (llama/ops.py) from the module: per head dim (64, 128), for the
+// launch configuration, read by the host (llama/ops/flash_attention.py) from the module: per head dim (64, 128), for the
 // forward, dkdv and dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes
 __constant__ int flash_attention_config[2][9] = {
     {fwd::THREADS, fwd::BR, fwd::shared_bytes<64>(), bwd::KV_THREADS, bwd::kv_rows<64>(), bwd::dkdv_shared_bytes<64>(),

@@ -2,7 +2,7 @@
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
 // (gemm_epilogue.cuh), strided-batched, layouts nt (forward), nn (dX), tn (dW), no transposes.
-// A and B arrive as TMA tensor maps (3D: inner, rows, batch), encoded by llama/gemm_wgmma.py and read
+// A and B arrive as TMA tensor maps (3D: inner, rows, batch), encoded by llama/ops/gemm_wgmma.py and read
 // from global memory (passed by value through PyCUDA's packed argument buffer, every argument after
 // them reached the kernel as zero: measured on an H200); tiles past an edge are zero-filled by TMA.
 //

@@ -7,7 +7,7 @@
 //   over a grid-stride slice of float4 vectors, 4 loads in flight, 16 squares at a time in fp32 and
 //   those in double; the block adds its threads' sums in double into partial[block], and the last
 //   block to finish (counter: zero before and after the launch) adds the partials in a fixed order
-//   into out[0]. The grid is fixed (ops.GRAD_NORM_BLOCKS), so the result is the same on every GPU.
+//   into out[0]. The grid is fixed (ops.NORM_BLOCKS), so the result is the same on every GPU.
 //   The n % 4 tail goes to block 0.
 #include "bf16.cuh"
 

@@ -14,25 +14,24 @@ deterministic one: what determinism costs.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
+from llama.cuda import runtime, time_ms
+from llama.ops.flash_attention import FlashAttentionProblem, FlashSource
 
-import flash_attention as ladder  # noqa: E402  (dev/cuda/flash_attention.py)
-from llama.cuda import runtime  # noqa: E402
-
+LADDER = Path(__file__).resolve().parents[1] / "dev" / "cuda"
+ATOMIC_DQ_VERSION = 1  # the rung that carries the opt-in atomic-dQ backward
 SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128)]
 
 
 def bench_ours(buf, version, repeats):
-    src = ladder.source(version)
-    forward = ladder.time_ms(lambda: buf.forward(src), repeats)
-    backward = ladder.time_ms(lambda: buf.backward(src), repeats)
-    both = ladder.time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats)
+    src = FlashSource(f"flash_attention_v{version}", LADDER)
+    forward = time_ms(lambda: buf.forward(src), repeats=repeats, inner=1)
+    backward = time_ms(lambda: buf.backward(src), repeats=repeats, inner=1)
+    both = time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats=repeats, inner=1)
     atomic = None
-    if version == ladder.ATOMIC_DQ_VERSION:
-        atomic = ladder.time_ms(lambda: buf.backward_atomic(src), repeats)
+    if version == ATOMIC_DQ_VERSION:
+        atomic = time_ms(lambda: buf.backward_atomic_dq(src), repeats=repeats, inner=1)
     extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.delta, buf.dqkv))
     return {"fwd_ms": forward, "fwdbwd_ms": both, "bwd_ms": backward, "bwd_atomic_ms": atomic, "memory": extra}
 
@@ -53,8 +52,8 @@ def bench_sdpa(B, H, KV, T, D, repeats):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         torch.autograd.grad(out, (q, k, v), dout)
 
-    fwd = ladder.time_ms(forward, repeats)
-    both = ladder.time_ms(forward_backward, repeats)
+    fwd = time_ms(forward, repeats=repeats, inner=1)
+    both = time_ms(forward_backward, repeats=repeats, inner=1)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -77,7 +76,7 @@ def main():
     rows = []
     for B, H, KV, T, D in shapes:
         flops = 2 * B * H * T * T * D
-        buf = ladder.Buffers(B, T, H, KV, D)
+        buf = FlashAttentionProblem(B, T, H, KV, D)
         ours = {v: bench_ours(buf, v, args.repeats) for v in args.versions}
         del buf
         sdpa = bench_sdpa(B, H, KV, T, D, args.repeats)

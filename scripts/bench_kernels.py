@@ -82,7 +82,7 @@ def classifier_cases(args, rng) -> list:
 def optimizer_cases(args, rng) -> list:
     P = int(args.params)
     grads = to_device(rng.standard_normal(P, dtype=np.float32) * 1e-3)
-    norm_squared, norm_scratch = empty(1), zeros(ops.GRAD_NORM_BLOCKS + 1, np.float64)
+    norm_squared, norm_scratch = empty(1), zeros(ops.NORM_BLOCKS + 1, np.float64)
     ops.grad_norm_squared(norm_squared, norm_scratch, grads)
     params, m, v = to_device(rng.standard_normal(P, dtype=np.float32) * 0.02), zeros(P), zeros(P)
     params_bf16, mask = empty(P, BF16), to_device((rng.random(P) < 0.9).astype(np.uint8))

@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 from llama import ops
+from llama.ops.bf16 import EMBEDDING_SEGMENT, embedding_partial_rows
+from llama.ops.gemm_problem import GemmProblem
+from llama.ops.gemm_wgmma import splitk_splits3
 from llama.cuda import BF16, DeviceArray
 from llama.optim import AdamWConfig
 
@@ -71,9 +74,9 @@ def test_swiglu_and_classifier_reject():
 def test_grad_norm_and_adamw_reject():
     n = 1000
     with pytest.raises(ValueError, match="scratch: expected float64"):
-        ops.grad_norm_squared(fake((1,), F32), fake((ops.GRAD_NORM_BLOCKS + 1,), F32), fake((n,), F32))
+        ops.grad_norm_squared(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), F32), fake((n,), F32))
     with pytest.raises(ValueError, match="grads: must start 16-byte aligned"):
-        ops.grad_norm_squared(fake((1,), F32), fake((ops.GRAD_NORM_BLOCKS + 1,), np.float64), fake((n,), F32, 4))
+        ops.grad_norm_squared(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), np.float64), fake((n,), F32, 4))
     arrays = dict(params=fake((n,), F32), params_bf16=fake((n,)), grads=fake((n,), F32), m=fake((n,), F32),
                   v=fake((n,), F32), decay_mask=fake((n,), np.uint8), norm_squared=fake((1,), F32),
                   scalars=fake((ops.ADAMW_SCALARS,), F32))
@@ -103,16 +106,16 @@ def test_token_segments(N, vocab):
     assert not segments[len(used):].any()  # padding: zeros, after the segments
     covered = []
     for group_begin, group_end, token, index in used:
-        begin = group_begin + index * ops.EMBEDDING_SEGMENT
-        rows = order[begin:min(group_end, begin + ops.EMBEDDING_SEGMENT)]
+        begin = group_begin + index * EMBEDDING_SEGMENT
+        rows = order[begin:min(group_end, begin + EMBEDDING_SEGMENT)]
         assert len(rows) and (tokens[rows] == token).all()
         covered.extend(rows)
     assert sorted(covered) == list(range(N))  # each position in exactly one segment
-    counts = -(-(used[:, 1] - used[:, 0]) // ops.EMBEDDING_SEGMENT)
+    counts = -(-(used[:, 1] - used[:, 0]) // EMBEDDING_SEGMENT)
     assert (np.diff(counts) <= 0).all()  # tokens with several segments first, most first
     first = np.flatnonzero(used[:, 3] == 0)
     assert (used[first + counts[first] - 1, 3] == counts[first] - 1).all()  # a token's segments adjacent, in order
-    assert (counts > 1).sum() <= ops._embedding_partial_rows(N)  # room for their partial rows and counters
+    assert (counts > 1).sum() <= embedding_partial_rows(N)  # room for their partial rows and counters
 
 
 @pytest.mark.parametrize("M, N, K", [(768, 768, 16384), (1280, 768, 16384), (4096, 768, 16384), (128256, 768, 16384),
@@ -120,8 +123,7 @@ def test_token_segments(N, vocab):
 def test_wgmma3_splits(M, N, K):
     """Version 3's split-K count: only weight gradients into fp32 split, every split holds k-blocks, a
     few output tiles over a long K split, a GPU full of tiles does not."""
-    from llama.gemm_wgmma import splitk_splits3
-    problem = ops.GemmProblem("tn", 1, M, N, K, 0, M, 0, 0, N, 0, 0, 0, "acc_f32", 1.0)
+    problem = GemmProblem("tn", 1, M, N, K, 0, M, 0, 0, N, 0, 0, 0, "acc_f32", 1.0)
     k_blocks, tiles = math.ceil(K / 64), math.ceil(M / 128) * math.ceil(N / 128)
     for sms in (114, 132):
         splits = splitk_splits3(problem, sms)

@@ -197,7 +197,7 @@ def test_loss_accumulate(ops, n):
 def test_grad_norm_squared(ops, n):
     from llama.cuda import zeros
     g = rng.standard_normal(n).astype(np.float32)
-    g_d, scratch, results = dev(g), zeros(ops.GRAD_NORM_BLOCKS + 1, np.float64), []
+    g_d, scratch, results = dev(g), zeros(ops.NORM_BLOCKS + 1, np.float64), []
     for _ in range(2):  # the same scratch twice: its counter must be back at zero
         out = poisoned((1,))
         ops.grad_norm_squared(out, scratch, g_d)

@@ -3,7 +3,6 @@ dev/cuda/flash_attention_v1.cu) against the float64 reference of the same bf16-r
 dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, D = 64 and 128, B = 1 and 3; outputs
 NaN-poisoned first; determinism, the fused inverse RoPE, no allocation."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,9 @@ CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 
          (1, 2048, 2, 1)]
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
-import flash_attention as ladder  # noqa: E402  (dev/cuda/flash_attention.py)
-
+LADDER = Path(__file__).resolve().parents[1] / "dev" / "cuda"
 VERSIONS = [1, 2]  # 2 is the production build (kernels/flash_attention.cu), 1 the dev/cuda ladder's
+ATOMIC_DQ_VERSION = 1  # the rung that carries the opt-in atomic-dQ backward
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +34,7 @@ def ops():
 
 
 def flash_source(ops, version):
-    return ops.FlashSource() if version == VERSIONS[-1] else ladder.source(version)
+    return ops.FlashSource() if version == VERSIONS[-1] else ops.FlashSource(f"flash_attention_v{version}", LADDER)
 
 
 def bf16_randn(*shape) -> np.ndarray:
@@ -150,7 +148,7 @@ def test_flash_attention_allocates_nothing(ops):
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_flash_attention_atomic_dq_dev_variant(ops, D):
-    """The dev-only nondeterministic backward (dev/cuda/flash_attention_v1.cu: dQ by fp32 atomics) that
+    """The opt-in nondeterministic backward (dQ by fp32 atomics, in dev/cuda/flash_attention_v1.cu) that
     scripts/bench_attention.py times against the deterministic one computes the same gradients."""
     from llama.cuda import empty
     B, T, H, KV = 2, 333, 4, 1
@@ -158,10 +156,10 @@ def test_flash_attention_atomic_dq_dev_variant(ops, D):
                 ref.rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
-    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, ladder.ATOMIC_DQ_VERSION)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, ATOMIC_DQ_VERSION)
     dqkv = poisoned(qkv_d.shape, BF16)
-    ladder.backward_atomic_dq(ladder.source(ladder.ATOMIC_DQ_VERSION), dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out,
-                              lse, qkv_d, H, KV, dev(cos), dev(sin))
+    ops.flash_attention_backward_atomic_dq(dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out, lse,
+                                           qkv_d, H, KV, flash_source(ops, ATOMIC_DQ_VERSION), dev(cos), dev(sin))
     ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
     expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
     check_dqkv("flash_attention_backward_atomic_dq", dqkv, expected, H, KV, D, T)

@@ -104,8 +104,8 @@ def test_gemm_wgmma3_splits(ops, monkeypatch, splits):
     the last one partial), overwriting and accumulating."""
     if "wgmma3" not in versions():
         pytest.skip("wgmma3 needs sm_90a")
-    from llama import gemm_wgmma
-    monkeypatch.setattr(gemm_wgmma, "splitk_splits3", lambda p, sms: splits)
+    from llama.ops import bf16
+    monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
     a, b, opa, opb = operands("tn", 200, 136, 1000, 1)
     c = poisoned((200, 136))
     ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version="wgmma3")

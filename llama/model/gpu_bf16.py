@@ -91,7 +91,7 @@ class GPUModelBF16(TrainStep):
         N, C = self.B * self.T, self.config.dim
         self.rms_scratch = zeros(ops.rmsnorm_bf16_scratch_size(C))
         self.embedding_scratch = zeros(ops.embedding_bf16_scratch_size(N, C))
-        self.norm_scratch = zeros(ops.GRAD_NORM_BLOCKS + 1, np.float64)
+        self.norm_scratch = zeros(ops.NORM_BLOCKS + 1, np.float64)
         self.norm_squared, self.loss_total = zeros(1), zeros(1)
         self.adam_scalars = zeros(ops.ADAMW_SCALARS)
         # inputs: device buffers, and two sets of pinned host buffers used in turn

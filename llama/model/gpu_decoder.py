@@ -2,8 +2,8 @@
 
 The weights are the fp32 master weights in a model's flat parameter buffer (GPUModel.params, or
 any device array in the llama/params.py layout), read in place. Each forward step runs the
-training kernels of llama/ops.py (embedding, RMSNorm, matmuls, SwiGLU, residual) on the new
-positions only, and kernels/decode.cu for RoPE at the absolute positions with the cache write and
+training kernels of llama/ops/fp32.py (embedding, RMSNorm, matmuls, SwiGLU, residual) on the new
+positions only, and kernels/decode.cu (llama/ops/decode.py) for RoPE at the absolute positions with the cache write and
 for attention over the cache. The caches, (B, KV, max_len, D) per layer and for k and v, are bf16
 by default (fp32 on request). Prefill is the same step over the prompt, in chunks of `chunk`
 positions; decode is a step of one position.
@@ -19,62 +19,6 @@ from ..cuda import BF16, DeviceArray, empty, to_device, zeros
 from ..params import ParameterLayout
 from .reference import rope_cos_sin
 
-F32, I32 = ops.F32, ops.I32
-CACHE_KERNELS = {F32: "f32", BF16: "bf16"}
-ATTENTION_BLOCK = 256
-
-
-def _cache_suffix(k_cache: DeviceArray, v_cache: DeviceArray) -> str:
-    if k_cache.dtype not in CACHE_KERNELS or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"caches must both be float32 or bfloat16, got {k_cache.dtype} and {v_cache.dtype}")
-    return CACHE_KERNELS[k_cache.dtype]
-
-
-def rope_kv_write(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, qkv: DeviceArray, cos: DeviceArray,
-                  sin: DeviceArray, p0: int) -> None:
-    """qkv (B, n, (H + 2KV) * D) -> q (B, H, n, D) rotated at positions p0.., and k (rotated), v
-    written into the caches (B, KV, T_max, D) at p0 .. p0 + n - 1."""
-    B, H, n, D = q.shape
-    _check_cache(k_cache, v_cache, B, D)
-    KV, T_max = k_cache.shape[1], k_cache.shape[2]
-    ops._check("q", q, (B, H, n, D))
-    ops._check("qkv", qkv, (B, n, (H + 2 * KV) * D))
-    if not 0 <= p0 <= T_max - n or cos.shape[0] < p0 + n or cos.shape[1:] != (D // 2,) or sin.shape != cos.shape:
-        raise ValueError(f"positions {p0}..{p0 + n - 1} do not fit the cache ({T_max}) or cos/sin {cos.shape}")
-    suffix = _cache_suffix(k_cache, v_cache)
-    ops._kernel("decode", f"rope_kv_write_{suffix}", "PPPPPPiiiiiii")(
-        ops._blocks(qkv.size // 2), ops.BLOCK, q.ptr, k_cache.ptr, v_cache.ptr, qkv.ptr, cos.ptr, sin.ptr,
-        B, n, H, KV, D, p0, T_max)
-
-
-def decode_attention(out: DeviceArray, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, p0: int) -> None:
-    """out (B, n, H * D): query i of q (B, H, n, D), at position p0 + i, attends to cached keys 0 .. p0 + i."""
-    B, H, n, D = q.shape
-    _check_cache(k_cache, v_cache, B, D)
-    KV, T_max = k_cache.shape[1], k_cache.shape[2]
-    if KV == 0 or H % KV:
-        raise ValueError(f"attention: {H} query heads cannot share {KV} kv heads")
-    if D > ATTENTION_BLOCK or D % 2:
-        raise ValueError(f"head_dim {D} must be even and at most {ATTENTION_BLOCK}")
-    if not 0 <= p0 <= T_max - n:
-        raise ValueError(f"positions {p0}..{p0 + n - 1} do not fit the cache ({T_max})")
-    ops._check("out", out, (B, n, H * D))
-    shared = 4 * (D + ATTENTION_BLOCK + ATTENTION_BLOCK // D * D)
-    ops._kernel("decode", f"decode_attention_{_cache_suffix(k_cache, v_cache)}", "PPPPiiiiii")(
-        (n, H, B), ATTENTION_BLOCK, out.ptr, q.ptr, k_cache.ptr, v_cache.ptr, n, H, KV, D, p0, T_max, shared=shared)
-
-
-def last_positions(out: DeviceArray, x: DeviceArray) -> None:
-    """out (B, C) = x (B, n, C)[:, n - 1]."""
-    B, n, C = x.shape
-    ops._check("out", out, (B, C))
-    ops._kernel("decode", "last_positions", "PPiii")(ops._blocks(B * C), ops.BLOCK, out.ptr, x.ptr, B, n, C)
-
-
-def _check_cache(k_cache: DeviceArray, v_cache: DeviceArray, B: int, D: int) -> None:
-    if len(k_cache.shape) != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
-        raise ValueError(f"caches must be (B={B}, KV, T_max, D={D}), got {k_cache.shape} and {v_cache.shape}")
-
 
 class GPUDecoder:
     """The decoder interface of llama/generate.py with our kernels; see the module docstring."""
@@ -84,7 +28,7 @@ class GPUDecoder:
         self.config, self.batch = config, batch
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
         self.layout = ParameterLayout(config)
-        if not isinstance(params, DeviceArray) or params.dtype != F32 or params.size != self.layout.size:
+        if not isinstance(params, DeviceArray) or params.dtype != np.float32 or params.size != self.layout.size:
             raise ValueError(f"params must be a float32 device array of {self.layout.size} values")
         self.params = params
         self.chunk = min(chunk, self.max_len)
@@ -145,9 +89,9 @@ class GPUDecoder:
             pre = f"layers.{i}."
             ops.rmsnorm_forward(s["ln"], s["rstd"], x, self._param(pre + "attention_norm.weight"), c.norm_eps)
             ops.matmul_forward(s["qkv"], s["ln"], self._matrix(L.wqkv(i)))
-            rope_kv_write(s["q"], self.k_cache[i], self.v_cache[i], s["qkv"].reshape(B, n, -1), self.rope_cos,
+            ops.rope_kv_write(s["q"], self.k_cache[i], self.v_cache[i], s["qkv"].reshape(B, n, -1), self.rope_cos,
                           self.rope_sin, p0)
-            decode_attention(s["att"].reshape(B, n, H * D), s["q"], self.k_cache[i], self.v_cache[i], p0)
+            ops.decode_attention(s["att"].reshape(B, n, H * D), s["q"], self.k_cache[i], self.v_cache[i], p0)
             ops.matmul_forward(s["h"], s["att"], self._param(pre + "attention.wo.weight"))
             ops.residual_forward(s["h"], x, s["h"])
             ops.rmsnorm_forward(s["ln"], s["rstd"], s["h"], self._param(pre + "ffn_norm.weight"), c.norm_eps)
@@ -155,5 +99,5 @@ class GPUDecoder:
             ops.swiglu_forward(s["ffn"], s["gate_up"])
             ops.matmul_forward(s["branch"], s["ffn"], self._param(pre + "feed_forward.w2.weight"))
             ops.residual_forward(x, s["h"], s["branch"])
-        last_positions(s["last"], x.reshape(B, n, c.dim))
+        ops.last_positions(s["last"], x.reshape(B, n, c.dim))
         self.position += n

@@ -1,4 +1,4 @@
-"""Llama 3.1 on the GPU, built from the kernels in kernels/ through the launchers in llama/ops.py.
+"""Llama 3.1 on the GPU, built from the kernels in kernels/ through the launchers in llama/ops/fp32.py.
 
 It mirrors llama/model/reference.py layer by layer, with the same names: read the two side by side.
 Parameters live in one flat device buffer and gradients in another (layout from llama/params.py);

@@ -2,7 +2,7 @@
 
 This is the oracle that every CUDA kernel is tested against, and the CPU backend of the trainer.
 Each layer is a pair `<layer>_forward` / `<layer>_backward` named like the kernel in
-kernels/<layer>.cu and its launcher in llama/ops.py, with the same layouts, so the three can be
+kernels/<layer>.cu and its launcher in llama/ops/, with the same layouts, so the three can be
 read side by side. Functions compute in the dtype of their inputs (float32 or float64).
 
 Layouts (B batch, T time, C dim, H query heads, KV key/value heads, D head_dim, F ffn hidden):

@@ -14,8 +14,9 @@ import math
 
 import numpy as np
 
-from .cuda import DeviceArray, to_device
-from .ops import GemmProblem, _kernel, multiprocessors
+from ..cuda import DeviceArray, to_device
+from .common import kernel, multiprocessors
+from .gemm_problem import GemmProblem
 
 BM, BK = 128, 64
 STAGES = {256: 4, 128: 6}
@@ -76,7 +77,7 @@ def gemm_wgmma(p: GemmProblem, bn: int | None = None) -> None:
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
     maps = device_maps(b"".join(operand_maps(p, bn)))
     shared = STAGES[bn] * (BM + bn) * BK * 2 + 1024 + 16 * STAGES[bn]
-    _kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
+    kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
         (min(tiles, sms),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
 
@@ -93,7 +94,7 @@ def gemm_wgmma3(p: GemmProblem, splits: int = 1) -> None:
     units = math.ceil(p.M / BM) * math.ceil(p.N / 128) * p.batch * splits
     maps = device_maps(b"".join(operand_maps(p, 128)))
     shared = PINGPONG_STAGES * (BM + 128) * BK * 2 + 1024 + 16 * PINGPONG_STAGES + 16
-    _kernel("gemm_wgmma", f"gemm_wgmma3_{p.layout}", "PPPPqiiiiiiiiiiif")(
+    kernel("gemm_wgmma", f"gemm_wgmma3_{p.layout}", "PPPPqiiiiiiiiiiif")(
         (min(units, multiprocessors()),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         splits, split_kb, *p.epilogue_args(), shared=shared)
 

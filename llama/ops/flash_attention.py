@@ -1,0 +1,159 @@
+"""Launchers of the bf16 flash attention (kernels/flash_attention.cu, or a rung of the dev/cuda ladder):
+causal grouped-query attention reading q, k, v from the packed projection, O(T) memory."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..cuda import BF16, DeviceArray, empty, runtime, to_device
+from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel
+
+HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
+
+
+@dataclass(frozen=True)
+class FlashSource:
+    """Which flash attention build to launch: kernels/flash_attention.cu (the default), or a rung of the
+    dev/cuda ladder (module flash_attention_v<N> in that directory)."""
+    module: str = "flash_attention"
+    directory: Path | None = None
+
+
+@dataclass(frozen=True)
+class _FlashLaunch:
+    threads: int
+    rows: int  # rows of T per CTA
+    shared: int  # dynamic shared memory, bytes
+
+
+_FLASH_CONFIGS = {}
+
+
+def _flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
+    """The launch shape of one kernel ('forward', 'dkdv' or 'dq'), from the module's own
+    flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
+    if source not in _FLASH_CONFIGS:
+        rt = runtime()
+        pointer, _ = rt.module(source.module, source.directory).get_global("flash_attention_config")
+        table = np.empty((2, 9), dtype=np.int32)
+        rt.drv.memcpy_dtoh(table, pointer)
+        _FLASH_CONFIGS[source] = table
+    row = _FLASH_CONFIGS[source][{64: 0, 128: 1}[D]]
+    at = 3 * ("forward", "dkdv", "dq").index(which)
+    return _FlashLaunch(*(int(x) for x in row[at:at + 3]))
+
+
+def _flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int, int, int, int, int]:
+    """B, T, H, KV, D of a packed (B, T, (H + 2KV) * D) bf16 qkv; D must be 64 or 128."""
+    H, KV = n_heads, n_kv_heads
+    if KV < 1 or H < 1 or H % KV:
+        raise ValueError(f"flash attention: {H} query heads cannot share {KV} kv heads")
+    if not isinstance(qkv, DeviceArray) or len(qkv.shape) != 3 or qkv.dtype != BF16:
+        raise ValueError(f"qkv: expected a bf16 DeviceArray (B, T, (H + 2KV) * D), got {qkv!r}")
+    B, T, C = qkv.shape
+    if B < 1 or T < 1 or C % (H + 2 * KV) or C // (H + 2 * KV) not in HEAD_DIMS:
+        raise ValueError(f"qkv: expected (B >= 1, T >= 1, {H + 2 * KV} heads * D) with D 64 or 128, got {qkv.shape}")
+    return B, T, H, KV, C // (H + 2 * KV)
+
+
+
+def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
+                            source: FlashSource = FlashSource()) -> None:
+    """Causal grouped-query attention of the packed projection qkv (B, T, (H + 2KV) * D) bf16, q and k
+    already rotated: out (B, T, H * D) bf16 and the log-sum-exp of each row of scaled scores lse (B, H, T)."""
+    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    check("out", out, (B, T, H * D), BF16)
+    check("lse", lse, (B, H, T))
+    check_aligned(out=out, qkv=qkv)
+    launch = _flash_config(source, D, "forward")
+    kernel(source.module, f"flash_attention_forward_d{D}", "PPPiii", source.directory)(
+        (H, B, math.ceil(T / launch.rows)), launch.threads, out.ptr, lse.ptr, qkv.ptr, T, H, KV, shared=launch.shared)
+
+
+def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: DeviceArray, out: DeviceArray,
+                             lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
+                             cos: DeviceArray | None = None, sin: DeviceArray | None = None,
+                             source: FlashSource = FlashSource()) -> None:
+    """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
+    lse; delta (B, H, T) float32 is scratch. Deterministic. With cos/sin (>= T, D/2) float32, dq and dk
+    are rotated back by RoPE (dqkv is then the gradient of the projection before RoPE)."""
+    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    check("dqkv", dqkv, qkv.shape, BF16)
+    check("dout", dout, (B, T, H * D), BF16)
+    check("out", out, (B, T, H * D), BF16)
+    check("lse", lse, (B, H, T))
+    check("delta", delta, (B, H, T))
+    check_aligned(dqkv=dqkv, dout=dout, out=out, qkv=qkv)
+    if (cos is None) != (sin is None):
+        raise ValueError("cos and sin: pass both (fused inverse RoPE) or neither")
+    if cos is not None:
+        rows = cos.shape[0] if isinstance(cos, DeviceArray) and len(cos.shape) == 2 else 0
+        if rows < T:
+            raise ValueError(f"cos: expected float32 (>= {T}, {D // 2}), got {cos!r}")
+        check("cos", cos, (rows, D // 2))
+        check("sin", sin, (rows, D // 2))
+    cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
+    kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
+        blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, delta.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
+    args = (dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr, sin_ptr, T, H, KV)
+    dkdv = _flash_config(source, D, "dkdv")
+    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", "PPPPPPPiii", source.directory)(
+        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, shared=dkdv.shared)
+    dq = _flash_config(source, D, "dq")
+    kernel(source.module, f"flash_attention_backward_dq_d{D}", "PPPPPPPiii", source.directory)(
+        (H, B, math.ceil(T / dq.rows)), dq.threads, *args, shared=dq.shared)
+
+
+def flash_attention_backward_atomic_dq(dqkv: DeviceArray, delta: DeviceArray, dq_accum: DeviceArray, dout: DeviceArray,
+                                       out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int,
+                                       n_kv_heads: int, source: FlashSource, cos: DeviceArray | None = None,
+                                       sin: DeviceArray | None = None) -> None:
+    """NONDETERMINISTIC, opt-in, for measuring what determinism costs: flash_attention_backward with dQ
+    added by fp32 atomics inside the dK/dV kernel into dq_accum (B, T, H, D) float32, then converted.
+    Only builds that carry these kernels take it (the ladder's v1, dev/cuda/flash_attention_v1.cu)."""
+    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    check("dq_accum", dq_accum, (B, T, H, D))
+    dq_accum.fill_zero()
+    cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
+    kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
+        blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, delta.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
+    rt = runtime()
+    pointer, _ = rt.module(source.module, source.directory).get_global("flash_attention_atomic_dq_shared")
+    shared = np.empty(2, dtype=np.int32)
+    rt.drv.memcpy_dtoh(shared, pointer)
+    dkdv = _flash_config(source, D, "dkdv")
+    kernel(source.module, f"flash_attention_backward_dkdv_atomic_dq_d{D}", "PPPPPPPPiii", source.directory)(
+        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr,
+        sin_ptr, dq_accum.ptr, T, H, KV, shared=int(shared[{64: 0, 128: 1}[D]]))
+    kernel(source.module, "flash_attention_backward_dq_convert", "PPPPiiiii", source.directory)(
+        blocks(B * T * H * D // 2), BLOCK, dqkv.ptr, dq_accum.ptr, cos_ptr, sin_ptr, B, T, H, KV, D)
+
+
+class FlashAttentionProblem:
+    """One attention problem on the device, with random bf16 qkv and dout and every output buffer: what
+    the dev/cuda ladder's runner, the tests and scripts/bench_attention.py run each build on."""
+
+    def __init__(self, B: int, T: int, H: int, KV: int, D: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.shape = (B, T, H, KV, D)
+        self.qkv_host = rng.standard_normal((B, T, (H + 2 * KV) * D)).astype(BF16)
+        self.dout_host = rng.standard_normal((B, T, H * D)).astype(BF16)
+        self.qkv, self.dout = to_device(self.qkv_host), to_device(self.dout_host)
+        self.out, self.dqkv = empty((B, T, H * D), BF16), empty(self.qkv.shape, BF16)
+        self.lse, self.delta = empty((B, H, T)), empty((B, H, T))
+        self.dq_accum = empty((B, T, H, D))
+
+    def forward(self, source: FlashSource) -> None:
+        flash_attention_forward(self.out, self.lse, self.qkv, *self.shape[2:4], source=source)
+
+    def backward(self, source: FlashSource) -> None:
+        flash_attention_backward(self.dqkv, self.delta, self.dout, self.out, self.lse, self.qkv, *self.shape[2:4],
+                                 source=source)
+
+    def backward_atomic_dq(self, source: FlashSource) -> None:
+        flash_attention_backward_atomic_dq(self.dqkv, self.delta, self.dq_accum, self.dout, self.out, self.lse,
+                                           self.qkv, *self.shape[2:4], source)
