@@ -189,8 +189,8 @@ def build_model(device: str, dtype: str, config: LlamaConfig, B: int, T: int, pa
     if dtype == "bf16":
         from llama.model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm)
-    from llama.model.gpu_fp32 import GPUModel
-    return GPUModel(config, B, T, params=params, comm=comm)
+    from llama.model.gpu_fp32 import GPUModelFP32
+    return GPUModelFP32(config, B, T, params=params, comm=comm)
 
 
 def mean_over_ranks(comm, *values: float) -> list[float]:

@@ -1,4 +1,4 @@
-"""Text generation with a KV cache: the sampling loop, and the CPU decoder.
+"""Text generation with a KV cache: the sampling loop over a decoder, and the decoder of a training model.
 
 A decoder runs the model on new tokens while keeping every earlier position's keys and values, so
 each generated token costs one position instead of the whole window:
@@ -6,8 +6,8 @@ each generated token costs one position instead of the whole window:
                            the last one; prefill is forward(prompt), decode is forward(token)
   decoder.reset()          forget the cache (position 0)
   decoder.position, decoder.max_len, decoder.batch
-ReferenceDecoder (here, numpy, with the layer functions of llama/model/reference.py) and GPUDecoder
-(llama/model/gpu_decoder.py, our kernels) have this interface; generate() drives either.
+ReferenceDecoder (llama/model/reference.py, numpy) and GPUDecoder (llama/model/gpu_decoder.py, our
+kernels) have this interface; generate() drives either.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import LlamaConfig
-from .params import ParameterLayout
-from .model.reference import (embedding_forward, matmul_forward, residual_forward, rmsnorm_forward, rope_cos_sin,
-                        rope_forward, swiglu_forward)
+from .model.reference import ReferenceDecoder
 
 
 def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0, top_k: int = 0,
@@ -94,72 +91,6 @@ class TextStream:
     def __call__(self, token: int) -> None:
         self.file.write(self.decoder.decode(self.tokenizer.token_bytes(token)))
         self.file.flush()
-
-
-def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np.ndarray:
-    """Causal grouped-query attention of new queries over a KV cache, the twin of decode_attention in
-    kernels/decode.cu. q (B, H, n, D) at positions p0 .. p0 + n - 1; k, v (B, KV, p0 + n, D), the
-    cached positions 0 .. p0 + n - 1 -> (B, n, H * D). Query i sees keys 0 .. p0 + i."""
-    B, H, n, D = q.shape
-    KV, L = k.shape[1], k.shape[2]
-    q_stacked = q.reshape(B, KV, H // KV * n, D)  # the query heads that share one kv head
-    scores = (q_stacked @ k.swapaxes(-1, -2)).reshape(B, H, n, L) * q.dtype.type(1 / np.sqrt(D))
-    future = np.arange(L)[None, :] > p0 + np.arange(n)[:, None]
-    scores = np.where(future, -np.inf, scores)
-    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    out = (probs.reshape(B, KV, H // KV * n, L) @ v).reshape(B, H, n, D)
-    return out.transpose(0, 2, 1, 3).reshape(B, n, H * D)
-
-
-class ReferenceDecoder:
-    """The model on the CPU with a KV cache: reference.py's layers on the new positions only.
-    params is a flat array in the parameter layout (a ReferenceModel's .params: shared, not copied)."""
-
-    def __init__(self, config: LlamaConfig, params: np.ndarray, batch: int = 1, max_len: int | None = None):
-        self.config, self.batch = config, batch
-        self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
-        self.layout = ParameterLayout(config)
-        if params.shape != (self.layout.size,):
-            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
-        self.params, self.dtype = params, params.dtype
-        self.p = self.layout.views(params)
-        self.rope_cos, self.rope_sin = rope_cos_sin(config, self.max_len)
-        shape = (batch, config.n_kv_heads, self.max_len, config.head_dim)
-        self.k_cache = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
-        self.v_cache = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
-        self.position = 0
-
-    def reset(self) -> None:
-        self.position = 0
-
-    def _matrix(self, tensor) -> np.ndarray:
-        return self.params[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
-
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
-        c, p, L = self.config, self.p, self.layout
-        tokens = np.asarray(tokens)
-        B, n = tokens.shape
-        p0 = self.position
-        if B != self.batch or p0 + n > self.max_len:
-            raise ValueError(f"tokens {tokens.shape} do not fit: batch {self.batch}, {p0} of {self.max_len} "
-                             "positions used")
-        x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
-        for i in range(c.n_layers):
-            pre = f"layers.{i}."
-            ln, _ = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
-            qkv = matmul_forward(ln, self._matrix(L.wqkv(i)))
-            q, k, v = rope_forward(qkv, self.rope_cos[p0:], self.rope_sin[p0:], c.n_heads, c.n_kv_heads)
-            self.k_cache[i][:, :, p0:p0 + n] = k
-            self.v_cache[i][:, :, p0:p0 + n] = v
-            att = cached_attention(q, self.k_cache[i][:, :, :p0 + n], self.v_cache[i][:, :, :p0 + n], p0)
-            h = residual_forward(x, matmul_forward(att, p[pre + "attention.wo.weight"]))
-            ln, _ = rmsnorm_forward(h, p[pre + "ffn_norm.weight"], c.norm_eps)
-            ffn = swiglu_forward(matmul_forward(ln, self._matrix(L.w13(i))))
-            x = residual_forward(h, matmul_forward(ffn, p[pre + "feed_forward.w2.weight"]))
-        self.position += n
-        lnf, _ = rmsnorm_forward(x[:, -1], p["norm.weight"], c.norm_eps)
-        return matmul_forward(lnf, self._matrix(L.output()))
 
 
 def decoder_for(model, max_len: int, batch: int = 1):

@@ -75,18 +75,3 @@ def learning_rate(step: int, max_steps: int, lr: float, warmup_steps: int = 0,
         return lr + (final - lr) * frac
     return final + 0.5 * (lr - final) * (1 + math.cos(math.pi * frac))
 
-
-class TrainStep:
-    """train_step() for a model with forward(tokens, targets), backward(loss_scale), zero_grad() and
-    optimizer_step(): the reference and the fp32 GPU model. The bf16 GPU model has its own, captured."""
-
-    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
-        """One optimizer step over the micro-batches [(tokens, targets), ...]: (mean loss, grad norm);
-        a non-finite loss skips the update and gives a NaN norm."""
-        self.zero_grad()
-        loss = 0.0
-        for tokens, targets in batches:
-            loss += self.forward(tokens, targets) / len(batches)
-            self.backward(loss_scale=1.0 / len(batches))
-        norm = self.optimizer_step(lr, step, opt) if math.isfinite(loss) else float("nan")
-        return loss, norm

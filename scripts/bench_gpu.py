@@ -16,7 +16,7 @@ import numpy as np
 from llama import ops
 from llama.config import get_preset
 from llama.cuda import empty, runtime, to_device
-from llama.model.gpu_fp32 import GPUModel
+from llama.model.gpu_fp32 import GPUModelFP32
 from llama.optim import AdamWConfig
 from llama.params import count_parameters
 
@@ -59,7 +59,7 @@ def bench_matmuls(config, M: int) -> list[dict]:
 
 
 def bench_our_step(config, B: int, T: int, steps: int) -> dict:
-    model = GPUModel(config, B, T, seed=0)
+    model = GPUModelFP32(config, B, T, seed=0)
     rng = np.random.default_rng(0)
     tokens, targets = rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T))
     opt = AdamWConfig()

@@ -23,7 +23,7 @@ from llama import ops
 from llama.config import get_preset
 from llama.cuda import allocated_bytes, runtime
 from llama.optim import AdamWConfig
-from llama.model.reference import rope_cos_sin
+from llama.model.base import rope_cos_sin
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
 VOCAB = 128256

@@ -18,7 +18,8 @@ import numpy as np
 
 from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
 from llama.cuda import cuda_unavailable
-from llama.generate import ReferenceDecoder, TextStream, generate
+from llama.generate import TextStream, generate
+from llama.model.reference import ReferenceDecoder
 from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
 

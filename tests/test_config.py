@@ -5,7 +5,7 @@ import pytest
 
 from llama.config import PRESETS, ConfigError, LlamaConfig, get_preset
 from llama.params import ParameterLayout, count_parameters
-from llama.model.reference import apply_rope_scaling, rope_frequencies
+from llama.model.base import apply_rope_scaling, rope_frequencies
 
 
 @pytest.mark.parametrize("name, hidden, params", [

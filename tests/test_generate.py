@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.generate import ReferenceDecoder, TextStream, decoder_for, generate, sample_token
+from llama.generate import TextStream, decoder_for, generate, sample_token
+from llama.model.reference import ReferenceDecoder
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer
 from tests.gradcheck import rel_error

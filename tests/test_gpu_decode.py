@@ -6,9 +6,10 @@ import pytest
 
 from llama.config import get_preset
 from llama.cuda import BF16
-from llama.generate import cached_attention, generate
+from llama.generate import generate
 from llama.params import ParameterLayout
-from llama.model.reference import rope_cos_sin, rope_forward
+from llama.model.base import rope_cos_sin
+from llama.model import reference as ref
 from tests.gpu_helpers import ERRORS, dev, poisoned
 from tests.gradcheck import rel_error
 from tests.test_train import corpus, run  # noqa: F401 (fixture)
@@ -32,7 +33,7 @@ def poisoned_cache(shape, dtype):
 @pytest.mark.parametrize("B, n, H, KV, D, p0, T_max", [(2, 5, 4, 2, 16, 3, 12), (1, 1, 6, 2, 24, 40, 41),
                                                         (3, 37, 8, 8, 64, 0, 40)])
 def test_rope_kv_write(cache_dtype, B, n, H, KV, D, p0, T_max):
-    from llama.model.gpu_decoder import rope_kv_write
+    from llama.ops import rope_kv_write
     config = get_preset("tiny").replace(dim=H * D, n_heads=H, n_kv_heads=KV, rope_original_context=16)
     rng = np.random.default_rng(0)
     qkv = rng.standard_normal((B, n, (H + 2 * KV) * D)).astype(np.float32)
@@ -40,7 +41,7 @@ def test_rope_kv_write(cache_dtype, B, n, H, KV, D, p0, T_max):
     q_d, k_d, v_d = poisoned((B, H, n, D)), poisoned_cache((B, KV, T_max, D), cache_dtype), \
         poisoned_cache((B, KV, T_max, D), cache_dtype)
     rope_kv_write(q_d, k_d, v_d, dev(qkv), dev(cos), dev(sin), p0)
-    q, k, v = rope_forward(qkv.astype(np.float64), cos[p0:], sin[p0:], H, KV)
+    q, k, v = ref.rope_forward(qkv.astype(np.float64), cos[p0:], sin[p0:], H, KV)
     tol = 1e-6 if cache_dtype == np.float32 else 1e-2  # the caches round to bf16
     record(f"rope_kv_write_q[{B},{n},{p0}]", q_d.download().astype(np.float64), q, 1e-6)
     for name, cache, expected in (("k", k_d, k), ("v", v_d, v)):
@@ -58,7 +59,7 @@ def test_rope_kv_write(cache_dtype, B, n, H, KV, D, p0, T_max):
 ])
 def test_decode_attention(cache_dtype, B, n, H, KV, D, p0, T_max):
     from llama.cuda import to_device
-    from llama.model.gpu_decoder import decode_attention
+    from llama.ops import decode_attention
     rng = np.random.default_rng(1)
     q = rng.standard_normal((B, H, n, D)).astype(np.float32)
     k = rng.standard_normal((B, KV, T_max, D)).astype(cache_dtype)
@@ -67,7 +68,7 @@ def test_decode_attention(cache_dtype, B, n, H, KV, D, p0, T_max):
     v[:, :, p0 + n:] = np.nan
     out = poisoned((B, n, H * D))
     decode_attention(out, dev(q), to_device(k), to_device(v), p0)
-    expected = cached_attention(q.astype(np.float64), k[:, :, :p0 + n].astype(np.float64),
+    expected = ref.decode_attention(q.astype(np.float64), k[:, :, :p0 + n].astype(np.float64),
                                 v[:, :, :p0 + n].astype(np.float64), p0)
     record(f"decode_attention[{np.dtype(cache_dtype).name},n={n},p0={p0},D={D}]",
            out.download().astype(np.float64), expected, 1e-5)
@@ -81,10 +82,10 @@ CONFIG = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2,
 @pytest.mark.parametrize("chunks", [[1] * 40, [7] + [1] * 33, [40]])
 def test_decoder_matches_the_full_forward_at_every_position(cache_dtype, tol, chunks):
     from llama.model.gpu_decoder import GPUDecoder
-    from llama.model.gpu_fp32 import GPUModel
+    from llama.model.gpu_fp32 import GPUModelFP32
     rng = np.random.default_rng(2)
     params = (0.1 * rng.standard_normal(ParameterLayout(CONFIG).size)).astype(np.float32) + 0.02
-    model = GPUModel(CONFIG, B=2, T=40, params=params)
+    model = GPUModelFP32(CONFIG, B=2, T=40, params=params)
     tokens = rng.integers(0, CONFIG.vocab_size, (2, 40))
     model.forward(tokens)
     full = model.read_logits()
@@ -100,10 +101,10 @@ def test_decoder_matches_the_full_forward_at_every_position(cache_dtype, tol, ch
 
 def test_greedy_decode_matches_full_forwards():
     from llama.model.gpu_decoder import GPUDecoder
-    from llama.model.gpu_fp32 import GPUModel
+    from llama.model.gpu_fp32 import GPUModelFP32
     rng = np.random.default_rng(3)
     params = (0.1 * rng.standard_normal(ParameterLayout(CONFIG).size)).astype(np.float32)
-    model = GPUModel(CONFIG, B=1, T=32, params=params)
+    model = GPUModelFP32(CONFIG, B=1, T=32, params=params)
     prompt = [5, 17, 123, 9]
     result = generate(GPUDecoder(CONFIG, model.params, max_len=32, cache_dtype=np.float32), prompt, 16,
                       np.random.default_rng(0), temperature=0)
@@ -115,9 +116,10 @@ def test_greedy_decode_matches_full_forwards():
 
 
 def test_bad_inputs():
-    from llama.model.gpu_decoder import GPUDecoder, decode_attention
-    from llama.model.gpu_fp32 import GPUModel
-    model = GPUModel(CONFIG, B=1, T=8)
+    from llama.model.gpu_decoder import GPUDecoder
+    from llama.ops import decode_attention
+    from llama.model.gpu_fp32 import GPUModelFP32
+    model = GPUModelFP32(CONFIG, B=1, T=8)
     decoder = GPUDecoder(CONFIG, model.params, batch=1, max_len=8)
     with pytest.raises(ValueError, match="do not fit"):
         decoder.forward(np.zeros((1, 9), dtype=np.int64))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from llama.model import reference as ref
+from llama.model.base import rope_cos_sin
 from llama.config import get_preset
 from llama.cuda import BF16
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
@@ -95,7 +96,7 @@ def test_flash_attention(ops, B, T, H, KV, D, version):
 def test_flash_attention_backward_fused_rope(ops, D, version):
     B, T, H, KV = 2, 300, 4, 1
     config = get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV)
-    cos, sin = (x.astype(np.float32).astype(np.float64) for x in ref.rope_cos_sin(config, T + 5))
+    cos, sin = (x.astype(np.float32).astype(np.float64) for x in rope_cos_sin(config, T + 5))
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
     out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
@@ -153,7 +154,7 @@ def test_flash_attention_atomic_dq_dev_variant(ops, D):
     from llama.cuda import empty
     B, T, H, KV = 2, 333, 4, 1
     cos, sin = (x.astype(np.float32).astype(np.float64) for x in
-                ref.rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
+                rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
     out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, ATOMIC_DQ_VERSION)

@@ -20,14 +20,14 @@ from tests.test_hf_transformers import TOKENS, hf_logits, random_hf_model  # noq
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_save_pretrained_imports_into_the_gpu_model(tmp_path, tied, dtype):
-    from llama.model.gpu_fp32 import GPUModel
+    from llama.model.gpu_fp32 import GPUModelFP32
     model = random_hf_model(tied)
     with torch.no_grad():  # the weights as stored; the transformers model stays float32
         for p in model.parameters():
             p.copy_(p.to(getattr(torch, dtype)).float())
     copy.deepcopy(model).to(getattr(torch, dtype)).save_pretrained(tmp_path, safe_serialization=True)
     config, params = load_hf_folder(tmp_path)
-    gpu = GPUModel(config, B=TOKENS.shape[0], T=TOKENS.shape[1], params=params)
+    gpu = GPUModelFP32(config, B=TOKENS.shape[0], T=TOKENS.shape[1], params=params)
     gpu.forward(TOKENS)
     err = rel_error(gpu.read_logits(), hf_logits(model, TOKENS))
     ERRORS.append((f"hf_import_gpu_logits[{dtype},tied={tied}]", err))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from llama.model import reference as ref
+from llama.model.base import rope_cos_sin
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
@@ -88,7 +89,7 @@ GQA = [(4, 4), (4, 2), (8, 2), (8, 1)]  # ratios 1, 2, 4, 8
 @pytest.mark.parametrize("B, T, D", [(1, 5, 8), (2, 33, 64)])
 def test_rope(ops, H, KV, B, T, D):
     config = get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV, rope_original_context=16)
-    cos, sin = ref.rope_cos_sin(config, T + 3)
+    cos, sin = rope_cos_sin(config, T + 3)
     qkv = randn(B, T, (H + 2 * KV) * D)
     q, k, v = poisoned((B, H, T, D)), poisoned((B, KV, T, D)), poisoned((B, KV, T, D))
     cos_d, sin_d = dev(cos), dev(sin)

@@ -20,10 +20,10 @@ def batch(seed, B=3, T=37, vocab=300):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_loss_and_every_gradient(tied):
-    from llama.model.gpu_fp32 import GPUModel
+    from llama.model.gpu_fp32 import GPUModelFP32
     config = CONFIG.replace(tie_embeddings=tied)
     cpu = ReferenceModel(config, dtype=np.float64, seed=3)
-    gpu = GPUModel(config, B=4, T=40, params=cpu.params.astype(np.float32))
+    gpu = GPUModelFP32(config, B=4, T=40, params=cpu.params.astype(np.float32))
     tokens, targets = batch(0)
     cpu_loss = cpu.forward(tokens, targets)
     gpu.zero_grad()
@@ -45,9 +45,9 @@ def test_loss_and_every_gradient(tied):
 
 
 def test_smaller_batch_and_logits():
-    from llama.model.gpu_fp32 import GPUModel
+    from llama.model.gpu_fp32 import GPUModelFP32
     cpu = ReferenceModel(CONFIG, dtype=np.float64, seed=4)
-    gpu = GPUModel(CONFIG, B=4, T=40, params=cpu.params.astype(np.float32))
+    gpu = GPUModelFP32(CONFIG, B=4, T=40, params=cpu.params.astype(np.float32))
     tokens, _ = batch(1, B=1, T=9)
     cpu.forward(tokens)
     gpu.forward(tokens)
@@ -61,9 +61,9 @@ def test_smaller_batch_and_logits():
 
 
 def test_ten_adamw_steps_match_reference():
-    from llama.model.gpu_fp32 import GPUModel
+    from llama.model.gpu_fp32 import GPUModelFP32
     cpu = ReferenceModel(CONFIG, dtype=np.float64, seed=5)
-    gpu = GPUModel(CONFIG, B=3, T=37, params=cpu.params.astype(np.float32))
+    gpu = GPUModelFP32(CONFIG, B=3, T=37, params=cpu.params.astype(np.float32))
     opt = AdamWConfig(grad_clip=1.0, weight_decay=0.1)
     worst = 0.0
     for step in range(1, 11):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from llama.model import reference as ref
+from llama.model.base import rope_frequencies
 from llama.config import get_preset
 from llama.io.hf import heads_of, hf_name, hf_to_meta, to_hf_state, transformers_config
 from tests.gradcheck import rel_error
@@ -32,7 +33,7 @@ def test_logits_and_gradients_match_transformers(tied):
     hf = transformers.LlamaForCausalLM(transformers_config(config)).double().eval()
     # HF computes RoPE frequencies and angles, RMSNorm and softmax in float32 even in a float64
     # model, so agreement stops near 1e-7: the tolerances below sit just above that floor
-    np.testing.assert_allclose(hf.model.rotary_emb.inv_freq.numpy(), ref.rope_frequencies(config), rtol=1e-6)
+    np.testing.assert_allclose(hf.model.rotary_emb.inv_freq.numpy(), rope_frequencies(config), rtol=1e-6)
     state = {k: torch.tensor(v) for k, v in to_hf_state(model.p, config).items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from llama.model import reference as ref
+from llama.model.base import rope_cos_sin, rope_frequencies
 from llama.config import get_preset
 from llama.optim import AdamWConfig
 from tests.gradcheck import numerical_grad, rel_error
@@ -69,7 +70,7 @@ def test_rope_backward(n_heads, n_kv_heads):
     rng = np.random.default_rng(3)
     B, T, D = 2, 5, 8
     config = get_preset("tiny").replace(dim=D * n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads)
-    cos, sin = ref.rope_cos_sin(config, 7)
+    cos, sin = rope_cos_sin(config, 7)
     qkv = rng.standard_normal((B, T, (n_heads + 2 * n_kv_heads) * D))
     wq, wk, wv = (rng.standard_normal(s) for s in [(B, n_heads, T, D), (B, n_kv_heads, T, D), (B, n_kv_heads, T, D)])
     dqkv = ref.rope_backward(wq, wk, wv, cos, sin)
@@ -83,9 +84,9 @@ def test_rope_rotates_meta_pairs():
     D = config.head_dim
     rng = np.random.default_rng(4)
     qkv = rng.standard_normal((1, 6, (config.n_heads + 2 * config.n_kv_heads) * D))
-    cos, sin = ref.rope_cos_sin(config, 6)
+    cos, sin = rope_cos_sin(config, 6)
     q, k, v = ref.rope_forward(qkv, cos, sin, config.n_heads, config.n_kv_heads)
-    freqs = ref.rope_frequencies(config)
+    freqs = rope_frequencies(config)
     x = qkv[0, 4, :D]  # position 4, query head 0
     rotated = (x[0::2] + 1j * x[1::2]) * np.exp(1j * 4 * freqs)
     np.testing.assert_allclose(q[0, 0, 4, 0::2], rotated.real)
@@ -132,7 +133,7 @@ def test_flash_attention_backward(rope):
     rng = np.random.default_rng(9)
     B, T, H, KV, D = 2, 5, 4, 2, 4
     config = get_preset("tiny").replace(dim=H * D, n_heads=H, n_kv_heads=KV)
-    cos, sin = ref.rope_cos_sin(config, T + 2) if rope else (None, None)
+    cos, sin = rope_cos_sin(config, T + 2) if rope else (None, None)
     raw = rng.standard_normal((B, T, (H + 2 * KV) * D))
     w = rng.standard_normal((B, T, H * D))
     packed = lambda: ref._merge_heads(*ref.rope_forward(raw, cos, sin, H, KV)) if rope else raw

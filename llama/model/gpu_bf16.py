@@ -30,38 +30,27 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import BF16, DeviceArray, Graph, empty, runtime, to_device, zeros
-from .gpu_fp32 import GPUModel
-from ..optim import AdamWConfig, TrainStep
-from ..params import ParameterLayout, model_parameters
-from .reference import check_batch, rope_cos_sin
-from ..parallel.zero import MasterReplica, Zero1
+from ..cuda import BF16, DeviceArray, Graph, empty, runtime, zeros
+from ..optim import AdamWConfig
+from ..parallel.zero import MasterReplica
+from .base import check_batch
+from .gpu_base import GPUModelBase
 
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 
 
-class GPUModelBF16(TrainStep):
-    dtype = "bf16"
-
+class GPUModelBF16(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
                  recompute: bool = True, comm=None):
-        if T > config.max_seq_len:
-            raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         if config.vocab_size % 8 or config.dim % 8:
             raise ValueError(f"bf16 needs dim and vocab_size multiples of 8 (16-byte rows), got {config.dim}, "
                              f"{config.vocab_size}")
-        self.config, self.B, self.T, self.recompute, self.comm = config, B, T, recompute, comm
-        self.layout = ParameterLayout(config)
-        params = model_parameters(self.layout, params, seed)
-        # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero1.for_model(self.layout, comm, params, BF16)
-        self.params_bf16, self.grads = self.zero.weights, self.zero.grads
+        self.recompute = recompute
+        params = self._setup(config, B, T, params, seed, comm, BF16)
+        self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
-        cos, sin = rope_cos_sin(config, T)
-        self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self._allocate()
-        self.shape = None  # (b, t) of the last forward
-        self.graphs = {}  # (b, t, micro_steps) -> (micro-step graph, optimizer graph)
+        self.graphs = {}  # (b, t, micro_steps, opt) -> (micro-step graphs (not last, last), optimizer graph)
 
     # ---- buffers
 
@@ -126,10 +115,6 @@ class GPUModelBF16(TrainStep):
             return self.norm_weights.view(name)
         tensor = self.layout.tensors[name]
         return self.zero.master.view(tensor.offset, tensor.shape)
-
-    def grad(self, name: str) -> DeviceArray:
-        tensor = self.layout.tensors[name]
-        return self.grads.view(tensor.offset, tensor.shape)
 
     def _fused(self, flat: DeviceArray, tensor) -> DeviceArray:
         return flat.view(tensor.offset, tensor.shape)
@@ -266,9 +251,6 @@ class GPUModelBF16(TrainStep):
         if sync:
             self.zero.reduce_from(self.layout.tensors[name].offset)
 
-    def zero_grad(self) -> None:
-        self.grads.fill_zero()
-
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""
         if self.shape is None:
@@ -310,32 +292,35 @@ class GPUModelBF16(TrainStep):
             self.norm_weights.collect()
         z.gather_weights(extra=[self.norm_weights.values] if self.norm_weights is not None else [])
 
-    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
-        """One optimizer step over the micro-batches [(tokens, targets), ...]: replays the captured
-        micro-step per batch and the captured optimizer step; returns (mean loss, grad norm) with
-        one synchronization. The first call for a shape runs the step eagerly, then captures."""
-        micro = len(batches)
-        shapes = {x.shape for x, _ in batches}
-        key = (*batches[0][0].shape, micro, opt)
-        graphs = self.graphs.get(key) if len(shapes) == 1 else None
+    def start_step(self, batches: list, opt: AdamWConfig) -> None:
+        """The captured graphs of this step's shape when they exist (the first step of a shape runs
+        eagerly and captures them at its end); the gradients and the loss zeroed."""
+        micro, shapes = len(batches), {x.shape for x, _ in batches}
+        key = (*batches[0][0].shape, micro, opt) if len(shapes) == 1 else None
+        self.step_graphs = (key, micro, self.graphs.get(key))
         self.zero_grad()
         self.loss_total.fill_zero()
-        for i, (tokens, targets) in enumerate(batches):
-            check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
-            self._upload(tokens, targets)
-            self.shape = tokens.shape
-            last = i == micro - 1
-            if graphs is not None:
-                graphs[last].replay()
-            else:
-                self._micro_step(micro, last)
+
+    def micro_step(self, tokens: np.ndarray, targets: np.ndarray, micro: int, last: bool) -> None:
+        check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
+        self._upload(tokens, targets)
+        self.shape = tokens.shape
+        graphs = self.step_graphs[2]
+        if graphs is not None:
+            graphs[last].replay()
+        else:
+            self._micro_step(micro, last)
+
+    def finish_step(self, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+        """The optimizer step, then the loss and norm read with one synchronization."""
+        key, micro, graphs = self.step_graphs
         self._set_scalars(lr, step, opt)
         if graphs is not None:
             graphs[2].replay()
         else:
             self._optimizer(opt)
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
-        if graphs is None and len(shapes) == 1 and key not in self.graphs:  # everything is allocated and compiled now
+        if graphs is None and key is not None:  # everything is allocated and compiled now
             self.graphs[key] = (Graph(lambda: self._micro_step(micro, False)) if micro > 1 else None,
                                 Graph(lambda: self._micro_step(micro, True)), Graph(lambda: self._optimizer(opt)))
         return loss, norm
@@ -348,13 +333,10 @@ class GPUModelBF16(TrainStep):
         if last:
             self.zero.finish_reduce()
 
-    # ---- state for checkpoints: the fp32 GPU model's, on the same Zero1 state (full arrays on rank 0)
-
-    get_params = GPUModel.get_params
-    get_optimizer_state = GPUModel.get_optimizer_state
+    # ---- state for checkpoints: GPUModelBase's, and the norms' fp32 replica
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        GPUModel.set_state(self, params, adam_m, adam_v)
+        super().set_state(params, adam_m, adam_v)
         if self.norm_weights is not None:
             self.norm_weights.set(params)
 

@@ -1,6 +1,6 @@
 """Generation on the GPU with a KV cache: the decoder interface of llama/generate.py on our kernels.
 
-The weights are the fp32 master weights in a model's flat parameter buffer (GPUModel.params, or
+The weights are the fp32 master weights in a model's flat parameter buffer (GPUModelFP32.params, or
 any device array in the llama/params.py layout), read in place. Each forward step runs the
 training kernels of llama/ops/fp32.py (embedding, RMSNorm, matmuls, SwiGLU, residual) on the new
 positions only, and kernels/decode.cu (llama/ops/decode.py) for RoPE at the absolute positions with the cache write and
@@ -17,7 +17,7 @@ from .. import ops
 from ..config import LlamaConfig
 from ..cuda import BF16, DeviceArray, empty, to_device, zeros
 from ..params import ParameterLayout
-from .reference import rope_cos_sin
+from .base import rope_cos_sin
 
 
 class GPUDecoder:

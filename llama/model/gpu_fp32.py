@@ -14,27 +14,18 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, empty, to_device
-from ..optim import AdamWConfig, TrainStep
-from ..params import ParameterLayout, model_parameters
-from .reference import check_batch, rope_cos_sin
-from ..parallel.zero import Zero1
+from ..cuda import DeviceArray, empty
+from ..optim import AdamWConfig
+from .base import check_batch
+from .gpu_base import GPUModelBase
 
-class GPUModel(TrainStep):
+
+class GPUModelFP32(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
                  comm=None):
-        if T > config.max_seq_len:
-            raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
-        self.config, self.B, self.T = config, B, T
-        self.layout = ParameterLayout(config)
-        params = model_parameters(self.layout, params, seed)
-        # the AdamW state is this rank's shard (all of it on one GPU); the params are the full fp32 weights
-        self.zero = Zero1.for_model(self.layout, comm, params, np.float32)
-        self.params, self.grads = self.zero.weights, self.zero.grads
-        cos, sin = rope_cos_sin(config, T)
-        self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
+        self._setup(config, B, T, params, seed, comm, np.float32)
+        self.params = self.zero.weights  # the full fp32 weights (the AdamW state is this rank's shard)
         self._allocate_activations()
-        self.shape = None  # (b, t) of the last forward
         self.has_dlogits = False
 
     # ---- buffers
@@ -76,8 +67,6 @@ class GPUModel(TrainStep):
     def param(self, name: str) -> DeviceArray:
         return self._matrix(self.params, self.layout.tensors[name])
 
-    def grad(self, name: str) -> DeviceArray:
-        return self._matrix(self.grads, self.layout.tensors[name])
 
     # ---- forward and backward
 
@@ -137,9 +126,6 @@ class GPUModel(TrainStep):
             return logits.prefix(b, t, V).download()
         return np.stack([logits.view((row * t + position % t) * V, (V,)).download() for row in range(b)])
 
-    def zero_grad(self) -> None:
-        self.grads.fill_zero()
-
     def backward(self, loss_scale: float = 1.0) -> None:
         """Add the gradient of loss_scale * (mean loss of the last forward) into self.grads."""
         if not self.has_dlogits:
@@ -188,17 +174,6 @@ class GPUModel(TrainStep):
         ops.adamw_update(z.master, z.grad_shard, z.m, z.v, z.decay_mask, s["norm_squared"], step, lr, opt)
         z.gather_weights()
         return float(np.sqrt(s["norm_squared"].download()[0])) if return_norm else None
-
-    # state for checkpoints (same method names on the reference model): full arrays on rank 0, None elsewhere
-    def get_params(self) -> np.ndarray | None:
-        return self.zero.gather(self.zero.master)
-
-    def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        return self.zero.gather(self.zero.m), self.zero.gather(self.zero.v)
-
-    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        self.zero.set_weights(params)
-        self.zero.set_moments(adam_m, adam_v)
 
     def master_weights(self) -> DeviceArray:
         """The full flat fp32 weights on the device (every rank holds them)."""

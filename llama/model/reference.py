@@ -19,41 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import LlamaConfig
-from ..optim import AdamWConfig, TrainStep, adamw_update, clip_scale, global_norm
+from ..optim import AdamWConfig, adamw_update, clip_scale, global_norm
 from ..params import ParameterLayout, init_parameters
-
-# ----------------------------------------------------------------------------------------------
-# RoPE frequencies (Llama 3.1 scaling)
-
-
-def apply_rope_scaling(freqs: np.ndarray, factor: float, low_freq_factor: float,
-                       high_freq_factor: float, original_context: int) -> np.ndarray:
-    """Llama 3.1's frequency scaling: keep high frequencies, divide low ones by `factor`,
-    blend smoothly in between (Meta's apply_scaling)."""
-    low_freq_wavelen = original_context / low_freq_factor
-    high_freq_wavelen = original_context / high_freq_factor
-    wavelen = 2 * np.pi / freqs
-    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    blended = (1 - smooth) * freqs / factor + smooth * freqs
-    return np.where(wavelen < high_freq_wavelen, freqs,
-                    np.where(wavelen > low_freq_wavelen, freqs / factor, blended))
-
-
-def rope_frequencies(config: LlamaConfig) -> np.ndarray:
-    """(D/2,) rotation frequency of each pair (2i, 2i+1) of a head, float64."""
-    d = config.head_dim
-    freqs = 1.0 / config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
-    if config.use_scaled_rope:
-        freqs = apply_rope_scaling(freqs, config.rope_scale_factor, config.rope_low_freq_factor,
-                                   config.rope_high_freq_factor, config.rope_original_context)
-    return freqs
-
-
-def rope_cos_sin(config: LlamaConfig, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of t * freq for t < seq_len, each (seq_len, D/2), float64."""
-    angles = np.outer(np.arange(seq_len, dtype=np.float64), rope_frequencies(config))
-    return np.cos(angles), np.sin(angles)
-
+from .base import Model, check_batch, rope_cos_sin
 
 # ----------------------------------------------------------------------------------------------
 # Layers
@@ -256,22 +224,7 @@ def rmsnorm_residual_backward(dresidual: np.ndarray, dout: np.ndarray, h: np.nda
 # The model
 
 
-def check_batch(tokens: np.ndarray, targets: np.ndarray | None, vocab_size: int, max_b: int | None,
-                max_t: int) -> None:
-    """A (b, t) batch of ids that fits the model (both backends check inputs with this)."""
-    if tokens.ndim != 2 or (max_b is not None and tokens.shape[0] > max_b) or tokens.shape[1] > max_t:
-        limit = f"b <= {max_b}, t <= {max_t}" if max_b is not None else f"t <= max_seq_len {max_t}"
-        raise ValueError(f"tokens must be (b, t) with {limit}; got shape {tokens.shape}")
-    for name, ids in (("tokens", tokens), ("targets", targets)):
-        if ids is None:
-            continue
-        if ids.shape != tokens.shape:
-            raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise ValueError(f"{name} hold ids outside [0, {vocab_size})")
-
-
-class ReferenceModel(TrainStep):
+class ReferenceModel(Model):
     """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0):
@@ -383,3 +336,73 @@ class ReferenceModel(TrainStep):
         self.params[:] = params
         self.adam_m[:] = 0 if adam_m is None else adam_m
         self.adam_v[:] = 0 if adam_v is None else adam_v
+
+
+# ----------------------------------------------------------------------------------------------
+# Generation with a KV cache (the decoder interface of llama/generate.py)
+
+
+def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np.ndarray:
+    """Causal grouped-query attention of new queries over a KV cache, the twin of decode_attention in
+    kernels/decode.cu (llama/ops/decode.py). q (B, H, n, D) at positions p0 .. p0 + n - 1; k, v (B, KV, p0 + n, D), the
+    cached positions 0 .. p0 + n - 1 -> (B, n, H * D). Query i sees keys 0 .. p0 + i."""
+    B, H, n, D = q.shape
+    KV, L = k.shape[1], k.shape[2]
+    q_stacked = q.reshape(B, KV, H // KV * n, D)  # the query heads that share one kv head
+    scores = (q_stacked @ k.swapaxes(-1, -2)).reshape(B, H, n, L) * q.dtype.type(1 / np.sqrt(D))
+    future = np.arange(L)[None, :] > p0 + np.arange(n)[:, None]
+    scores = np.where(future, -np.inf, scores)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = (probs.reshape(B, KV, H // KV * n, L) @ v).reshape(B, H, n, D)
+    return out.transpose(0, 2, 1, 3).reshape(B, n, H * D)
+
+
+class ReferenceDecoder:
+    """The model on the CPU with a KV cache: reference.py's layers on the new positions only.
+    params is a flat array in the parameter layout (a ReferenceModel's .params: shared, not copied)."""
+
+    def __init__(self, config: LlamaConfig, params: np.ndarray, batch: int = 1, max_len: int | None = None):
+        self.config, self.batch = config, batch
+        self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
+        self.layout = ParameterLayout(config)
+        if params.shape != (self.layout.size,):
+            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
+        self.params, self.dtype = params, params.dtype
+        self.p = self.layout.views(params)
+        self.rope_cos, self.rope_sin = rope_cos_sin(config, self.max_len)
+        shape = (batch, config.n_kv_heads, self.max_len, config.head_dim)
+        self.k_cache = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.v_cache = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.position = 0
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def _matrix(self, tensor) -> np.ndarray:
+        return self.params[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
+
+    def forward(self, tokens: np.ndarray) -> np.ndarray:
+        c, p, L = self.config, self.p, self.layout
+        tokens = np.asarray(tokens)
+        B, n = tokens.shape
+        p0 = self.position
+        if B != self.batch or p0 + n > self.max_len:
+            raise ValueError(f"tokens {tokens.shape} do not fit: batch {self.batch}, {p0} of {self.max_len} "
+                             "positions used")
+        x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
+        for i in range(c.n_layers):
+            pre = f"layers.{i}."
+            ln, _ = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
+            qkv = matmul_forward(ln, self._matrix(L.wqkv(i)))
+            q, k, v = rope_forward(qkv, self.rope_cos[p0:], self.rope_sin[p0:], c.n_heads, c.n_kv_heads)
+            self.k_cache[i][:, :, p0:p0 + n] = k
+            self.v_cache[i][:, :, p0:p0 + n] = v
+            att = decode_attention(q, self.k_cache[i][:, :, :p0 + n], self.v_cache[i][:, :, :p0 + n], p0)
+            h = residual_forward(x, matmul_forward(att, p[pre + "attention.wo.weight"]))
+            ln, _ = rmsnorm_forward(h, p[pre + "ffn_norm.weight"], c.norm_eps)
+            ffn = swiglu_forward(matmul_forward(ln, self._matrix(L.w13(i))))
+            x = residual_forward(h, matmul_forward(ffn, p[pre + "feed_forward.w2.weight"]))
+        self.position += n
+        lnf, _ = rmsnorm_forward(x[:, -1], p["norm.weight"], c.norm_eps)
+        return matmul_forward(lnf, self._matrix(L.output()))

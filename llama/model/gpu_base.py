@@ -1,0 +1,51 @@
+"""What both GPU models share: the flat weights, gradients and optimizer state (through Zero1, which is
+all of it on one GPU and a shard of it per rank on several), the RoPE tables on the device, and the
+checkpoint state interface."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import LlamaConfig
+from ..cuda import DeviceArray, to_device
+from ..params import ParameterLayout, model_parameters
+from ..parallel.zero import Zero1
+from .base import Model, rope_cos_sin
+
+
+class GPUModelBase(Model):
+    def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
+               weight_dtype) -> np.ndarray:
+        """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
+        weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy). Returns the
+        starting flat fp32 params (params, or a fresh initialization from seed)."""
+        if T > config.max_seq_len:
+            raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
+        self.config, self.B, self.T, self.comm = config, B, T, comm
+        self.layout = ParameterLayout(config)
+        params = model_parameters(self.layout, params, seed)
+        # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
+        self.zero = Zero1.for_model(self.layout, comm, params, weight_dtype)
+        self.grads = self.zero.grads
+        cos, sin = rope_cos_sin(config, T)
+        self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
+        self.shape = None  # (b, t) of the last forward
+        return params
+
+    def grad(self, name: str) -> DeviceArray:
+        tensor = self.layout.tensors[name]
+        return self.grads.view(tensor.offset, tensor.shape)
+
+    def zero_grad(self) -> None:
+        self.grads.fill_zero()
+
+    # state for checkpoints: full arrays on rank 0, None elsewhere
+    def get_params(self) -> np.ndarray | None:
+        return self.zero.gather(self.zero.master)
+
+    def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        return self.zero.gather(self.zero.m), self.zero.gather(self.zero.v)
+
+    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
+        self.zero.set_weights(params)
+        self.zero.set_moments(adam_m, adam_v)
