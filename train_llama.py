@@ -40,6 +40,7 @@ from llama.generate import decoder_for, generate
 from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.optim import SCHEDULES, AdamWConfig, learning_rate
 from llama.params import ParameterLayout, init_parameters
+from llama.plan import Plan, PlanError, choose_device, make_plan
 from llama.model.reference import ReferenceModel
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError
 from llama.data.shards import ShardError
@@ -132,21 +133,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def pick_device(requested: str | None) -> str:
-    if requested == "cpu":
-        return "cpu"
-    try:
-        from llama.cuda import runtime
-        runtime()
-        return "cuda"
-    except Exception as e:
-        if requested == "cuda":
-            raise UserError(f"--device cuda, but no CUDA GPU is usable here ({type(e).__name__}: {e})") from None
-        print("note: no usable CUDA GPU (or pycuda is not installed); training on the CPU with the numpy "
-              "reference", file=sys.stderr)
-        return "cpu"
-
-
 def resolve_config(name: str) -> LlamaConfig:
     return LlamaConfig.load(name) if name.endswith(".json") else get_preset(name)
 
@@ -183,12 +169,12 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     return 6 * weights + 6 * config.n_layers * config.dim * T
 
 
-def build_model(device: str, dtype: str, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
-    if device == "cpu":
+def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
+    if plan.device == "cpu":
         return ReferenceModel(config, params=params)
-    if dtype == "bf16":
+    if plan.dtype == "bf16":
         from llama.model.gpu_bf16 import GPUModelBF16
-        return GPUModelBF16(config, B, T, params=params, comm=comm)
+        return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
     from llama.model.gpu_fp32 import GPUModelFP32
     return GPUModelFP32(config, B, T, params=params, comm=comm)
 
@@ -229,7 +215,7 @@ def step_line(step: int, steps: int, loss: float, lr: float, norm: float, dt: fl
 
 def train(args, run_dir: RunDir, comm=None) -> int:
     """The training run; comm is the NCCL communicator of a multi-GPU run (None on one process)."""
-    device = pick_device(args.device)
+    device = choose_device(args.device)
     rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
     if world > 1 and device != "cuda":
         raise UserError(f"{world} processes were started, but several processes need CUDA GPUs")
@@ -240,8 +226,6 @@ def train(args, run_dir: RunDir, comm=None) -> int:
     if total % (B * T * world):
         raise UserError(f"--total-batch-size ({total}) must be a positive multiple of B*T*GPUs ({B}*{T}*{world})")
     grad_accum = total // (B * T * world)
-    if device == "cpu" and args.dtype == "bf16":
-        raise UserError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
     lr = args.lr if args.lr is not None else defaults["lr"]
     out = run_dir.path
     hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
@@ -261,13 +245,8 @@ def train(args, run_dir: RunDir, comm=None) -> int:
     if T > config.max_seq_len:
         raise UserError(f"--seq-len {T} exceeds the model's max_seq_len {config.max_seq_len}")
 
-    dtype = "fp32"
-    if device == "cuda":
-        from llama import device as plan
-        dtype = args.dtype or plan.default_dtype(config)
-        if dtype == "bf16" and plan.bf16_unsupported(config):
-            raise UserError(f"--dtype bf16: {plan.bf16_unsupported(config)}")
-        print(plan.describe(dtype, config), file=sys.stderr)
+    plan = make_plan(config, args.device, args.dtype)
+    print(plan.summary(), file=sys.stderr)
 
     train_pattern, val_pattern = resolve_data(args, tokenizer)
     # a loader batch is this rank's rows of one step (B * grad_accum rows of every B * grad_accum * world),
@@ -285,7 +264,7 @@ def train(args, run_dir: RunDir, comm=None) -> int:
     run = {"batch_size": B, "seq_len": T, "tokens_per_step": total, "seed": args.seed}
     same = ("seq_len", "tokens_per_step", "seed")  # what exact resume needs: B and the GPU count may change
     params = source["params"] if source is not None else init_parameters(config, args.seed)
-    model = build_model(device, dtype, config, B, T, params, comm)
+    model = build_model(plan, config, B, T, params, comm)
     sample_rng = np.random.default_rng(args.seed)
     # each checkpoint's weights are checked on this fixed batch before they are saved (checkpoint.refusal)
     probe_loader = DataLoader(val_pattern or train_pattern, B, T, shuffle=False, vocab_size=config.vocab_size)
@@ -313,7 +292,7 @@ def train(args, run_dir: RunDir, comm=None) -> int:
 
     opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
     flops_per_step = matmul_flops_per_token(config, T) * total
-    peak = plan.peak_flops(dtype) * world if device == "cuda" else None  # MFU per GPU
+    peak = plan.peak_flops * world if plan.peak_flops else None  # MFU per GPU
     model_name = "from checkpoint" if source is not None else args.model or defaults["model"]
     gpus = f" x {world} GPUs (ZeRO-1 over NCCL)" if world > 1 else ""
     print(f"device {device}{gpus} | model {model_name}: "
@@ -343,10 +322,10 @@ def train(args, run_dir: RunDir, comm=None) -> int:
         last_good = save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=args.keep_checkpoints)
 
     # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
-    decoder = decoder_for(model, max_len=T) if args.sample_every and comm is None else None
+    decoder = decoder_for(model, plan, max_len=T) if args.sample_every and comm is None else None
 
     def sample(step: int) -> None:
-        step_decoder = decoder or decoder_for(model, max_len=T)
+        step_decoder = decoder or decoder_for(model, plan, max_len=T)
         if rank != 0:
             return
         result = generate(step_decoder, [tokenizer.bos_id], args.gen_tokens, sample_rng, args.temperature, args.top_k)
@@ -434,7 +413,7 @@ def main(argv=None) -> int:
                    else FollowerRunDir(args.output_dir))
         with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
             return train(args, run_dir, comm)
-    except (UserError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError,
+    except (UserError, PlanError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError,
             DistributedError) as e:
         print(f"error: {where}{e}", file=sys.stderr)
         return 2

@@ -93,11 +93,11 @@ class TextStream:
         self.file.flush()
 
 
-def decoder_for(model, max_len: int, batch: int = 1):
+def decoder_for(model, plan, max_len: int, batch: int = 1):
     """The decoder of a training model's current weights: a ReferenceModel's on the CPU, a GPU
     model's fp32 master weights on the GPU (read in place on one GPU; on several, a snapshot
-    gathered from every rank: all ranks call this)."""
+    gathered from every rank: all ranks call this), with the run plan's KV-cache dtype."""
     if isinstance(getattr(model, "params", None), np.ndarray):
         return ReferenceDecoder(model.config, model.params, batch, max_len)
     from .model.gpu_decoder import GPUDecoder
-    return GPUDecoder(model.config, model.master_weights(), batch, max_len)
+    return GPUDecoder(model.config, model.master_weights(), plan.decode_cache_dtype, batch, max_len)

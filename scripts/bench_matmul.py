@@ -19,6 +19,7 @@ import torch
 from llama import ops
 from llama.config import get_preset
 from llama.cuda import BF16, DeviceArray, runtime, time_ms
+from llama.plan import gemm_chooser
 
 TOKENS = 16384
 L2_FLUSH_BYTES = 256 << 20  # rotate input sets until they span this much
@@ -73,7 +74,7 @@ def bench(layout, M, N, K, versions):
         def ours():
             a, b = dev_inputs[next(counter) % sets]
             ops.gemm(c_dev, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=layout == "tn",
-                     version=None if version == "auto" else version)
+                     version=gemm_chooser() if version == "auto" else version)
         result[version] = flops / time_ms(ours) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()
@@ -83,7 +84,7 @@ def bench(layout, M, N, K, versions):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the table here")
-    parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time; 'auto' is the production choice of llama/device.py (default: all)")
+    parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time; 'auto' is the production choice of llama/plan.py (default: all)")
     parser.add_argument("--only", default=None, help="only problems whose label contains this")
     args = parser.parse_args()
     hopper = runtime().device.compute_capability() == (9, 0)

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
-from llama.cuda import cuda_unavailable
+from llama.cuda import BF16
 from llama.generate import TextStream, generate
 from llama.model.reference import ReferenceDecoder
 from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
+from llama.plan import Plan, make_plan
 from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
 
 
@@ -42,24 +43,16 @@ def load_model(name: str, tokenizer_path: str | None):
     return config, params, tokenizer
 
 
-def make_decoder(device: str, config, params: np.ndarray, max_len: int, cache: str):
-    if device == "cpu":
+def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int, cache: str | None):
+    if plan.device == "cpu":
         return ReferenceDecoder(config, params, max_len=max_len)
-    from llama.cuda import BF16, to_device
+    from llama.cuda import to_device
     from llama.model.gpu_decoder import GPUDecoder
-    decoder = GPUDecoder(config, to_device(params), max_len=max_len, cache_dtype=BF16 if cache == "bf16" else np.float32)
+    cache_dtype = plan.decode_cache_dtype if cache is None else {"bf16": BF16, "fp32": np.float32}[cache]
+    decoder = GPUDecoder(config, to_device(params), cache_dtype, max_len=max_len)
     decoder.forward(np.zeros((1, 1), dtype=np.int64))  # loads the kernels, so that the timings leave that out
     decoder.reset()
     return decoder
-
-
-def pick_device(requested: str | None) -> str:
-    if requested == "cpu":
-        return "cpu"
-    reason = cuda_unavailable()
-    if reason and requested == "cuda":
-        raise RuntimeError(f"--device cuda, but no CUDA GPU is usable here ({reason})")
-    return "cpu" if reason else "cuda"
 
 
 def main(argv=None) -> int:
@@ -75,7 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
-    p.add_argument("--cache", choices=("bf16", "fp32"), default="bf16", help="GPU KV cache format")
+    p.add_argument("--cache", choices=("bf16", "fp32"), default=None, help="GPU KV cache format (default: bf16)")
     args = p.parse_args(argv)
     try:
         config, params, tokenizer = load_model(args.model, args.tokenizer)
@@ -91,8 +84,8 @@ def main(argv=None) -> int:
         max_len = min(config.max_seq_len, len(ids) + args.max_new_tokens)
         if len(ids) >= max_len:
             raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room in the model's {config.max_seq_len}")
-        device = pick_device(args.device)
-        decoder = make_decoder(device, config, params, max_len, args.cache)
+        plan = make_plan(config, args.device, "fp32")  # the decoder computes in fp32 over fp32 weights
+        decoder = make_decoder(plan, config, params, max_len, args.cache)
         if not args.chat:
             sys.stdout.write(prompt)
         stream = TextStream(tokenizer)
@@ -102,7 +95,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(file=sys.stdout)
-    print(f"[{device}] {result.speeds()}", file=sys.stderr)
+    print(f"[{plan.device}] {result.speeds()}", file=sys.stderr)
     return 0
 
 

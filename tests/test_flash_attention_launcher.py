@@ -16,7 +16,7 @@ def fake(shape, dtype=BF16, ptr=256):
 
 def forward_args(**changes):
     args = {"out": fake((B, T, H * D)), "lse": fake((B, H, T), np.float32), "qkv": fake((B, T, (H + 2 * KV) * D)),
-            "n_heads": H, "n_kv_heads": KV}
+            "n_heads": H, "n_kv_heads": KV, "source": ops.FlashSource()}
     return args | changes
 
 

@@ -120,13 +120,13 @@ def test_bad_inputs():
     from llama.ops import decode_attention
     from llama.model.gpu_fp32 import GPUModelFP32
     model = GPUModelFP32(CONFIG, B=1, T=8)
-    decoder = GPUDecoder(CONFIG, model.params, batch=1, max_len=8)
+    decoder = GPUDecoder(CONFIG, model.params, BF16, batch=1, max_len=8)
     with pytest.raises(ValueError, match="do not fit"):
         decoder.forward(np.zeros((1, 9), dtype=np.int64))
     with pytest.raises(ValueError, match="outside"):
         decoder.forward(np.full((1, 2), 300))
     with pytest.raises(ValueError, match="float32 device array"):
-        GPUDecoder(CONFIG, dev(np.zeros(10)))
+        GPUDecoder(CONFIG, dev(np.zeros(10)), BF16)
     with pytest.raises(ValueError, match="do not fit the cache"):
         decode_attention(poisoned((1, 2, 64)), poisoned((1, 4, 2, 16)), decoder.k_cache[0], decoder.v_cache[0], 7)
 

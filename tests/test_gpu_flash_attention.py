@@ -134,8 +134,9 @@ def test_flash_attention_allocates_nothing(ops):
         return arrays | {"lse": zeros((1, H, T)), "delta": zeros((1, H, T))}
 
     def step(a):
-        ops.flash_attention_forward(a["out"], a["lse"], a["qkv"], H, KV)
-        ops.flash_attention_backward(a["dqkv"], a["delta"], a["dout"], a["out"], a["lse"], a["qkv"], H, KV)
+        ops.flash_attention_forward(a["out"], a["lse"], a["qkv"], H, KV, source=ops.FlashSource())
+        ops.flash_attention_backward(a["dqkv"], a["delta"], a["dout"], a["out"], a["lse"], a["qkv"], H, KV,
+                                     source=ops.FlashSource())
         runtime().synchronize()
 
     step(buffers(8))  # loads the module and its kernels
@@ -160,7 +161,7 @@ def test_flash_attention_atomic_dq_dev_variant(ops, D):
     out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, ATOMIC_DQ_VERSION)
     dqkv = poisoned(qkv_d.shape, BF16)
     ops.flash_attention_backward_atomic_dq(dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out, lse,
-                                           qkv_d, H, KV, flash_source(ops, ATOMIC_DQ_VERSION), dev(cos), dev(sin))
+                                           qkv_d, H, KV, dev(cos), dev(sin), source=flash_source(ops, ATOMIC_DQ_VERSION))
     ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
     expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
     check_dqkv("flash_attention_backward_atomic_dq", dqkv, expected, H, KV, D, T)

@@ -131,11 +131,12 @@ def test_gemm_deterministic(ops, version):
 def test_gemm_rejects_bad_inputs(ops):
     from llama.cuda import BF16
     with pytest.raises(ValueError, match="rows of a multiple of 8"):
-        ops.gemm(poisoned((17, 8)), dev_bf16(np.ones((12, 17))), dev_bf16(np.ones((12, 8))), trans_a=True)
+        ops.gemm(poisoned((17, 8)), dev_bf16(np.ones((12, 17))), dev_bf16(np.ones((12, 8))), trans_a=True, version="mma")
     with pytest.raises(ValueError, match="b: expected bfloat16"):
-        ops.gemm(poisoned((4, 8)), dev_bf16(np.ones((4, 8))), dev(np.ones((8, 8))), trans_b=True)
+        ops.gemm(poisoned((4, 8)), dev_bf16(np.ones((4, 8))), dev(np.ones((8, 8))), trans_b=True, version="mma")
     with pytest.raises(ValueError, match="fp32 to accumulate"):
-        ops.gemm(poisoned((4, 8), BF16), dev_bf16(np.ones((4, 8))), dev_bf16(np.ones((8, 8))), accumulate=True)
+        ops.gemm(poisoned((4, 8), BF16), dev_bf16(np.ones((4, 8))), dev_bf16(np.ones((8, 8))), accumulate=True,
+                 version="mma")
     with pytest.raises(ValueError, match="16-byte aligned"):
         a = dev_bf16(np.ones((5, 16)))
-        ops.gemm(poisoned((4, 8)), a.view(1, (4, 16)), dev_bf16(np.ones((8, 16))), trans_b=True)
+        ops.gemm(poisoned((4, 8)), a.view(1, (4, 16)), dev_bf16(np.ones((8, 16))), trans_b=True, version="mma")

@@ -3,7 +3,7 @@ the same bf16-rounded inputs, then time it next to torch.matmul (cuBLAS) in the 
 
     python3 dev/cuda/gemm.py --versions mma wgmma --layout nt --M 16384 --N 768 --K 768
 
-Versions are the launchers ops.gemm takes (llama/device.py picks the production one).
+Versions are the launchers ops.gemm takes (llama/plan.py picks the production one).
 """
 
 import argparse

@@ -33,6 +33,7 @@ from ..config import LlamaConfig
 from ..cuda import BF16, DeviceArray, Graph, empty, runtime, zeros
 from ..optim import AdamWConfig
 from ..parallel.zero import MasterReplica
+from ..plan import Plan, make_plan
 from .base import check_batch
 from .gpu_base import GPUModelBase
 
@@ -41,10 +42,10 @@ CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 
 class GPUModelBF16(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 recompute: bool = True, comm=None):
-        if config.vocab_size % 8 or config.dim % 8:
-            raise ValueError(f"bf16 needs dim and vocab_size multiples of 8 (16-byte rows), got {config.dim}, "
-                             f"{config.vocab_size}")
+                 recompute: bool = True, comm=None, plan: Plan | None = None):
+        """plan: the run's (llama/plan.py), which says which GEMM and attention builds run; None makes
+        the bf16 plan of this model on this GPU (a PlanError says why the model does not fit it)."""
+        self.plan = plan or make_plan(config, "cuda", "bf16")
         self.recompute = recompute
         params = self._setup(config, B, T, params, seed, comm, BF16)
         self.params_bf16 = self.zero.weights
@@ -103,6 +104,10 @@ class GPUModelBF16(GPUModelBase):
             for a in layers:
                 a.update({k: views[k] for k in ("ln1", "ln2", "ffn")})
         return layers, views
+
+    def gemm(self, c: DeviceArray, a: DeviceArray, b: DeviceArray, **options) -> None:
+        """ops.gemm with the plan's GEMM version for the problem's shape."""
+        ops.gemm(c, a, b, version=self.plan.gemm, **options)
 
     def weight(self, name: str) -> DeviceArray:
         """A weight's bf16 copy, as the GEMMs read it."""
@@ -172,15 +177,15 @@ class GPUModelBF16(GPUModelBase):
             else:  # x = h + ffn branch of the layer before, then its norm
                 ops.rmsnorm_residual_forward(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
                                              self.master(pre + "attention_norm.weight"), c.norm_eps)
-            ops.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
+            self.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
                      rope=rope)
-            ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV)
-            ops.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
+            ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV, source=self.plan.attention)
+            self.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
             ops.rmsnorm_residual_forward(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
                                          self.master(pre + "ffn_norm.weight"), c.norm_eps)
-            ops.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
+            self.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
             ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            ops.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
+            self.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
         ops.rmsnorm_residual_forward(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
@@ -195,12 +200,12 @@ class GPUModelBF16(GPUModelBase):
         for start in range(0, N, CLASSIFIER_CHUNK):
             n = min(CLASSIFIER_CHUNK, N - start)
             logits, lnf = s["logits"].prefix(n, V), s["lnf"].view(start * C, (n, C))
-            ops.gemm(logits, lnf, w_out, trans_b=True)
+            self.gemm(logits, lnf, w_out, trans_b=True)
             ops.fused_classifier_bf16(logits, s["losses"].view(start, (n,)), targets.view(start, (n,)),
                                       (loss_scale or 0.0) / N)
             if loss_scale is not None:
-                ops.gemm(s["dln"].view(start * C, (n, C)), logits, w_out)
-                ops.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
+                self.gemm(s["dln"].view(start * C, (n, C)), logits, w_out)
+                self.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
         ops.loss_accumulate(self.loss_total, s["losses"], loss_weight / N)
 
     def backward(self, sync: bool = False) -> None:
@@ -220,25 +225,25 @@ class GPUModelBF16(GPUModelBase):
             pre, a = f"layers.{i}.", layers[i]
             if self.recompute:
                 ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            ops.gemm(grad(pre + "feed_forward.w2.weight"), dx, a["ffn"], trans_a=True, accumulate=True)
+            self.gemm(grad(pre + "feed_forward.w2.weight"), dx, a["ffn"], trans_a=True, accumulate=True)
             dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
-            ops.gemm(dffn, dx, self.weight(pre + "feed_forward.w2.weight"))
+            self.gemm(dffn, dx, self.weight(pre + "feed_forward.w2.weight"))
             ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
             if self.recompute:
                 ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
-            ops.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
-            ops.gemm(self._fused(self.grads, L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
+            self.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
+            self.gemm(self._fused(self.grads, L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
                                       self.master(pre + "ffn_norm.weight"), a["rstd2"])
-            ops.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
-            ops.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
+            self.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
+            self.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
             ops.flash_attention_backward(s["dqkv"], s["delta"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
-                                         self.rope_cos, self.rope_sin)
+                                         self.rope_cos, self.rope_sin, source=self.plan.attention)
             if self.recompute:
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
-            ops.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
-            ops.gemm(self._fused(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
+            self.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
+            self.gemm(self._fused(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
                      accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                       self.master(pre + "attention_norm.weight"), a["rstd1"])
@@ -260,7 +265,7 @@ class GPUModelBF16(GPUModelBase):
         w_out, lnf, logits = self._fused(self.params_bf16, self.layout.output()), self.buffers["lnf"], self.buffers["logits"]
         out = np.empty((len(rows), V), np.float32)
         for i, row in enumerate(rows):  # one row at a time: generation needs one position
-            ops.gemm(logits.prefix(1, V), lnf.view(row * C, (1, C)), w_out, trans_b=True)
+            self.gemm(logits.prefix(1, V), lnf.view(row * C, (1, C)), w_out, trans_b=True)
             out[i] = logits.prefix(1, V).download().astype(np.float32)[0]
         return out.reshape(b, t, V) if position is None else out
 

@@ -5,7 +5,7 @@ any device array in the llama/params.py layout), read in place. Each forward ste
 training kernels of llama/ops/fp32.py (embedding, RMSNorm, matmuls, SwiGLU, residual) on the new
 positions only, and kernels/decode.cu (llama/ops/decode.py) for RoPE at the absolute positions with the cache write and
 for attention over the cache. The caches, (B, KV, max_len, D) per layer and for k and v, are bf16
-by default (fp32 on request). Prefill is the same step over the prompt, in chunks of `chunk`
+(the plan's decode_cache_dtype) or fp32. Prefill is the same step over the prompt, in chunks of `chunk`
 positions; decode is a step of one position.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import BF16, DeviceArray, empty, to_device, zeros
+from ..cuda import DeviceArray, empty, to_device, zeros
 from ..params import ParameterLayout
 from .base import rope_cos_sin
 
@@ -23,8 +23,9 @@ from .base import rope_cos_sin
 class GPUDecoder:
     """The decoder interface of llama/generate.py with our kernels; see the module docstring."""
 
-    def __init__(self, config: LlamaConfig, params: DeviceArray, batch: int = 1, max_len: int | None = None,
-                 chunk: int = 256, cache_dtype=BF16):
+    def __init__(self, config: LlamaConfig, params: DeviceArray, cache_dtype, batch: int = 1,
+                 max_len: int | None = None, chunk: int = 256):
+        """cache_dtype: the KV caches' (llama.cuda.BF16, the plan's choice, or np.float32)."""
         self.config, self.batch = config, batch
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
         self.layout = ParameterLayout(config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
@@ -27,12 +28,13 @@ EMBEDDING_SEGMENT = 16  # positions per segment, as in kernels/embedding.cu
 EMBEDDING_FORWARD_VECTORS = 4  # 16-byte vectors per thread of embedding_forward_bf16, as in kernels/embedding.cu
 RMSNORM_BF16_PARTS, RMSNORM_BF16_GROUP = 256, 16  # fixed row partition of the dweight sums, and its grouping
 ADAMW_SCALARS = 3  # lr, 1 - beta1^step, 1 - beta2^step
+VECTOR = 8  # bf16 elements per 16-byte vector: rows hold a multiple of this
 
 
 def check_vectors(row: int, **arrays: DeviceArray) -> None:
     """Rows of a multiple of 8 elements and 16-byte aligned arrays, for 16-byte vector accesses."""
-    if row % 8:
-        raise ValueError(f"bf16 kernels need rows of a multiple of 8 elements, got {row}")
+    if row % VECTOR:
+        raise ValueError(f"bf16 kernels need rows of a multiple of {VECTOR} elements, got {row}")
     check_aligned(**arrays)
 
 
@@ -50,13 +52,15 @@ GEMM_VERSIONS = {"mma": gemm_mma, "wgmma": gemm_wgmma, "wgmma3": gemm_wgmma3}  #
 
 
 def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, accumulate: bool = False, rope: tuple | None = None, version: str | None = None) -> None:
+         alpha: float = 1.0, accumulate: bool = False, rope: tuple | None = None, *,
+         version: str | Callable[[int, int, int], str]) -> None:
     """c = alpha * op(a) @ op(b) with bf16 a, b and fp32 accumulation, over 2D arrays or 3D batches.
     op(a) is (M, K): a is (M, K), or (K, M) with trans_a; op(b) is (K, N): b is (K, N), or (N, K) with trans_b.
     c is bf16 or fp32; accumulate (fp32 c only) adds onto c instead of overwriting it, and alpha = 0
     then leaves c untouched. rope = (cos, sin, T, rotated_columns) rotates the first columns of a
     (tokens, heads * D) bf16 output by RoPE at position row % T (the QKV projection).
-    version: 'mma', 'wgmma' or 'wgmma3'; None takes the device's best (llama.device.gemm_version)."""
+    version: 'mma', 'wgmma' or 'wgmma3' (GEMM_VERSIONS), or a chooser called with (M, N, K) that names
+    one (the plan's: llama.plan.GemmChooser)."""
     batched = len(c.shape) == 3
     batch = c.shape[0] if batched else 1
     M, N = c.shape[-2:]
@@ -87,9 +91,8 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     layout = "tn" if trans_a else "nt" if trans_b else "nn"
     problem = GemmProblem(layout, batch, M, N, K, a.ptr, a.shape[-1], M * K, b.ptr, b.shape[-1], K * N, c.ptr, M * N,
                           mode, alpha, **rope_args)
-    if version is None:
-        from ..device import gemm_version
-        version = gemm_version(M, N, K)
+    if callable(version):
+        version = version(M, N, K)
     if version not in GEMM_VERSIONS:
         raise ValueError(f"gemm: unknown version {version!r} ({', '.join(GEMM_VERSIONS)})")
     launch = GEMM_VERSIONS[version]

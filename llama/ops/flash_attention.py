@@ -61,8 +61,8 @@ def _flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int,
 
 
 
-def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
-                            source: FlashSource = FlashSource()) -> None:
+def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int, *,
+                            source: FlashSource) -> None:
     """Causal grouped-query attention of the packed projection qkv (B, T, (H + 2KV) * D) bf16, q and k
     already rotated: out (B, T, H * D) bf16 and the log-sum-exp of each row of scaled scores lse (B, H, T)."""
     B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
@@ -76,8 +76,8 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
 
 def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: DeviceArray, out: DeviceArray,
                              lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
-                             cos: DeviceArray | None = None, sin: DeviceArray | None = None,
-                             source: FlashSource = FlashSource()) -> None:
+                             cos: DeviceArray | None = None, sin: DeviceArray | None = None, *,
+                             source: FlashSource) -> None:
     """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
     lse; delta (B, H, T) float32 is scratch. Deterministic. With cos/sin (>= T, D/2) float32, dq and dk
     are rotated back by RoPE (dqkv is then the gradient of the projection before RoPE)."""
@@ -110,8 +110,8 @@ def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: Device
 
 def flash_attention_backward_atomic_dq(dqkv: DeviceArray, delta: DeviceArray, dq_accum: DeviceArray, dout: DeviceArray,
                                        out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int,
-                                       n_kv_heads: int, source: FlashSource, cos: DeviceArray | None = None,
-                                       sin: DeviceArray | None = None) -> None:
+                                       n_kv_heads: int, cos: DeviceArray | None = None,
+                                       sin: DeviceArray | None = None, *, source: FlashSource) -> None:
     """NONDETERMINISTIC, opt-in, for measuring what determinism costs: flash_attention_backward with dQ
     added by fp32 atomics inside the dK/dV kernel into dq_accum (B, T, H, D) float32, then converted.
     Only builds that carry these kernels take it (the ladder's v1, dev/cuda/flash_attention_v1.cu)."""
@@ -156,4 +156,4 @@ class FlashAttentionProblem:
 
     def backward_atomic_dq(self, source: FlashSource) -> None:
         flash_attention_backward_atomic_dq(self.dqkv, self.delta, self.dq_accum, self.dout, self.out, self.lse,
-                                           self.qkv, *self.shape[2:4], source)
+                                           self.qkv, *self.shape[2:4], source=source)

@@ -1,0 +1,114 @@
+"""What runs where, decided once: the Plan of a run, printed in one line.
+
+make_plan() looks at the machine and the model and returns a frozen Plan: the device, the training
+dtype, the bf16 GEMM version of each problem shape, the flash attention build, the decoder's KV-cache
+dtype, the datasheet peak for MFU, and the summary line. The trainer, the bf16 model and the decoder
+receive it; the launchers in llama/ops/ launch the versions they are given and decide nothing.
+Versions are rungs of the kernel ladders (dev/cuda/README.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cuda import BF16, cuda_unavailable, runtime
+from .ops.bf16 import VECTOR
+from .ops.flash_attention import HEAD_DIMS, FlashSource
+
+DTYPES = ("bf16", "fp32")
+BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
+FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
+ATTENTION = FlashSource(), "flash v2 (mma.sync)"  # kernels/flash_attention.cu: the ladder's v2, from sm_80
+
+
+class PlanError(ValueError):
+    """What this machine or model cannot run, in one line for the user."""
+
+
+@dataclass(frozen=True)
+class GemmChooser:
+    """The bf16 GEMM version of each (M, N, K) problem. Hopper: version 3 ('wgmma3', ping-pong
+    consumers, split-K in the kernel) where it measured faster than version 2 ('wgmma', cooperative
+    128x256 tiles): short K with N up to 16384, or few output tiles; version 2 for long K over many
+    tiles and for the vocabulary-wide head (scripts/bench_matmul.py, H200). From sm_80: 'mma' (v1)."""
+    hopper: bool
+
+    def __call__(self, M: int, N: int, K: int) -> str:
+        if not self.hopper:
+            return "mma"
+        return "wgmma3" if (K <= 4096 and N <= 16384) or M * N <= 8 * 2**20 else "wgmma"
+
+    @property
+    def name(self) -> str:
+        return "wgmma/wgmma3" if self.hopper else "mma"
+
+
+def gemm_chooser() -> GemmChooser:
+    """The GEMM chooser of this GPU."""
+    return GemmChooser(hopper=runtime().device.compute_capability() == (9, 0))
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # "cuda" or "cpu"
+    dtype: str  # "bf16" (mixed precision) or "fp32" (the exact path, or the numpy reference on the CPU)
+    hardware: str  # "GPU NVIDIA H200 (sm_90a)" or "CPU"
+    gemm: GemmChooser | None = None  # bf16 GEMM version per problem shape (GPU)
+    attention: FlashSource | None = None  # the flash attention build (GPU)
+    attention_name: str = ""
+    decode_cache_dtype: np.dtype | None = None  # the GPU decoder's KV cache
+    peak_flops: float | None = None  # datasheet peak of dtype on this GPU, for MFU; None when unknown
+    note: str = ""  # why not bf16, or why the CPU
+
+    def summary(self) -> str:
+        """The one line the trainer prints: what runs where."""
+        if self.device == "cpu":
+            runs = "the numpy reference"
+        elif self.dtype == "bf16":
+            runs = f"gemm {self.gemm.name}, attention {self.attention_name}, CUDA graphs"
+        else:
+            runs = "fp32 kernels (the exact path)"
+        return f"{self.hardware} | dtype {self.dtype} | {runs}" + (f"; {self.note}" if self.note else "")
+
+
+def choose_device(requested: str | None) -> str:
+    """'cuda' when a CUDA GPU is usable through pycuda (or asked for), else 'cpu'."""
+    if requested == "cpu":
+        return "cpu"
+    why = cuda_unavailable()
+    if why and requested == "cuda":
+        raise PlanError(f"--device cuda, but no CUDA GPU is usable here ({why})")
+    return "cpu" if why else "cuda"
+
+
+def bf16_unsupported(config) -> str | None:
+    """Why the bf16 kernels cannot train this model on this GPU, or None when they can."""
+    capability = runtime().device.compute_capability()
+    if capability < (8, 0):
+        return f"bf16 tensor cores need compute capability 8.0 or newer, this GPU has {capability}"
+    if config.head_dim not in HEAD_DIMS:
+        return f"flash attention takes head_dim {' or '.join(map(str, HEAD_DIMS))}, this model's is {config.head_dim}"
+    if config.dim % VECTOR or config.vocab_size % VECTOR:
+        return f"bf16 rows must hold multiples of {VECTOR} values: dim {config.dim}, vocab {config.vocab_size}"
+    return None
+
+
+def make_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
+    """The plan of a run of this model: device None picks the GPU where one is usable; dtype None
+    picks bf16 wherever its kernels take the model, else the exact fp32 path."""
+    if choose_device(device) == "cpu":
+        if dtype == "bf16":
+            raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
+        why = cuda_unavailable() if device is None else None
+        return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why})" if why else "")
+    why_not_bf16 = bf16_unsupported(config)
+    if dtype == "bf16" and why_not_bf16:
+        raise PlanError(f"--dtype bf16: {why_not_bf16}")
+    dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
+    rt = runtime()
+    peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
+    return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(), *ATTENTION, BF16,
+                next((v for k, v in peaks.items() if k in rt.name), None),
+                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "")
