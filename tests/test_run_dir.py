@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import train_llama
+from llama import trainer
 from llama.io.checkpoint import load_checkpoint
 from tests.faults import DiskFault
 from tests.test_train import BASE, corpus, log_lines, run  # noqa: F401 (fixture)
@@ -36,7 +36,7 @@ def last_error(capsys) -> str:
 def signal_at(monkeypatch, step: int, signum=signal.SIGINT, times: int = 1):
     """Send this process `signum` `times` times while step `step` runs (from its learning-rate lookup).
     Returns a function that removes the hook."""
-    real = train_llama.learning_rate
+    real = trainer.learning_rate
 
     def hooked(s, *args, **kwargs):
         if s == step:
@@ -44,8 +44,8 @@ def signal_at(monkeypatch, step: int, signum=signal.SIGINT, times: int = 1):
                 os.kill(os.getpid(), signum)
         return real(s, *args, **kwargs)
 
-    monkeypatch.setattr(train_llama, "learning_rate", hooked)
-    return lambda: monkeypatch.setattr(train_llama, "learning_rate", real)
+    monkeypatch.setattr(trainer, "learning_rate", hooked)
+    return lambda: monkeypatch.setattr(trainer, "learning_rate", real)
 
 
 def test_rerun_in_a_used_folder_is_refused(corpus, tmp_path, capsys):
@@ -133,19 +133,19 @@ def test_read_only_output_folder(corpus, tmp_path, capsys, monkeypatch, exists):
 @pytest.mark.parametrize("err, budget", [(errno.ENOSPC, 30_000), (errno.ENOSPC, 0), (errno.EROFS, 0)])
 def test_disk_failure_during_a_checkpoint(corpus, tmp_path, capsys, monkeypatch, err, budget):
     fault = DiskFault(tmp_path / "out", err, budget, armed=False).install(monkeypatch)
-    real_save = train_llama.save_checkpoint
+    real_save = trainer.save_checkpoint
 
     def save(out, step, *args, **kwargs):
         fault.armed = step == 4
         return real_save(out, step, *args, **kwargs)
 
-    monkeypatch.setattr(train_llama, "save_checkpoint", save)
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
     assert run(*ARGS, *corpus, "-o", "out") == 2
     assert last_error(capsys) == f"error: cannot write checkpoint out/ckpt_00000004: {os.strerror(err)}"
     assert fault.failures > 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt_00000002", "main.log"]
     assert load_checkpoint(tmp_path / "out" / "ckpt_00000002")["state"]["step"] == 2
-    monkeypatch.setattr(train_llama, "save_checkpoint", real_save)
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     fault.armed = False
     assert run(*ARGS, *corpus, "-o", "out", "--resume") == 0
     assert "resuming from out/ckpt_00000002 (step 2)" in capsys.readouterr().err

@@ -1,0 +1,357 @@
+"""The training run: a Trainer sets it up from the command line's arguments (the plan of what runs
+where, the data, the model, the resume), then takes the steps, evaluating, sampling and writing
+checkpoints along the way. train_llama.py parses the arguments and runs it.
+
+Every model takes its step the same way (llama/model/base.py: Model.train_step); the trainer adds
+what a run needs around it: the learning-rate schedule, the data order, the logs and progress, the
+checks that stop a diverged run before it overwrites a good checkpoint, and resume bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .config import LlamaConfig, get_preset
+from .data.dataloader import DataLoader
+from .data.datasets import prepare_builtin_corpus
+from .data.tokenizer import load_tokenizer
+from .generate import decoder_for, generate
+from .io.checkpoint import RECENT, load_checkpoint, newest_usable, refusal, save_checkpoint
+from .io.hf import hf_tokenizer_path, load_hf_folder
+from .io.run_dir import RunDir
+from .model.reference import ReferenceModel
+from .optim import AdamWConfig, learning_rate
+from .params import ParameterLayout, init_parameters
+from .plan import Plan, choose_device, make_plan
+from .signals import GracefulStop
+
+DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
+                   "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
+STARTER_PACK = ("data/tinyshakespeare/tiny_shakespeare_train.bin", "data/tinyshakespeare/tiny_shakespeare_val.bin")
+BUILTIN_DIR = "data/builtin"
+RESUME_SAME = ("seq_len", "tokens_per_step", "seed")  # what exact resume needs: B and the GPU count may change
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported in one line, no traceback."""
+
+
+class TrainingDiverged(Exception):
+    """The loss or gradient became NaN or infinite, or the weights failed the checkpoint check."""
+
+
+def resolve_config(name: str) -> LlamaConfig:
+    return LlamaConfig.load(name) if name.endswith(".json") else get_preset(name)
+
+
+def resolve_data(args, tokenizer) -> tuple[str, str | None]:
+    if args.train_data:
+        return args.train_data, args.val_data
+    if all(Path(p).exists() for p in STARTER_PACK):
+        print(f"data: the starter pack's tinyshakespeare ({STARTER_PACK[0]})", file=sys.stderr)
+        return STARTER_PACK
+    try:
+        train, val = prepare_builtin_corpus(BUILTIN_DIR, tokenizer)
+    except OSError as e:
+        raise UserError(f"cannot build the built-in corpus in {BUILTIN_DIR}: {e.strerror or e}") from None
+    print(f"data: the built-in corpus (this Python's standard library sources, {train}). For real text, run "
+          "python scripts/download_starter_pack.py", file=sys.stderr)
+    return str(train), str(val)
+
+
+def load_source(path: str) -> dict:
+    """{'config', 'params', ...} of a checkpoint folder, or of a Hugging Face folder given as hf:PATH."""
+    if path.startswith("hf:"):
+        config, params = load_hf_folder(path[3:])
+        return {"config": config, "params": params}
+    return load_checkpoint(path)
+
+
+def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
+    """Training FLOPs per token, llm.c's convention: 6 per matmul weight + causal attention."""
+    layout = ParameterLayout(config)
+    weights = sum(t.size for t in layout.tensors.values() if len(t.shape) == 2)
+    if not config.tie_embeddings:
+        weights -= config.vocab_size * config.dim  # the embedding lookup is not a matmul
+    return 6 * weights + 6 * config.n_layers * config.dim * T
+
+
+def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
+    """The model the plan says runs: the numpy reference, or a GPU model in bf16 or fp32."""
+    if plan.device == "cpu":
+        return ReferenceModel(config, params=params)
+    if plan.dtype == "bf16":
+        from .model.gpu_bf16 import GPUModelBF16
+        return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
+    from .model.gpu_fp32 import GPUModelFP32
+    return GPUModelFP32(config, B, T, params=params, comm=comm)
+
+
+def mean_over_ranks(comm, *values: float) -> list[float]:
+    """The mean over ranks of a few host numbers (the values themselves on one process)."""
+    if comm is None:
+        return list(values)
+    return list(comm.host_sum(values) / comm.world_size)
+
+
+def find_resume_checkpoint(out: Path) -> dict | None:
+    """The newest usable checkpoint in out, after one line for each newer one that is not usable."""
+    found, skipped = newest_usable(out)
+    for reason in skipped:
+        print(f"warning: skipping an unusable checkpoint: {reason}", file=sys.stderr)
+    if found is None and skipped:
+        raise UserError(f"--resume: none of the {len(skipped)} checkpoints in {out} is usable; "
+                        "start over with --overwrite")
+    if found is None:
+        print(f"note: --resume, but {out} holds no complete checkpoint; starting from scratch", file=sys.stderr)
+    return found
+
+
+def step_line(step: int, steps: int, loss: float, lr: float, norm: float, dt: float, tokens: int,
+              mfu: float | None) -> str:
+    """llm.c's progress line, for logs that are not a terminal."""
+    line = (f"step {step + 1:4d}/{steps} | loss {loss:.6f} | lr {lr:.2e} | norm {norm:.4f} | {dt * 1e3:.1f} ms | "
+            f"{tokens / dt:,.0f} tok/s")
+    return line + (f" | MFU {mfu:.1%}" if mfu is not None else "")
+
+
+class Trainer:
+    """One training run in run_dir; comm is the NCCL communicator of a multi-GPU run (None on one
+    process). __init__ sets everything up (and restores a checkpoint with --resume); run() trains."""
+
+    def __init__(self, args, run_dir: RunDir, comm=None):
+        self.args, self.run_dir, self.out, self.comm = args, run_dir, run_dir.path, comm
+        self.rank, self.world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+        self._batch_geometry()
+        hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
+        self.tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
+        resume = find_resume_checkpoint(self.out) if args.resume else None
+        source = resume or (load_source(args.init) if args.init else None)
+        self.config = self._model_config(source)
+        self.plan = make_plan(self.config, args.device, args.dtype)
+        print(self.plan.summary(), file=sys.stderr)
+        self._data()
+        self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
+                             "seed": args.seed}
+        params = source["params"] if source is not None else init_parameters(self.config, args.seed)
+        self.model = build_model(self.plan, self.config, self.B, self.T, params, comm)
+        self.sample_rng = np.random.default_rng(args.seed)
+        # each checkpoint's weights are checked on this fixed batch before they are saved (checkpoint.refusal)
+        probe_loader = DataLoader(self.val_pattern or self.train_pattern, self.B, self.T, shuffle=False,
+                                  vocab_size=self.config.vocab_size)
+        self.probe_batch = probe_loader.next_batch()
+        self.start, self.recent_losses, self.log_bytes = 0, [], 0
+        if resume is not None:
+            self._restore(resume)
+        self.last_good = resume["path"] if resume is not None else None
+        self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
+        self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
+        self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
+        self._announce("from checkpoint" if source is not None else args.model or self.defaults["model"])
+        # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
+        self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
+                        else None)
+        self.log = None  # main.log, open while run() trains
+
+    # ---- setup
+
+    def _batch_geometry(self) -> None:
+        """The device's defaults, B, T, the tokens of a step over all GPUs and the accumulation."""
+        args = self.args
+        device = choose_device(args.device)
+        if self.world > 1 and device != "cuda":
+            raise UserError(f"{self.world} processes were started, but several processes need CUDA GPUs")
+        self.defaults = DEVICE_DEFAULTS[device]
+        self.B = args.batch_size or self.defaults["batch_size"]
+        self.T = args.seq_len or self.defaults["seq_len"]
+        self.tokens_per_step = args.total_batch_size or self.B * self.T * self.world
+        if self.tokens_per_step % (self.B * self.T * self.world):
+            raise UserError(f"--total-batch-size ({self.tokens_per_step}) must be a positive multiple of B*T*GPUs "
+                            f"({self.B}*{self.T}*{self.world})")
+        self.grad_accum = self.tokens_per_step // (self.B * self.T * self.world)
+        self.lr = args.lr if args.lr is not None else self.defaults["lr"]
+
+    def _model_config(self, source: dict | None) -> LlamaConfig:
+        """The checkpoint's config, or the preset's with the tokenizer's vocab; checked against both."""
+        args, tokenizer = self.args, self.tokenizer
+        if source is not None:
+            config = source["config"]
+            if args.model and resolve_config(args.model).replace(vocab_size=config.vocab_size) != config:
+                raise UserError(f"the checkpoint's model config does not match --model {args.model}")
+        else:
+            config = resolve_config(args.model or self.defaults["model"]).replace(vocab_size=tokenizer.vocab_size)
+        if config.vocab_size != tokenizer.vocab_size:
+            raise UserError(f"the model's vocab ({config.vocab_size}) differs from the tokenizer's "
+                            f"({tokenizer.vocab_size}, {tokenizer.name}); pass the tokenizer the model was trained "
+                            "with")
+        if self.T > config.max_seq_len:
+            raise UserError(f"--seq-len {self.T} exceeds the model's max_seq_len {config.max_seq_len}")
+        return config
+
+    def _data(self) -> None:
+        """The loaders and the step count. A loader batch is this rank's rows of one step (B * grad_accum
+        rows of every B * grad_accum * world), so the data order is the same on any number of GPUs for
+        the same tokens per step."""
+        args, B, T, V = self.args, self.B, self.T, self.config.vocab_size
+        self.train_pattern, self.val_pattern = resolve_data(args, self.tokenizer)
+        self.train_loader = DataLoader(self.train_pattern, B * self.grad_accum, T, self.rank, self.world,
+                                       seed=args.seed, vocab_size=V)
+        self.val_loader = (DataLoader(self.val_pattern, B, T, self.rank, self.world, shuffle=False, vocab_size=V)
+                           if self.val_pattern else None)
+        if args.steps is not None and args.steps != -1:
+            self.steps = args.steps
+        elif args.epochs is not None or args.steps == -1:  # -x -1 is one epoch, as in llm.c
+            self.steps = math.ceil((args.epochs or 1) * self.train_loader.batches_per_epoch)
+        else:
+            self.steps = self.defaults["steps"]
+
+    def _restore(self, resume: dict) -> None:
+        """The model, optimizer, data order and sampling state of a checkpoint (--resume)."""
+        state = resume["state"]
+        for key in RESUME_SAME:
+            if state["run"][key] != self.run_settings[key]:
+                raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
+                                f"this run asks for {self.run_settings[key]}")
+        self.model.set_state(resume["params"], resume["adam_m"], resume["adam_v"])
+        try:
+            self.train_loader.load_state_dict(state["loader"])
+        except ValueError as e:
+            raise UserError(f"--resume: {e}") from None
+        self.sample_rng.bit_generator.state = state["sample_rng"]
+        self.start, self.recent_losses, self.log_bytes = state["step"], state.get("recent_losses", []), \
+            state.get("log_bytes")
+        print(f"resuming from {resume['path']} (step {self.start})", file=sys.stderr)
+        if self.start >= self.steps:
+            print(f"note: the checkpoint is at step {self.start}, the run has {self.steps} steps: nothing to train "
+                  "(ask for more with -x)", file=sys.stderr)
+
+    def _announce(self, model_name: str) -> None:
+        gpus = f" x {self.world} GPUs (ZeRO-1 over NCCL)" if self.world > 1 else ""
+        print(f"device {self.plan.device}{gpus} | model {model_name}: "
+              f"{ParameterLayout(self.config).size / 1e6:.2f}M params, vocab {self.config.vocab_size} | B={self.B} "
+              f"T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | {self.steps} steps, "
+              f"{self.train_loader.batches_per_epoch} steps/epoch", file=sys.stderr)
+
+    # ---- what a run does
+
+    def step(self, step: int) -> tuple[float, float, float]:
+        """One optimizer step (0-based): (loss, grad norm, lr), the loss the mean over ranks."""
+        lr = learning_rate(step, self.steps, self.lr, self.args.warmup, self.args.schedule, self.args.final_lr_frac)
+        inputs, targets = self.train_loader.next_batch()
+        batches = list(zip(np.split(inputs, self.grad_accum), np.split(targets, self.grad_accum)))
+        loss, norm = self.model.train_step(batches, lr, step + 1, self.opt)
+        return loss, norm, lr
+
+    def evaluate(self) -> float:
+        """The mean loss over the first --val-batches batches of the validation data."""
+        loader = self.val_loader
+        loader.reset()
+        n = min(self.args.val_batches, loader.batches_per_epoch)
+        return mean_over_ranks(self.comm, sum(self.model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
+
+    def diverged(self, message: str) -> TrainingDiverged:
+        return TrainingDiverged(f"{message}; stopping. The last good checkpoint is "
+                                f"{self.last_good or 'none (none was written)'}; try a lower --lr")
+
+    def checkpoint(self, done_steps: int) -> None:
+        """Rank 0 writes the full state (gathered from every rank's shard); every rank takes part."""
+        params = self.model.get_params()  # None on ranks other than 0
+        probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
+        reason = refusal(params, probe_loss, self.recent_losses) if params is not None else None
+        if mean_over_ranks(self.comm, float(reason is not None))[0] > 0:  # never replace a good checkpoint by a diverged one
+            raise self.diverged(f"step {done_steps - 1}: {reason or 'rank 0 refused the weights'}; "
+                                "not saving a checkpoint")
+        self.recent_losses = (self.recent_losses + [probe_loss])[-RECENT:]
+        adam_m, adam_v = self.model.get_optimizer_state()
+        if self.rank != 0:
+            return
+        state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.train_loader.state_dict(),
+                 "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
+                 "recent_losses": self.recent_losses, "log_bytes": self.log.synced_size(), "args": vars(self.args)}
+        self.last_good = save_checkpoint(self.out, done_steps, self.config, params, adam_m, adam_v, state,
+                                         keep=self.args.keep_checkpoints)
+
+    def sample(self, step: int) -> None:
+        decoder = self.decoder or decoder_for(self.model, self.plan, max_len=self.T)
+        if self.rank != 0:
+            return
+        result = generate(decoder, [self.tokenizer.bos_id], self.args.gen_tokens, self.sample_rng,
+                          self.args.temperature, self.args.top_k)
+        tqdm.write(f"--- sample at step {step} ---\n{self.tokenizer.decode(result.tokens)}\n---")
+
+    # ---- the run
+
+    def run(self) -> int:
+        """Train from self.start to self.steps; returns the exit code (0, or 130/143 when stopped by a
+        signal, after a checkpoint)."""
+        args = self.args
+        self.loss = self.val_loss = None
+        self.done, began = self.start, time.perf_counter()
+        with self.run_dir.open_log(self.log_bytes) as self.log, GracefulStop() as stop, \
+                tqdm(total=self.steps, initial=self.start, unit="step", dynamic_ncols=True,
+                     disable=not sys.stderr.isatty()) as bar:
+            for step in range(self.start, self.steps):
+                if self._train_one(step, stop, bar):
+                    break
+        if args.sample_every and self.done == self.steps and self.done > self.start:
+            self.sample(self.steps)
+        self._summary(stop, time.perf_counter() - began)
+        return stop.exit_code
+
+    def _train_one(self, step: int, stop: GracefulStop, bar: tqdm) -> bool:
+        """Step `step` with what comes before (validation, a sample) and after it (logs, progress, a
+        checkpoint); True when the run stops here (a signal on any rank)."""
+        args, last = self.args, step == self.steps - 1
+        if self.val_loader is not None and args.val_every and (step % args.val_every == 0 or last):
+            self.val_loss = self.evaluate()
+            self.log.write(f"s:{step} tel:{self.val_loss:.6f}")
+            tqdm.write(f"step {step}: val loss {self.val_loss:.4f}")
+        if args.sample_every and step > 0 and step % args.sample_every == 0:
+            self.sample(step)
+        t0 = time.perf_counter()
+        loss, norm, lr = self.step(step)
+        # the mean loss over ranks, and whether any rank was asked to stop: all stop at this step
+        self.loss, stops = mean_over_ranks(self.comm, loss, float(stop.requested))
+        if self.comm is not None:
+            self.comm.beat()
+        if not (math.isfinite(self.loss) and math.isfinite(norm)):
+            raise self.diverged(f"step {step}: loss {self.loss}, grad norm {norm} is not finite")
+        dt = time.perf_counter() - t0
+        self.log.write(f"s:{step} trl:{self.loss:.6f} lr:{lr:.6e} norm:{norm:.4f}")
+        self._progress(bar, step, lr, norm, dt, last)
+        self.done = step + 1
+        if stops > 0 or last or (args.checkpoint_every and self.done % args.checkpoint_every == 0):
+            self.checkpoint(self.done)
+        return stops > 0
+
+    def _progress(self, bar: tqdm, step: int, lr: float, norm: float, dt: float, last: bool) -> None:
+        """The step in the bar on a terminal, else as llm.c's line on stdout."""
+        peak = self.peak_flops
+        mfu = self.flops_per_step / dt / peak if peak else None
+        if not sys.stdout.isatty() and ((step + 1) % self.args.print_every == 0 or last):
+            tqdm.write(step_line(step, self.steps, self.loss, lr, norm, dt, self.tokens_per_step, mfu))
+        postfix = {"loss": f"{self.loss:.4f}", "lr": f"{lr:.2e}", "norm": f"{norm:.3f}",
+                   "tok/s": f"{self.tokens_per_step / dt:,.0f}"}
+        if peak:
+            postfix["mfu"] = f"{mfu:.1%}"
+        bar.set_postfix(postfix)
+        bar.update(1)
+
+    def _summary(self, stop: GracefulStop, elapsed: float) -> None:
+        trained = self.done - self.start
+        shown = {name: "n/a" if value is None else f"{value:.4f}"
+                 for name, value in (("train", self.loss), ("val", self.val_loss))}
+        stopped = stop.requested or self.done < self.steps  # here, or on another rank
+        outcome = (f"stopped by {stop.name or 'another rank'} after step {self.done}/{self.steps}" if stopped
+                   else f"done: step {self.done}/{self.steps}")
+        print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {trained * self.tokens_per_step / max(elapsed, 1e-9):,.0f} "
+              f"tok/s | train loss {shown['train']} | val loss {shown['val']} | checkpoint {self.last_good} | "
+              f"log {self.run_dir.log_path}")
+        if stopped:
+            print(f"rerun with --resume to continue from {self.last_good}", file=sys.stderr)
