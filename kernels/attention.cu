@@ -1,20 +1,21 @@
 // Causal grouped-query attention, the kernels beside the batched matmuls (llama/ops/fp32.py strings them).
-// Layouts: q (B, H, T, D), k and v (B, KV, T, D), probabilities att (B, H, T, T), out (B, T, H * D).
+// Layouts: q (B, H, T, D), k and v (B, KV, T, D), probabilities probs (B, H, T, T), out (B, T, H * D).
 // The H / KV query heads of one kv head are adjacent, so per kv head they form one (H/KV * T, D)
 // matrix and every product is a plain strided-batched matmul over B * KV, with no copy of K or V.
 //
-// causal_softmax_forward:  in place on rows of att (already scaled by 1/sqrt(D)): row r is time
+// causal_softmax_forward:  in place on rows of probs (the scores scaled by 1/sqrt(D)): row r is time
 //                          t = r % T; softmax over columns <= t, zeros above the diagonal. One warp per row.
-// causal_softmax_backward: in place on datt: datt = att * (datt - sum(att * datt)), zero above the diagonal.
+// causal_softmax_backward: in place on dprobs: dscores = probs * (dprobs - sum(probs * dprobs)), zero above
+//                          the diagonal.
 // merge_heads:             (B, H, T, D) -> (B, T, H * D).
 // split_heads:             (B, T, H * D) -> (B, H, T, D).
 #include "common.cuh"
 
-extern "C" __global__ void causal_softmax_forward(float* att, int rows, int T) {
+extern "C" __global__ void causal_softmax_forward(float* probs, int rows, int T) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const int t = row % T;
-    float* x = att + (long long)row * T;
+    float* x = probs + (long long)row * T;
     float m = -INFINITY;
     for (int j = lane; j <= t; j += 32) m = fmaxf(m, x[j]);
     m = warp_max(m);
@@ -24,12 +25,12 @@ extern "C" __global__ void causal_softmax_forward(float* att, int rows, int T) {
     for (int j = lane; j < T; j += 32) x[j] = j <= t ? expf(x[j] - m) * inv : 0.0f;
 }
 
-extern "C" __global__ void causal_softmax_backward(float* datt, const float* att, int rows, int T) {
+extern "C" __global__ void causal_softmax_backward(float* dprobs, const float* probs, int rows, int T) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const int t = row % T;
-    float* d = datt + (long long)row * T;
-    const float* p = att + (long long)row * T;
+    float* d = dprobs + (long long)row * T;
+    const float* p = probs + (long long)row * T;
     float dot = 0.0f;
     for (int j = lane; j <= t; j += 32) dot += p[j] * d[j];
     dot = warp_sum(dot);

@@ -24,7 +24,7 @@
 //   are ex2.approx of fmaf(x, log2 e, -m log2 e) (relative error ~1e-6 over the logits' range), which
 //   keeps the kernel memory-bound; a vector that raises a thread's max takes the exact path, which
 //   finds the implicit 1.
-// loss_accumulate: total (1,) += scale * sum(losses (n,)), one block, in a fixed order.
+// loss_accumulate_bf16: total (1,) += scale * sum(losses (n,)), one block, in a fixed order.
 #include "bf16.cuh"
 
 #define CLASSIFIER_UNROLL 2       // 16-byte loads in flight per thread where a row is read past the kept part
@@ -268,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) fused_classifier_bf16(bf16
     }
 }
 
-extern "C" __global__ void loss_accumulate(float* total, const float* losses, int n, float scale) {
+extern "C" __global__ void loss_accumulate_bf16(float* total, const float* losses, int n, float scale) {
     double sum = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum += losses[i];
     sum = block_sum(sum);

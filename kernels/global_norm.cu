@@ -3,7 +3,7 @@
 // global_norm_partial: partial[block] = sum of x^2 over this block's slice of x (n,).
 // global_norm_finish:  out[0] = sum of partial (P,); AdamW reads it on the device to clip.
 //
-// grad_norm_squared: the same sum in one launch (x 16-byte aligned, int64 n). Each thread sums squares
+// global_norm_squared_bf16: the same sum in one launch (x 16-byte aligned, int64 n). Each thread sums squares
 //   over a grid-stride slice of float4 vectors, 4 loads in flight, 16 squares at a time in fp32 and
 //   those in double; the block adds its threads' sums in double into partial[block], and the last
 //   block to finish (counter: zero before and after the launch) adds the partials in a fixed order
@@ -28,7 +28,7 @@ extern "C" __global__ void global_norm_finish(float* out, const float* partial, 
     if (threadIdx.x == 0) out[0] = acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) grad_norm_squared(float* out, double* partial, unsigned int* counter,
+extern "C" __global__ void __launch_bounds__(256) global_norm_squared_bf16(float* out, double* partial, unsigned int* counter,
                                                                    const float* x, long long n) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const long long vectors = n / 4, stride = (long long)gridDim.x * blockDim.x;

@@ -12,7 +12,7 @@
 // bf16 versions, fused with the residual add (x, branch, h, ln, dln, dresidual bf16; weight, rstd and
 // dweight fp32: the norm reads the fp32 master weight, whose small updates a bf16 copy would lose). Blocks are 2D: blockDim.x = C / 8 rounded up to a multiple of 32, one thread per 8
 // columns of a row, and blockDim.y rows at a time. C must be a multiple of 8, at most 8192.
-// rmsnorm_residual_forward: h = x + branch (N, C), rounded to bf16 and stored as residual_out (the
+// rmsnorm_residual_forward_bf16: h = x + branch (N, C), rounded to bf16 and stored as residual_out (the
 //                           new residual stream; may be x itself), then ln = h * rstd * weight of the
 //                           rounded h. branch = nullptr: h = x, a plain RMSNorm, residual_out unused.
 //                           grid ceil(N / blockDim.y).
@@ -77,7 +77,7 @@ extern "C" __global__ void column_sum_accumulate(float* out, const float* partia
     out[c] += acc;
 }
 
-extern "C" __global__ void rmsnorm_residual_forward(bf16* residual_out, bf16* ln_out, float* rstd, const bf16* x,
+extern "C" __global__ void rmsnorm_residual_forward_bf16(bf16* residual_out, bf16* ln_out, float* rstd, const bf16* x,
                                                     const bf16* branch, const float* weight, int N, int C,
                                                     float eps) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y, c = threadIdx.x * 8;

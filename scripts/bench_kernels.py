@@ -55,10 +55,10 @@ def rmsnorm_cases(args, rng) -> list:
     x, branch, h, ln = (to_device(bf16_normal(rng, N, C)) for _ in range(4))
     weight, rstd, dweight = to_device(bf16_normal(rng, C)), empty(N), zeros(C)
     scratch = zeros(ops.rmsnorm_bf16_scratch_size(C))
-    ops.rmsnorm_residual_forward(h, ln, rstd, x, branch, weight, 1e-5)  # a real h and rstd for the backward
+    ops.rmsnorm_residual_forward_bf16(h, ln, rstd, x, branch, weight, 1e-5)  # a real h and rstd for the backward
     dresidual, dln = x, branch
-    return [("rmsnorm_residual_forward", 4 * N * C * 2 + N * 4,
-             lambda: ops.rmsnorm_residual_forward(h, ln, rstd, x, branch, weight, 1e-5)),
+    return [("rmsnorm_residual_forward_bf16", 4 * N * C * 2 + N * 4,
+             lambda: ops.rmsnorm_residual_forward_bf16(h, ln, rstd, x, branch, weight, 1e-5)),
             ("rmsnorm_backward_bf16", 4 * N * C * 2 + N * 4,
              lambda: ops.rmsnorm_backward_bf16(dresidual, dweight, scratch, dln, h, weight, rstd))]
 
@@ -76,20 +76,20 @@ def classifier_cases(args, rng) -> list:
     losses, targets, total = empty(n), to_device(rng.integers(0, V, n).astype(np.int32)), zeros(1)
     return [(f"fused_classifier_bf16 ({n} x {V})", 2 * n * V * 2 + n * 8,
              lambda: ops.fused_classifier_bf16(logits, losses, targets, 1.0 / N)),
-            (f"loss_accumulate ({n}, launch-bound)", n * 4, lambda: ops.loss_accumulate(total, losses, 1.0 / N))]
+            (f"loss_accumulate_bf16 ({n}, launch-bound)", n * 4, lambda: ops.loss_accumulate_bf16(total, losses, 1.0 / N))]
 
 
 def optimizer_cases(args, rng) -> list:
     P = int(args.params)
     grads = to_device(rng.standard_normal(P, dtype=np.float32) * 1e-3)
     norm_squared, norm_scratch = empty(1), zeros(ops.NORM_BLOCKS + 1, np.float64)
-    ops.grad_norm_squared(norm_squared, norm_scratch, grads)
+    ops.global_norm_squared_bf16(norm_squared, norm_scratch, grads)
     params, m, v = to_device(rng.standard_normal(P, dtype=np.float32) * 0.02), zeros(P), zeros(P)
     params_bf16, mask = empty(P, BF16), to_device((rng.random(P) < 0.9).astype(np.uint8))
     opt = AdamWConfig()
     scalars = to_device(ops.adamw_scalars(1, 3e-4, opt))
-    return [(f"grad_norm_squared ({P / 1e6:.1f}M)", P * 4,
-             lambda: ops.grad_norm_squared(norm_squared, norm_scratch, grads)),
+    return [(f"global_norm_squared_bf16 ({P / 1e6:.1f}M)", P * 4,
+             lambda: ops.global_norm_squared_bf16(norm_squared, norm_scratch, grads)),
             (f"adamw_update_bf16 ({P / 1e6:.1f}M)", P * (4 * 4 + 1 + 3 * 4 + 2),
              lambda: ops.adamw_update_bf16(params, params_bf16, grads, m, v, mask, norm_squared, scalars, opt))]
 

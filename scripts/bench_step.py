@@ -143,10 +143,10 @@ def bench_ours(c, B, T, steps):
 def kernel_breakdown(model, batches, opt) -> dict:
     """Milliseconds per launcher (GEMMs per layout) over one eager step, from CUDA events."""
     drv, stream = runtime().drv, runtime().stream
-    names = ["gemm", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward",
+    names = ["gemm", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward_bf16",
              "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16", "swiglu_backward_bf16",
-             "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16", "loss_accumulate",
-             "grad_norm_squared", "adamw_update_bf16"]
+             "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16", "loss_accumulate_bf16",
+             "global_norm_squared_bf16", "adamw_update_bf16"]
     originals, events = {name: getattr(ops, name) for name in names}, []
 
     def timed(name, fn):

@@ -42,11 +42,11 @@ def test_rmsnorm_rejects():
     N, C = 5, 64
     w = fake((C,), F32)  # the norms read the fp32 master weight
     with pytest.raises(ValueError, match="both branch and residual_out"):
-        ops.rmsnorm_residual_forward(None, fake((N, C)), fake((N,), F32), fake((N, C)), fake((N, C)), w, 1e-5)
+        ops.rmsnorm_residual_forward_bf16(None, fake((N, C)), fake((N,), F32), fake((N, C)), fake((N, C)), w, 1e-5)
     with pytest.raises(ValueError, match="weight: expected float32"):
         ops.rmsnorm_forward_bf16(fake((N, C)), fake((N,), F32), fake((N, C)), fake((C,)), 1e-5)
     with pytest.raises(ValueError, match="branch: must start 16-byte aligned"):
-        ops.rmsnorm_residual_forward(fake((N, C)), fake((N, C)), fake((N,), F32), fake((N, C)),
+        ops.rmsnorm_residual_forward_bf16(fake((N, C)), fake((N, C)), fake((N,), F32), fake((N, C)),
                                      fake((N, C), offset=8), w, 1e-5)
     with pytest.raises(ValueError, match="C <= 8192"):
         ops.rmsnorm_forward_bf16(fake((N, 16384)), fake((N,), F32), fake((N, 16384)), fake((16384,), F32), 1e-5)
@@ -68,15 +68,15 @@ def test_swiglu_and_classifier_reject():
     with pytest.raises(ValueError, match="targets: expected int32"):
         ops.fused_classifier_bf16(fake((3, 50)), fake((3,), F32), fake((3,), F32), 1.0)
     with pytest.raises(ValueError, match="total"):
-        ops.loss_accumulate(fake((2,), F32), fake((3,), F32), 1.0)
+        ops.loss_accumulate_bf16(fake((2,), F32), fake((3,), F32), 1.0)
 
 
 def test_grad_norm_and_adamw_reject():
     n = 1000
     with pytest.raises(ValueError, match="scratch: expected float64"):
-        ops.grad_norm_squared(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), F32), fake((n,), F32))
+        ops.global_norm_squared_bf16(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), F32), fake((n,), F32))
     with pytest.raises(ValueError, match="grads: must start 16-byte aligned"):
-        ops.grad_norm_squared(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), np.float64), fake((n,), F32, 4))
+        ops.global_norm_squared_bf16(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), np.float64), fake((n,), F32, 4))
     arrays = dict(params=fake((n,), F32), params_bf16=fake((n,)), grads=fake((n,), F32), m=fake((n,), F32),
                   v=fake((n,), F32), decay_mask=fake((n,), np.uint8), norm_squared=fake((1,), F32),
                   scalars=fake((ops.ADAMW_SCALARS,), F32))

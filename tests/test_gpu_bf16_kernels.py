@@ -32,8 +32,8 @@ TOL = {
     "fused_classifier_bf16_losses": 1e-5,  # fp32 (__expf: relative ~1e-6 per term)
     "fused_classifier_bf16_dlogits": 1e-2,  # bf16 output
     "confident_loss": 1e-4,                # one row's loss near 1e-11, relative
-    "loss_accumulate": 1e-6,               # fp32 total, double sum
-    "grad_norm_squared": 1e-6,             # fp32 result, double sums
+    "loss_accumulate_bf16": 1e-6,               # fp32 total, double sum
+    "global_norm_squared_bf16": 1e-6,             # fp32 result, double sums
     "adamw_bf16": 1e-5,                    # fp32 update, m, v (as the fp32 kernel's test)
 }
 
@@ -105,7 +105,7 @@ def test_rmsnorm_residual_bf16(ops, N, C):
     x, branch, w = randn(N, C), randn(N, C), randn(C)
     residual, ln, rstd = poisoned_bf16((N, C)), poisoned_bf16((N, C)), poisoned((N,))
     w_d = dev(w)  # the fp32 master weight
-    ops.rmsnorm_residual_forward(residual, ln, rstd, dev_bf16(x), dev_bf16(branch), w_d, eps)
+    ops.rmsnorm_residual_forward_bf16(residual, ln, rstd, dev_bf16(x), dev_bf16(branch), w_d, eps)
     ref_h, ref_ln, ref_rstd = ref.rmsnorm_residual_forward(x, branch, w, eps)
     check("rmsnorm_residual_forward_h", residual, ref_h, TOL["rmsnorm_residual_forward_h"])
     check("rmsnorm_residual_forward_ln", ln, ref_ln, TOL["rmsnorm_residual_forward_ln"])
@@ -115,7 +115,7 @@ def test_rmsnorm_residual_bf16(ops, N, C):
           TOL["rmsnorm_residual_forward_stored_h"])
 
     x_d = dev_bf16(x)  # in place: the residual stream overwritten by x + branch
-    ops.rmsnorm_residual_forward(x_d, poisoned_bf16((N, C)), poisoned((N,)), x_d, dev_bf16(branch), w_d, eps)
+    ops.rmsnorm_residual_forward_bf16(x_d, poisoned_bf16((N, C)), poisoned((N,)), x_d, dev_bf16(branch), w_d, eps)
     assert np.array_equal(bits(x_d), bits(residual))
 
     # backward at the stored bf16 h and the kernel's rstd, the inputs it will have in the model
@@ -187,9 +187,9 @@ def test_loss_accumulate(ops, n):
     losses_d, results = dev(losses), []
     for _ in range(2):
         total = dev(np.array([3.0]))
-        ops.loss_accumulate(total, losses_d, 0.25)
+        ops.loss_accumulate_bf16(total, losses_d, 0.25)
         results.append(bits(total))
-    check("loss_accumulate", total, np.array([3.0 + 0.25 * np.sum(losses.astype(np.float64))]), TOL["loss_accumulate"])
+    check("loss_accumulate_bf16", total, np.array([3.0 + 0.25 * np.sum(losses.astype(np.float64))]), TOL["loss_accumulate_bf16"])
     assert np.array_equal(results[0], results[1])  # deterministic
 
 
@@ -200,9 +200,9 @@ def test_grad_norm_squared(ops, n):
     g_d, scratch, results = dev(g), zeros(ops.NORM_BLOCKS + 1, np.float64), []
     for _ in range(2):  # the same scratch twice: its counter must be back at zero
         out = poisoned((1,))
-        ops.grad_norm_squared(out, scratch, g_d)
+        ops.global_norm_squared_bf16(out, scratch, g_d)
         results.append(bits(out))
-    check("grad_norm_squared", out, np.array([np.sum(g.astype(np.float64) ** 2)]), TOL["grad_norm_squared"])
+    check("global_norm_squared_bf16", out, np.array([np.sum(g.astype(np.float64) ** 2)]), TOL["global_norm_squared_bf16"])
     assert np.array_equal(results[0], results[1])  # deterministic
 
 

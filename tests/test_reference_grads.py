@@ -136,7 +136,7 @@ def test_flash_attention_backward(rope):
     cos, sin = rope_cos_sin(config, T + 2) if rope else (None, None)
     raw = rng.standard_normal((B, T, (H + 2 * KV) * D))
     w = rng.standard_normal((B, T, H * D))
-    packed = lambda: ref._merge_heads(*ref.rope_forward(raw, cos, sin, H, KV)) if rope else raw
+    packed = lambda: ref.pack_qkv(*ref.rope_forward(raw, cos, sin, H, KV)) if rope else raw
     out, lse = ref.flash_attention_forward(packed(), H, KV)
     dqkv = ref.flash_attention_backward(w, out, lse, packed(), H, KV, cos, sin)
     loss = lambda: weighted_sum(ref.flash_attention_forward(packed(), H, KV)[0], w)

@@ -2,7 +2,7 @@
 
 It follows llama/model/reference.py layer by layer, like llama/model/gpu_fp32.py (the exact fp32 path), with
 fused steps whose numpy twins are compositions of the reference's layers:
-- rmsnorm_residual_forward = residual_forward, then rmsnorm_forward (one pass);
+- rmsnorm_residual_forward_bf16 = residual_forward, then rmsnorm_forward (one pass);
 - the QKV GEMM's epilogue applies RoPE (rope_forward's rotation), and flash attention reads q, k, v
   straight from the packed projection; its backward returns dqkv rotated back (rope_backward);
 - the classifier runs in chunks of tokens inside the forward: logits, loss and dlogits of a chunk,
@@ -175,18 +175,18 @@ class GPUModelBF16(GPUModelBase):
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
             else:  # x = h + ffn branch of the layer before, then its norm
-                ops.rmsnorm_residual_forward(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
+                ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
                                              self.master(pre + "attention_norm.weight"), c.norm_eps)
             self.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
                      rope=rope)
             ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV, source=self.plan.attention)
             self.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
-            ops.rmsnorm_residual_forward(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
+            ops.rmsnorm_residual_forward_bf16(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
                                          self.master(pre + "ffn_norm.weight"), c.norm_eps)
             self.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
             ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
             self.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
-        ops.rmsnorm_residual_forward(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
+        ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
             self._classifier(s, N, loss_scale, loss_weight)
@@ -206,7 +206,7 @@ class GPUModelBF16(GPUModelBase):
             if loss_scale is not None:
                 self.gemm(s["dln"].view(start * C, (n, C)), logits, w_out)
                 self.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
-        ops.loss_accumulate(self.loss_total, s["losses"], loss_weight / N)
+        ops.loss_accumulate_bf16(self.loss_total, s["losses"], loss_weight / N)
 
     def backward(self, sync: bool = False) -> None:
         """Add the gradients of the last forward (run with loss_scale) into self.grads; with sync (the
@@ -289,7 +289,7 @@ class GPUModelBF16(GPUModelBase):
         """ZeRO-1 (llama/parallel/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
         shard, then every rank's new bf16 weights (and the norms' fp32 masters) to every rank."""
         z = self.zero
-        ops.grad_norm_squared(self.norm_squared, self.norm_scratch, z.grad_shard)
+        ops.global_norm_squared_bf16(self.norm_squared, self.norm_scratch, z.grad_shard)
         z.sum_over_ranks(self.norm_squared)
         ops.adamw_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m, z.v, z.decay_mask, self.norm_squared,
                               self.adam_scalars, opt)

@@ -1,4 +1,5 @@
-"""Llama 3.1 in numpy: every layer's exact forward and backward, and the whole model.
+"""Llama 3.1 in numpy: every layer's exact forward and backward, the whole model, and its KV-cache
+decoder.
 
 This is the oracle that every CUDA kernel is tested against, and the CPU backend of the trainer.
 Each layer is a pair `<layer>_forward` / `<layer>_backward` named like the kernel in
@@ -12,6 +13,10 @@ Layouts (B batch, T time, C dim, H query heads, KV key/value heads, D head_dim, 
   fused gate|up projection (B, T, 2F); logits (B*T, V).
 Query head h reads key/value head h // (H // KV): the H // KV query heads of one kv head are
 adjacent, so in the head-major layout they stack into one (H // KV * T, D) matrix per kv head.
+Attention's words, here and in the kernels, launchers and GPU models: `out` its output (B, T, H * D),
+kept in a model's activations as `att`; `probs` the softmax probabilities (B, H, T, T); `lse` the
+log-sum-exp of each row of scaled scores. unpack_qkv/pack_qkv move between the packed projection and
+head-major q, k, v; the merge_heads/split_heads kernels between (B, H, T, D) and (B, T, H * D).
 """
 
 from __future__ import annotations
@@ -75,15 +80,15 @@ def _rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray
     return out
 
 
-def _split_heads(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def unpack_qkv(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(B, T, (H + 2KV) * D) -> head-major views q (B, H, T, D), k and v (B, KV, T, D)."""
     B, T, _ = qkv.shape
     heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
     return heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv_heads], heads[:, n_heads + n_kv_heads:]
 
 
-def _merge_heads(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> np.ndarray:
-    """The inverse of _split_heads: (B, T, (H + 2KV) * D)."""
+def pack_qkv(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> np.ndarray:
+    """The inverse of unpack_qkv: head-major dq, dk, dv (or q, k, v) packed into (B, T, (H + 2KV) * D)."""
     B, _, T, _ = dq.shape
     return np.concatenate([dq, dk, dv], axis=1).transpose(0, 2, 1, 3).reshape(B, T, -1)
 
@@ -93,7 +98,7 @@ def rope_forward(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int
     """Split the fused (B, T, (H + 2KV) * D) projection into head-major q (B, H, T, D),
     k and v (B, KV, T, D), rotating q and k by RoPE (Meta's interleaved pairs)."""
     T = qkv.shape[1]
-    q, k, v = _split_heads(qkv, n_heads, n_kv_heads)
+    q, k, v = unpack_qkv(qkv, n_heads, n_kv_heads)
     cos, sin = cos[:T].astype(qkv.dtype), sin[:T].astype(qkv.dtype)
     return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin), np.ascontiguousarray(v)
 
@@ -103,7 +108,7 @@ def rope_backward(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, cos: np.ndarra
     """Rotate dq, dk back by the negative angle and interleave into (B, T, (H + 2KV) * D)."""
     T = dq.shape[2]
     cos, sin = cos[:T].astype(dq.dtype), sin[:T].astype(dq.dtype)
-    return _merge_heads(_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv)
+    return pack_qkv(_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv)
 
 
 def _attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -157,7 +162,7 @@ def attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.nda
 def flash_attention_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
     """The flash kernels' view of attention_forward: q, k, v read from the packed (B, T, (H + 2KV) * D)
     projection (q and k already rotated) -> out (B, T, H * D), lse (B, H, T)."""
-    return attention_forward(*_split_heads(qkv, n_heads, n_kv_heads))
+    return attention_forward(*unpack_qkv(qkv, n_heads, n_kv_heads))
 
 
 def flash_attention_backward(dout: np.ndarray, out: np.ndarray, lse: np.ndarray, qkv: np.ndarray, n_heads: int,
@@ -165,8 +170,8 @@ def flash_attention_backward(dout: np.ndarray, out: np.ndarray, lse: np.ndarray,
                              sin: np.ndarray | None = None) -> np.ndarray:
     """dqkv (B, T, (H + 2KV) * D) packed like qkv; with cos/sin, dq and dk rotated back by RoPE
     (rope_backward fused, as the kernels can do)."""
-    dq, dk, dv = attention_backward(dout, *_split_heads(qkv, n_heads, n_kv_heads), out, lse)
-    return _merge_heads(dq, dk, dv) if cos is None else rope_backward(dq, dk, dv, cos, sin)
+    dq, dk, dv = attention_backward(dout, *unpack_qkv(qkv, n_heads, n_kv_heads), out, lse)
+    return pack_qkv(dq, dk, dv) if cos is None else rope_backward(dq, dk, dv, cos, sin)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -12,9 +12,9 @@ decode           the KV-cache decoder's RoPE-and-cache-write and attention over 
 # flake8: noqa: F401  (the package re-exports every launcher)
 
 from .bf16 import (ADAMW_SCALARS, adamw_scalars, adamw_update_bf16, embedding_backward_bf16,
-                   embedding_bf16_scratch_size, embedding_forward_bf16, fused_classifier_bf16, gemm, grad_norm_squared,
-                   loss_accumulate, rmsnorm_backward_bf16, rmsnorm_bf16_scratch_size, rmsnorm_forward_bf16,
-                   rmsnorm_residual_forward, swiglu_backward_bf16, swiglu_forward_bf16, token_segments)
+                   embedding_bf16_scratch_size, embedding_forward_bf16, fused_classifier_bf16, gemm, global_norm_squared_bf16,
+                   loss_accumulate_bf16, rmsnorm_backward_bf16, rmsnorm_bf16_scratch_size, rmsnorm_forward_bf16,
+                   rmsnorm_residual_forward_bf16, swiglu_backward_bf16, swiglu_forward_bf16, token_segments)
 from .common import NORM_BLOCKS
 from .decode import decode_attention, last_positions, rope_kv_write
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,

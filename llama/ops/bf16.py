@@ -193,14 +193,14 @@ def embedding_backward_bf16(dwte: DeviceArray, dout: DeviceArray, order: DeviceA
                                                                 order.ptr, segments.ptr, C)
 
 
-def rmsnorm_residual_forward(residual_out: DeviceArray | None, ln_out: DeviceArray, rstd: DeviceArray,
+def rmsnorm_residual_forward_bf16(residual_out: DeviceArray | None, ln_out: DeviceArray, rstd: DeviceArray,
                              x: DeviceArray, branch: DeviceArray | None, weight: DeviceArray, eps: float) -> None:
     """residual_out (N, C) = x + branch, and ln_out = rmsnorm(residual_out) * weight, all bf16, with
     rstd (N,) fp32; weight is the fp32 master weight. branch=None with residual_out=None: a plain RMSNorm
     of x. residual_out may be x."""
     N, C = x.shape
     if (branch is None) != (residual_out is None):
-        raise ValueError("rmsnorm_residual_forward: give both branch and residual_out, or neither")
+        raise ValueError("rmsnorm_residual_forward_bf16: give both branch and residual_out, or neither")
     named = {"x": x, "ln_out": ln_out} | ({} if branch is None else {"branch": branch, "residual_out": residual_out})
     for name, array in named.items():
         check(name, array, (N, C), BF16)
@@ -208,7 +208,7 @@ def rmsnorm_residual_forward(residual_out: DeviceArray | None, ln_out: DeviceArr
     check("weight", weight, (C,))
     check_vectors(C, weight=weight, **named)
     per_row, rows = _row_block(C, BLOCK)
-    kernel("rmsnorm", "rmsnorm_residual_forward", "PPPPPPiif")(
+    kernel("rmsnorm", "rmsnorm_residual_forward_bf16", "PPPPPPiif")(
         (math.ceil(N / rows),), (per_row, rows), 0 if residual_out is None else residual_out.ptr, ln_out.ptr, rstd.ptr,
         x.ptr, 0 if branch is None else branch.ptr, weight.ptr, N, C, np.float32(eps))
 
@@ -216,7 +216,7 @@ def rmsnorm_residual_forward(residual_out: DeviceArray | None, ln_out: DeviceArr
 def rmsnorm_forward_bf16(out: DeviceArray, rstd: DeviceArray, inp: DeviceArray, weight: DeviceArray,
                          eps: float) -> None:
     """out (N, C) = rmsnorm(inp) * weight, bf16; rstd (N,) fp32 (the first norm, with no residual add)."""
-    rmsnorm_residual_forward(None, out, rstd, inp, None, weight, eps)
+    rmsnorm_residual_forward_bf16(None, out, rstd, inp, None, weight, eps)
 
 
 def rmsnorm_bf16_scratch_size(C: int) -> int:
@@ -289,21 +289,21 @@ def fused_classifier_bf16(logits: DeviceArray, losses: DeviceArray, targets: Dev
         np.float32(dloss), smem_slots, shared=smem_slots * CLASSIFIER_BLOCK * 16)
 
 
-def loss_accumulate(total: DeviceArray, losses: DeviceArray, scale: float) -> None:
+def loss_accumulate_bf16(total: DeviceArray, losses: DeviceArray, scale: float) -> None:
     """total (1,) += scale * sum(losses (n,)), fp32, in a fixed order."""
     check("total", total, (1,))
     check("losses", losses, (losses.size,))
-    kernel("classifier", "loss_accumulate", "PPif")((1,), 1024, total.ptr, losses.ptr, losses.size, np.float32(scale))
+    kernel("classifier", "loss_accumulate_bf16", "PPif")((1,), 1024, total.ptr, losses.ptr, losses.size, np.float32(scale))
 
 
-def grad_norm_squared(out: DeviceArray, scratch: DeviceArray, grads: DeviceArray) -> None:
+def global_norm_squared_bf16(out: DeviceArray, scratch: DeviceArray, grads: DeviceArray) -> None:
     """out (1,) = sum(grads^2) of the flat fp32 gradients, deterministic, in one launch; scratch
     float64 (NORM_BLOCKS + 1,), zeroed once (its last word holds the completion counter)."""
     check("out", out, (1,))
     check("scratch", scratch, (NORM_BLOCKS + 1,), F64)
     check("grads", grads, grads.shape)
     check_vectors(8, grads=grads, scratch=scratch)
-    kernel("global_norm", "grad_norm_squared", "PPPPq")((NORM_BLOCKS,), BLOCK, out.ptr, scratch.ptr,
+    kernel("global_norm", "global_norm_squared_bf16", "PPPPq")((NORM_BLOCKS,), BLOCK, out.ptr, scratch.ptr,
                                                          scratch.ptr + NORM_BLOCKS * 8, grads.ptr, grads.size)
 
 

@@ -143,53 +143,54 @@ def rope_backward(dqkv: DeviceArray, dq: DeviceArray, dk: DeviceArray, dv: Devic
 # ---- attention
 
 
-def _attention_shapes(q: DeviceArray, k: DeviceArray, v: DeviceArray, att: DeviceArray, heads: DeviceArray):
+def _attention_shapes(q: DeviceArray, k: DeviceArray, v: DeviceArray, probs: DeviceArray, heads: DeviceArray):
     B, H, T, D = q.shape
     KV = k.shape[1]
     if KV == 0 or H % KV:
         raise ValueError(f"attention: {H} query heads cannot share {KV} kv heads")
     check("k", k, (B, KV, T, D))
     check("v", v, (B, KV, T, D))
-    check("att", att, (B, H, T, T))
+    check("probs", probs, (B, H, T, T))
     check("heads scratch", heads, (B, H, T, D))
     return B, H, KV, T, D
 
 
-def attention_forward(out: DeviceArray, att: DeviceArray, heads: DeviceArray, q: DeviceArray, k: DeviceArray,
+def attention_forward(out: DeviceArray, probs: DeviceArray, heads: DeviceArray, q: DeviceArray, k: DeviceArray,
                       v: DeviceArray) -> None:
-    """out (B, T, H * D) and probabilities att (B, H, T, T); heads (B, H, T, D) is scratch."""
-    B, H, KV, T, D = _attention_shapes(q, k, v, att, heads)
+    """out (B, T, H * D) and the probabilities probs (B, H, T, T); heads (B, H, T, D) is scratch."""
+    B, H, KV, T, D = _attention_shapes(q, k, v, probs, heads)
     check("out", out, (B, T, H * D))
     rows = H // KV * T  # the query rows that share one kv head
-    att_g, q_g, heads_g = att.reshape(B * KV, rows, T), q.reshape(B * KV, rows, D), heads.reshape(B * KV, rows, D)
+    probs_g, q_g, heads_g = probs.reshape(B * KV, rows, T), q.reshape(B * KV, rows, D), heads.reshape(B * KV, rows, D)
     k_g, v_g = k.reshape(B * KV, T, D), v.reshape(B * KV, T, D)
-    matmul(att_g, q_g, k_g, trans_b=True, alpha=1 / math.sqrt(D))
-    kernel("attention", "causal_softmax_forward", "Pii")(blocks(B * H * T, ROWS_PER_BLOCK), BLOCK, att.ptr,
+    matmul(probs_g, q_g, k_g, trans_b=True, alpha=1 / math.sqrt(D))
+    kernel("attention", "causal_softmax_forward", "Pii")(blocks(B * H * T, ROWS_PER_BLOCK), BLOCK, probs.ptr,
                                                          B * H * T, T)
-    matmul(heads_g, att_g, v_g)
+    matmul(heads_g, probs_g, v_g)
     kernel("attention", "merge_heads", "PPiiii")(blocks(out.size), BLOCK, out.ptr, heads.ptr, B, H, T, D)
 
 
-def attention_backward(dq: DeviceArray, dk: DeviceArray, dv: DeviceArray, datt: DeviceArray, dheads: DeviceArray,
-                       dout: DeviceArray, q: DeviceArray, k: DeviceArray, v: DeviceArray, att: DeviceArray) -> None:
-    """dq (B, H, T, D), dk, dv (B, KV, T, D) from dout (B, T, H * D); datt and dheads are scratch."""
-    B, H, KV, T, D = _attention_shapes(q, k, v, att, dheads)
+def attention_backward(dq: DeviceArray, dk: DeviceArray, dv: DeviceArray, dprobs: DeviceArray, dheads: DeviceArray,
+                       dout: DeviceArray, q: DeviceArray, k: DeviceArray, v: DeviceArray, probs: DeviceArray) -> None:
+    """dq (B, H, T, D), dk, dv (B, KV, T, D) from dout (B, T, H * D); dprobs and dheads are scratch."""
+    B, H, KV, T, D = _attention_shapes(q, k, v, probs, dheads)
     check("dq", dq, q.shape)
     check("dk", dk, k.shape)
     check("dv", dv, v.shape)
-    check("datt", datt, att.shape)
+    check("dprobs", dprobs, probs.shape)
     check("dout", dout, (B, T, H * D))
     rows, scale = H // KV * T, 1 / math.sqrt(D)
     kernel("attention", "split_heads", "PPiiii")(blocks(dout.size), BLOCK, dheads.ptr, dout.ptr, B, H, T, D)
-    att_g, datt_g, dheads_g = att.reshape(B * KV, rows, T), datt.reshape(B * KV, rows, T), dheads.reshape(B * KV, rows, D)
+    probs_g, dprobs_g = probs.reshape(B * KV, rows, T), dprobs.reshape(B * KV, rows, T)
+    dheads_g = dheads.reshape(B * KV, rows, D)
     q_g, dq_g = q.reshape(B * KV, rows, D), dq.reshape(B * KV, rows, D)
     k_g, v_g, dk_g, dv_g = (x.reshape(B * KV, T, D) for x in (k, v, dk, dv))
-    matmul(datt_g, dheads_g, v_g, trans_b=True)  # dprobs = dout @ v^T
-    kernel("attention", "causal_softmax_backward", "PPii")(blocks(B * H * T, ROWS_PER_BLOCK), BLOCK, datt.ptr,
-                                                           att.ptr, B * H * T, T)
-    matmul(dq_g, datt_g, k_g, alpha=scale)  # dq = dscores @ k
-    matmul(dk_g, datt_g, q_g, trans_a=True, alpha=scale)  # dk = dscores^T @ q, summed over the group
-    matmul(dv_g, att_g, dheads_g, trans_a=True)  # dv = probs^T @ dout, summed over the group
+    matmul(dprobs_g, dheads_g, v_g, trans_b=True)  # dprobs = dout @ v^T
+    kernel("attention", "causal_softmax_backward", "PPii")(blocks(B * H * T, ROWS_PER_BLOCK), BLOCK, dprobs.ptr,
+                                                           probs.ptr, B * H * T, T)
+    matmul(dq_g, dprobs_g, k_g, alpha=scale)  # dq = dscores @ k
+    matmul(dk_g, dprobs_g, q_g, trans_a=True, alpha=scale)  # dk = dscores^T @ q, summed over the group
+    matmul(dv_g, probs_g, dheads_g, trans_a=True)  # dv = probs^T @ dout, summed over the group
 
 
 # ---- swiglu, residual
