@@ -9,31 +9,15 @@
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 
 from llama import ops
 from llama.config import get_preset
-from llama.cuda import empty, runtime, to_device
+from llama.cuda import empty, runtime, time_ms, to_device
 from llama.model.gpu_fp32 import GPUModelFP32
 from llama.optim import AdamWConfig
 from llama.params import count_parameters
-
-
-def time_device(fn, repeats: int = 10) -> float:
-    """Median milliseconds of fn() between CUDA events, after one warm-up."""
-    drv = runtime().drv
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = drv.Event(), drv.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.time_till(end))
-    return statistics.median(times)
 
 
 def bench_matmuls(config, M: int) -> list[dict]:
@@ -48,9 +32,9 @@ def bench_matmuls(config, M: int) -> list[dict]:
         rng = np.random.default_rng(0)
         x, w = to_device(rng.standard_normal((M, K), dtype=np.float32)), to_device(rng.standard_normal((N, K), dtype=np.float32))
         out = empty((M, N))
-        ours = time_device(lambda: ops.matmul_forward(out, x, w))
+        ours = time_ms(lambda: ops.matmul_forward(out, x, w), warmup=1, repeats=10, inner=1)
         tx, tw = torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda")
-        theirs = time_device(lambda: torch.matmul(tx, tw.T))
+        theirs = time_ms(lambda: torch.matmul(tx, tw.T), warmup=1, repeats=10, inner=1)
         flops = 2 * M * N * K
         rows.append({"shape": f"{name} ({M},{N},{K})", "ours_ms": ours, "torch_ms": theirs,
                      "ours_tflops": flops / ours / 1e9, "torch_tflops": flops / theirs / 1e9})
@@ -64,10 +48,9 @@ def bench_our_step(config, B: int, T: int, steps: int) -> dict:
     tokens, targets = rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T))
     opt = AdamWConfig()
     drv = runtime().drv
-    walls, parts = [], []
-    for step in range(1, steps + 3):
-        runtime().synchronize()
-        t0 = time.perf_counter()
+    parts, losses = [], []
+
+    def step():
         events = [drv.Event() for _ in range(4)]
         events[0].record()
         model.zero_grad()
@@ -75,16 +58,17 @@ def bench_our_step(config, B: int, T: int, steps: int) -> dict:
         events[1].record()
         model.backward()
         events[2].record()
-        model.optimizer_step(1e-4, step, opt, return_norm=False)
+        model.optimizer_step(1e-4, len(parts) + 1, opt, return_norm=False)
         events[3].record()
-        loss = float(np.mean(model.buffers["losses"].download()))  # the step's one sync
-        walls.append((time.perf_counter() - t0) * 1000)
+        losses.append(float(np.mean(model.buffers["losses"].download())))  # the step's one sync
         parts.append([events[i].time_till(events[i + 1]) for i in range(3)])
-    walls, parts = walls[2:], parts[2:]  # drop compilation and warm-up
+
+    ms = time_ms(step, warmup=2, repeats=steps, inner=1)  # the warm-up compiles
+    parts = parts[2:]
     del model
-    return {"ms": statistics.median(walls), "forward_ms": statistics.median(p[0] for p in parts),
+    return {"ms": ms, "forward_ms": statistics.median(p[0] for p in parts),
             "backward_ms": statistics.median(p[1] for p in parts), "adamw_ms": statistics.median(p[2] for p in parts),
-            "last_loss": loss}
+            "last_loss": losses[-1]}
 
 
 def bench_torch_step(config, B: int, T: int, steps: int) -> dict:
@@ -97,10 +81,8 @@ def bench_torch_step(config, B: int, T: int, steps: int) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     tokens = torch.randint(0, config.vocab_size, (B, T), device="cuda")
     targets = torch.randint(0, config.vocab_size, (B, T), device="cuda")
-    walls = []
-    for _ in range(steps + 2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step():
         optimizer.zero_grad(set_to_none=True)
         logits = model(tokens).logits
         loss = torch.nn.functional.cross_entropy(logits.view(-1, config.vocab_size), targets.view(-1))
@@ -108,10 +90,11 @@ def bench_torch_step(config, B: int, T: int, steps: int) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         loss.item()
-        walls.append((time.perf_counter() - t0) * 1000)
+
+    ms = time_ms(step, warmup=2, repeats=steps, inner=1)
     del model, optimizer
     torch.cuda.empty_cache()
-    return {"ms": statistics.median(walls[2:])}
+    return {"ms": ms}
 
 
 def main():

@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,21 +37,9 @@ CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T) per GP
 VOCAB = 128256
 
 
-def median_ms(fn, repeats: int) -> float:
-    from llama.cuda import runtime
-    times = []
-    for _ in range(repeats):
-        runtime().synchronize()
-        t0 = time.perf_counter()
-        fn()
-        runtime().synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
-
-
 def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, object]:
     """Median ms of a captured training step, the memory it holds, and the model."""
-    from llama.cuda import allocated_bytes
+    from llama.cuda import allocated_bytes, time_ms
     from llama.model.gpu_bf16 import GPUModelBF16
     before = allocated_bytes()
     model = GPUModelBF16(config, B, T, comm=comm)
@@ -69,14 +56,14 @@ def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, obje
 
     for _ in range(3):  # the first step compiles and captures
         step()
-    ms = median_ms(step, steps)
+    ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     z = model.zero
     memory = {"total": allocated_bytes() - before, "optimizer": z.master.nbytes + z.m.nbytes + z.v.nbytes}
     return ms, memory, model
 
 
 def worker(args) -> None:
-    from llama.cuda import runtime, select_device
+    from llama.cuda import runtime, select_device, time_ms
     from llama.parallel.distributed import DistributedEnv
     env = DistributedEnv.from_environ()
     comm = None
@@ -90,8 +77,8 @@ def worker(args) -> None:
     result = {"gpus": env.world_size, "B": B, "T": T, "ms": ms, "memory": memory, "device": runtime().name}
     if comm is not None:
         z = model.zero
-        result["reduce_scatter_ms"] = median_ms(z.finish_reduce, args.steps)
-        result["all_gather_ms"] = median_ms(z.gather_weights, args.steps)
+        result["reduce_scatter_ms"] = time_ms(z.finish_reduce, warmup=0, repeats=args.steps, inner=1)
+        result["all_gather_ms"] = time_ms(z.gather_weights, warmup=0, repeats=args.steps, inner=1)
         del model
         gc.collect()
         for name in ("reduce_scatter", "all_gather", "all_reduce"):  # the same work with no communication

@@ -12,7 +12,6 @@ of one eager step of ours (CUDA events around every launcher call).
 
 import argparse
 import json
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 from llama import ops
 from llama.config import get_preset
-from llama.cuda import allocated_bytes, runtime
+from llama.cuda import allocated_bytes, runtime, time_ms
 from llama.optim import AdamWConfig
 from llama.model.base import rope_cos_sin
 
@@ -82,17 +81,6 @@ class TorchLlama(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def median_step_ms(step, steps: int) -> float:
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
-
-
 def bench_torch(c, B, T, steps):
     torch.manual_seed(0)
     model = TorchLlama(c, T).cuda()
@@ -112,7 +100,7 @@ def bench_torch(c, B, T, steps):
     for _ in range(3):  # compiles
         step()
     torch.cuda.reset_peak_memory_stats()
-    ms = median_step_ms(step, steps)
+    ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     peak = torch.cuda.max_memory_allocated()
     del model, opt, compiled
     torch.cuda.empty_cache()
@@ -133,7 +121,7 @@ def bench_ours(c, B, T, steps):
 
     for _ in range(3):  # the first step compiles and captures
         step()
-    ms = median_step_ms(step, steps)
+    ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     peak = allocated_bytes() - before
     breakdown = kernel_breakdown(model, batches[0], opt)
     del model
