@@ -1,7 +1,7 @@
 """Llama 3.1 on the GPU in bf16 mixed precision: the fast training path.
 
-It follows llama/model/reference.py layer by layer, like llama/model/gpu_fp32.py (the exact fp32 path), with
-fused steps whose numpy twins are compositions of the reference's layers:
+It follows llama/model/reference.py layer by layer, like llama/model/gpu_fp32.py (the exact fp32
+path), with fused steps whose numpy twins are compositions of the reference's layers:
 - rmsnorm_residual_forward_bf16 = residual_forward, then rmsnorm_forward (one pass);
 - the QKV GEMM's epilogue applies RoPE (rope_forward's rotation), and flash attention reads q, k, v
   straight from the packed projection; its backward returns dqkv rotated back (rope_backward);
@@ -13,18 +13,20 @@ weights); bf16 activations; fp32 weight gradients, accumulated by the GEMM epilo
 With recompute, the RMSNorm outputs and the SwiGLU product are recomputed in the backward instead
 of being kept per layer.
 
-train_step() captures a micro-step (forward and backward) and the optimizer step as CUDA graphs
-on its first call and replays them after: tokens upload asynchronously from pinned memory, lr and
-the bias corrections live in device memory, the loss accumulates on the device and is read once.
+The training step (llama/model/base.py drives it: start_step, micro_step, finish_step) is captured
+as CUDA graphs, a micro-step (forward and backward) and the optimizer step, on the first step of a
+shape and replayed after: tokens upload asynchronously from pinned memory, lr and the bias
+corrections live in device memory, the loss accumulates on the device and is read once. Which GEMM
+version and flash attention build run is the plan's (llama/plan.py).
 
-With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO-1 (llama/parallel/zero.py): the
-backward of the last micro-batch reduce-scatters each layer's gradients as soon as they are final,
-each rank updates its shard of the fp32 master weights and moments, and the bf16 weights are
-all-gathered. The RMSNorm weights, read in fp32, come from a small all-reduced replica of their masters.
+With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO-1
+(llama/parallel/zero.py): the backward of the last micro-batch reduce-scatters each layer's
+gradients as soon as they are final, each rank updates its shard of the fp32 master weights and
+moments, and the bf16 weights are all-gathered. The RMSNorm weights, read in fp32, come from a small
+all-reduced replica of their masters.
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 
