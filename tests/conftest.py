@@ -1,8 +1,13 @@
-"""GPU tests carry the `gpu` marker and skip themselves where no CUDA device is usable."""
-
-import functools
+"""GPU tests carry the `gpu` marker and skip themselves where no CUDA device is usable.
+Tiers: tests/unit (fast CPU), tests/system (whole programs, CPU), tests/gpu (marker `gpu`); marker `slow`: about 1 s
+or more on a 2-core CPU. `python3 -m pytest -q` runs everything, `python3 -m pytest -q -m "not slow"` the fast tier."""
 
 import pytest
+
+from llama.data.datasets import prepare_tinyshakespeare
+from llama.data.tokenizer import ByteTokenizer
+from tests.gpu_helpers import gpu_available
+from tests.runs import TEXT
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -16,22 +21,13 @@ def no_package_index():
         yield
 
 
-@functools.cache
-def gpu_available() -> bool:
-    try:
-        import pycuda.driver as drv
-        drv.init()
-        return drv.Device.count() > 0
-    except Exception:
-        return False
-
-
-@functools.cache
-def gpu_count() -> int:
-    if not gpu_available():
-        return 0
-    import pycuda.driver as drv
-    return drv.Device.count()
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    """Byte-tokenized shards in tmp_path/data, and tmp_path as the working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "input.txt").write_text(TEXT)
+    train, val = prepare_tinyshakespeare(tmp_path / "input.txt", tmp_path / "data", ByteTokenizer())
+    return ["-i", str(train), "-j", str(val)]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,9 +1,29 @@
-"""Helpers for the GPU tests: device arrays from numpy, NaN-poisoned outputs, and an error log
-that conftest.py prints as a table at the end of the run."""
+"""Helpers for the GPU tests: whether (and how many) GPUs are usable, device arrays from numpy,
+NaN-poisoned outputs, and an error log that conftest.py prints as a table at the end of the run."""
+
+import functools
 
 import numpy as np
 
 ERRORS: list[tuple[str, float]] = []
+
+
+@functools.cache
+def gpu_available() -> bool:
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        return drv.Device.count() > 0
+    except Exception:
+        return False
+
+
+@functools.cache
+def gpu_count() -> int:
+    if not gpu_available():
+        return 0
+    import pycuda.driver as drv
+    return drv.Device.count()
 
 
 def dev(x):

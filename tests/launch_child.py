@@ -1,4 +1,4 @@
-"""A rank for tests/test_launch.py: python tests/launch_child.py MODE FOLDER [ARGS...].
+"""A rank for tests/system/test_launch.py: python tests/launch_child.py MODE FOLDER [ARGS...].
 
 env:  write what the launcher set, and the arguments that reached us, to FOLDER/env<RANK>.
 fail: write FOLDER/pid<RANK>; rank 1 exits 3 at once, rank 0 sleeps (ignoring SIGTERM if ARGS is "stubborn").

@@ -1,4 +1,4 @@
-"""One rank of the collectives check (tests/test_gpu_multi.py): started by llama.launch, one process
+"""One rank of the collectives check (tests/gpu/test_multi_gpu.py): started by llama.launch, one process
 per GPU. Every check compares with values computed on the host; a failure exits non-zero."""
 
 import faulthandler

@@ -1,4 +1,4 @@
-"""One rank of a Rendezvous test (tests/test_distributed.py): python -m tests.rendezvous_rank RANK WORLD PORT MODE.
+"""One rank of a Rendezvous test (tests/system/test_distributed.py): python -m tests.rendezvous_rank RANK WORLD PORT MODE.
 
 Prints the broadcast bytes in hex. MODE "broadcast" then closes; "watch" and "raise" watch rank 0,
 print "watching", wait for stdin to close, print what on_lost received, then close cleanly ("watch")

@@ -8,11 +8,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from llama.io.checkpoint import load_checkpoint
-from tests.test_run_dir import REPO, wait_for
-from tests.test_train import BASE, corpus, samples  # noqa: F401 (fixture)
+from tests.runs import BASE, REPO, samples, wait_for
 
+pytestmark = pytest.mark.slow  # a dozen trainer processes killed and resumed
 STEPS = 48  # enough that 12 kills never reach the end, however fast the machine
 ARGS = [*BASE[:-6], "-s", "4", "-g", "6", "-v", "3", "-m", "1", "-x", str(STEPS), "-n", "2", "-nk", "2",
         "--device", "cpu"]

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 from llama.io.checkpoint import load_checkpoint
-from tests.conftest import gpu_count
-from tests.test_train import BASE, corpus, log_lines, losses  # noqa: F401 (fixture)
+from tests.gpu_helpers import gpu_count
+from tests.runs import BASE, REPO, log_lines, losses
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")]
 
 FP32 = [*BASE, "-x", "20", "-n", "10", "-nk", "0", "--dtype", "fp32", "--device", "cuda"]  # tiny, fp32
@@ -27,7 +26,7 @@ ENDLESS = [*BASE, "-x", "100000", "-n", "0", "--device", "cuda", "--dtype", "fp3
 
 
 def environment(**extra) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                NCCL_NVLS_ENABLE="0")
     return env | {k: str(v) for k, v in extra.items()}
 
@@ -35,7 +34,7 @@ def environment(**extra) -> dict:
 def train(gpus: int, *args, check=True) -> subprocess.CompletedProcess:
     """train_llama.py on `gpus` GPUs (through llama.launch when more than one)."""
     launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", str(gpus)] if gpus > 1 else [sys.executable]
-    result = subprocess.run([*launch, str(ROOT / "train_llama.py"), *args], env=environment(), capture_output=True,
+    result = subprocess.run([*launch, str(REPO / "train_llama.py"), *args], env=environment(), capture_output=True,
                             text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -55,7 +54,7 @@ def same_bits(a: Path, b: Path) -> None:
 
 def test_collectives_and_shards():
     result = subprocess.run([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2",
-                             str(ROOT / "tests" / "multi_gpu_worker.py")], env=environment(), capture_output=True,
+                             str(REPO / "tests" / "multi_gpu_worker.py")], env=environment(), capture_output=True,
                             text=True, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 0: collectives ok" in result.stdout and "rank 1: collectives ok" in result.stdout
@@ -99,7 +98,7 @@ def test_two_gpus_match_one_and_checkpoints_move_across_gpu_counts(corpus, tmp_p
 def start_rank(rank: int, port: int, out: Path, *args) -> subprocess.Popen:
     """One rank of a 2-GPU run with the environment torchrun would give it."""
     env = environment(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    return subprocess.Popen([sys.executable, str(ROOT / "train_llama.py"), *args, "-o", str(out)], env=env,
+    return subprocess.Popen([sys.executable, str(REPO / "train_llama.py"), *args, "-o", str(out)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -150,7 +149,7 @@ def test_sigterm_to_the_launcher_checkpoints_on_every_gpu_count_and_resumes(corp
     checkpoint that a 1-GPU run resumes."""
     out = tmp_path / "run"
     launcher = subprocess.Popen([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2",
-                                 str(ROOT / "train_llama.py"), *ENDLESS, *corpus, "-o", str(out)], env=environment(),
+                                 str(REPO / "train_llama.py"), *ENDLESS, *corpus, "-o", str(out)], env=environment(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_steps(out, 3, [launcher])

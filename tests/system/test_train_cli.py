@@ -8,7 +8,7 @@ import pytest
 import train_llama
 from llama.data.shards import open_shard, write_shard
 from llama.data.tokenizer import ByteTokenizer
-from tests.test_train import BASE, corpus, log_lines, run  # noqa: F401 (fixture)
+from tests.runs import BASE, log_lines, run
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -51,6 +51,7 @@ def test_val_data_without_train_data_is_a_usage_error(tmp_path, monkeypatch, cap
     assert "error: -j/--val-data needs -i/--train-data" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_llmc_forms_resume_with_y_1_and_one_epoch_with_x_minus_1(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "2", "-o", "out") == 0
     assert run(*BASE, *corpus, "-x", "4", "-o", "out", "-y", "1") == 0

@@ -3,8 +3,6 @@ dev/cuda/flash_attention_v1.cu) against the float64 reference of the same bf16-r
 dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, D = 64 and 128, B = 1 and 3; outputs
 NaN-poisoned first; determinism, the fused inverse RoPE, no allocation."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,7 @@ from llama.model.base import rope_cos_sin
 from llama.config import get_preset
 from llama.cuda import BF16
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
+from tests.runs import REPO
 
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(2024)
@@ -23,7 +22,7 @@ CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 
          (1, 2048, 2, 1)]
 
 
-LADDER = Path(__file__).resolve().parents[1] / "dev" / "cuda"
+LADDER = REPO / "dev" / "cuda"
 VERSIONS = [1, 2]  # 2 is the production build (kernels/flash_attention.cu), 1 the dev/cuda ladder's
 ATOMIC_DQ_VERSION = 1  # the rung that carries the opt-in atomic-dQ backward
 

@@ -12,7 +12,7 @@ from llama.model.base import rope_cos_sin
 from llama.model import reference as ref
 from tests.gpu_helpers import ERRORS, dev, poisoned
 from tests.gradcheck import rel_error
-from tests.test_train import corpus, run  # noqa: F401 (fixture)
+from tests.runs import run
 
 pytestmark = pytest.mark.gpu
 

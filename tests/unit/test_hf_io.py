@@ -12,7 +12,7 @@ from llama.cuda import BF16
 from llama.io.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
 from llama.params import ParameterLayout, init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
-from tests.test_download import ranks_file_bytes
+from tests.sample_files import ranks_file_bytes
 
 LLAMA3_ROPE = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                "original_max_position_embeddings": 8192, "rope_type": "llama3"}

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.test_hf_transformers import TOKENS, hf_logits, random_hf_model  # noqa: E402
+from tests.hf_helpers import TOKENS, hf_logits, random_hf_model  # noqa: E402
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -6,40 +6,14 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
+import pytest
 
-from llama.io.checkpoint import DONE, load_checkpoint
-from tests.test_run_dir import REPO, signal_at, wait_for
-from tests.test_train import BASE, corpus, log_lines, run, samples  # noqa: F401 (fixture)
-
-ARGS = [*BASE[:-6], "-s", "3", "-g", "8", "-v", "2", "-m", "2", "-x", "10", "-n", "4"]  # samples every 3 steps
+from llama.io.checkpoint import load_checkpoint
+from tests.runs import SIGNAL_ARGS as ARGS  # samples every 3 steps
+from tests.runs import BASE, REPO, check_stop_and_resume_is_exact, log_lines, run, samples, signal_at, wait_for
 
 
-def final_state(folder):
-    ckpt = load_checkpoint(folder / "ckpt_00000010")
-    return ckpt["params"], ckpt["adam_m"], ckpt["adam_v"]
-
-
-def check_stop_and_resume_is_exact(tmp_path, corpus, capfd, monkeypatch, device):
-    assert run(*ARGS, *corpus, "-o", "ref", device=device) == 0
-    reference = samples(capfd.readouterr().out)
-    assert sorted(reference) == [3, 6, 9, 10]
-    unhook = signal_at(monkeypatch, 5)
-    assert run(*ARGS, *corpus, "-o", "out", device=device) == 130
-    first = capfd.readouterr()
-    assert "SIGINT received: finishing this step, then writing a checkpoint" in first.err
-    assert "stopped by SIGINT after step 6/10" in first.out and "checkpoint out/ckpt_00000006" in first.out
-    assert (tmp_path / "out" / "ckpt_00000006" / DONE).exists()
-    unhook()
-    assert run(*ARGS, *corpus, "-o", "out", "--resume", device=device) == 0
-    second = capfd.readouterr()
-    assert "resuming from out/ckpt_00000006 (step 6)" in second.err
-    assert {**samples(first.out), **samples(second.out)} == reference and sorted(samples(second.out)) == [6, 9, 10]
-    assert (tmp_path / "out" / "main.log").read_bytes() == (tmp_path / "ref" / "main.log").read_bytes()
-    for mine, ref in zip(final_state(tmp_path / "out"), final_state(tmp_path / "ref")):
-        assert np.array_equal(mine, ref)  # bit for bit
-
-
+@pytest.mark.slow
 def test_sigint_finishes_the_step_saves_and_resume_matches_the_uninterrupted_run(corpus, tmp_path, capfd, monkeypatch):
     check_stop_and_resume_is_exact(tmp_path, corpus, capfd, monkeypatch, "cpu")
 
@@ -52,6 +26,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(corpus, tmp_path, capsys, 
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt_00000004", "main.log"]
 
 
+@pytest.mark.slow
 def test_resumed_samples_match_the_uninterrupted_run(corpus, tmp_path, capsys):
     """Defect 7: the sample at a resume step that is a multiple of -s was skipped, and every later one
     differed."""
@@ -66,6 +41,7 @@ def test_resumed_samples_match_the_uninterrupted_run(corpus, tmp_path, capsys):
     assert resumed == {step: text for step, text in uninterrupted.items() if step >= 6}
 
 
+@pytest.mark.slow
 def test_sigterm_from_outside_saves_and_exits_143(corpus, tmp_path):
     trainer = subprocess.Popen([sys.executable, str(REPO / "train_llama.py"), *BASE, *corpus, "-x", "100000", "-v", "0",
                                 "-n", "0", "-o", "out", "--device", "cpu"], cwd=tmp_path,

@@ -15,7 +15,7 @@ from llama.params import ParameterLayout
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer
 from llama.data.tokenizer import ByteTokenizer
-from tests.test_train import BASE, TEXT, corpus, run  # noqa: F401 (fixture)
+from tests.runs import BASE, TEXT, run
 
 
 def val_loss(ckpt, corpus) -> float:
@@ -28,6 +28,7 @@ def val_loss(ckpt, corpus) -> float:
     return ReferenceModel(config, params=params).forward(*DataLoader(corpus[3], 4, 32, shuffle=False).next_batch())
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy reports the overflow we provoke
 @pytest.mark.parametrize("lr", ["1", "0.3"])
 def test_divergence_to_finite_garbage_keeps_the_good_checkpoints(corpus, tmp_path, capsys, lr):
@@ -113,6 +114,7 @@ def two_checkpoints(corpus, trained, tmp_path):
     return tmp_path / "out"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
 def test_resume_skips_an_unusable_checkpoint_for_the_previous_one(corpus, two_checkpoints, capsys, corruption):
     """Defect 3: reported in one line, skipped, and the user is told which checkpoint was used."""
@@ -129,6 +131,7 @@ def test_resume_skips_an_unusable_checkpoint_for_the_previous_one(corpus, two_ch
     assert load_checkpoint(two_checkpoints / "ckpt_00000004")["state"]["step"] == 4  # rewritten, good again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
 def test_init_from_an_unusable_checkpoint_is_a_one_line_error(corpus, two_checkpoints, tmp_path, capsys, corruption):
     corrupt, words = CORRUPTIONS[corruption]

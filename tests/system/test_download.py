@@ -8,6 +8,7 @@ import llama.data.download as dl
 from llama.data import starter_pack
 from llama.data.shards import read_header
 from tests.httpserver import Route, Server
+from tests.sample_files import SHAKESPEARE, ranks_file_bytes
 
 BODY = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
 SHA = hashlib.sha256(BODY).hexdigest()
@@ -136,15 +137,6 @@ def test_disk_full(server, tmp_path, monkeypatch):
 # ---- the starter pack against a local mirror
 
 
-def ranks_file_bytes():
-    import base64
-    tokens = [bytes([i]) for i in range(256)] + [b"th", b"the", b" the", b"ll", b"in"]
-    return b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(tokens))
-
-
-SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 3000
-
-
 @pytest.fixture
 def mirror(server, monkeypatch):
     model = ranks_file_bytes()
@@ -187,6 +179,7 @@ def test_starter_pack_refused_token(mirror, tmp_path, capsys):
     assert not (tmp_path / "tokenizer" / "tokenizer.model").exists()
 
 
+@pytest.mark.slow
 def test_tinyshakespeare_is_verified_by_sha256(server, tmp_path, capsys, monkeypatch):
     """A right-size file with the wrong content (here not even UTF-8) is deleted, on every run."""
     monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -6,7 +6,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import pytest
+
+from tests.runs import REPO
+
+pytestmark = pytest.mark.slow  # builds a wheel
 
 
 def test_wheel_carries_kernels_and_runtime_finds_them(tmp_path):

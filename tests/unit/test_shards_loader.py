@@ -140,6 +140,7 @@ def test_prepare_tinystories(tmp_path):
     assert val == "".join(f"<|begin_of_text|>story 0-{j}" for j in range(4))
 
 
+@pytest.mark.slow
 def test_builtin_corpus(tmp_path):
     files = stdlib_sources()
     assert len(files) > 100 and not any("site-packages" in str(p) for p in files)

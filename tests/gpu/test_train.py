@@ -2,8 +2,7 @@
 
 import pytest
 
-from tests.test_signals import check_stop_and_resume_is_exact
-from tests.test_train import BASE, check_resume_is_exact, corpus, losses, run  # noqa: F401 (fixture)
+from tests.runs import BASE, check_resume_is_exact, check_stop_and_resume_is_exact, losses, run
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,7 @@ from llama.data import tokenizer as tok
 from llama.data import tokenizer_fetch as tf
 from llama.data.shards import read_header
 from tests.httpserver import Route, Server
-from tests.test_download import SHAKESPEARE, ranks_file_bytes
+from tests.sample_files import SHAKESPEARE, ranks_file_bytes
 
 MODEL = ranks_file_bytes()
 WHEEL_NAME = "llama_models-0.3.0-py3-none-any.whl"
@@ -86,6 +86,7 @@ def test_unreachable_index_fails_in_one_line(small_model, tmp_path):
     assert not (tmp_path / "tokenizer.model").exists()
 
 
+@pytest.mark.slow
 def test_load_tokenizer_fetches_or_falls_back_to_bytes(index, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert isinstance(tok.load_tokenizer(fetch=True), tok.ByteTokenizer)  # the default index is unreachable

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from llama.parallel.distributed import DistributedEnv, DistributedError, Rendezvous, Watchdog
-from tests.test_run_dir import REPO
+from tests.runs import REPO
 
 # ---- from_environ ------------------------------------------------------------------------------
 
@@ -150,6 +150,7 @@ def test_one_process_needs_no_network():
         rdv.watch(lambda message: pytest.fail(message))
 
 
+@pytest.mark.slow
 def test_a_rank_without_rank_0_gives_up_at_the_timeout_naming_the_address():
     port = free_port()
     start = time.monotonic()
@@ -159,6 +160,7 @@ def test_a_rank_without_rank_0_gives_up_at_the_timeout_naming_the_address():
     assert f"rank 1 could not reach rank 0 at 127.0.0.1:{port} within 1 s" in str(error.value)
 
 
+@pytest.mark.slow
 def test_rank_0_without_the_others_names_the_missing_ranks():
     port = free_port()
     with pytest.raises(DistributedError) as error:

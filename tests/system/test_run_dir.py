@@ -3,10 +3,8 @@
 import errno
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +13,8 @@ import pytest
 from llama import trainer
 from llama.io.checkpoint import load_checkpoint
 from tests.faults import DiskFault
-from tests.test_train import BASE, corpus, log_lines, run  # noqa: F401 (fixture)
+from tests.runs import BASE, REPO, log_lines, run, signal_at, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 ARGS = [*BASE, "-x", "6", "-n", "2"]
 
 
@@ -33,21 +30,6 @@ def last_error(capsys) -> str:
     return lines[0]
 
 
-def signal_at(monkeypatch, step: int, signum=signal.SIGINT, times: int = 1):
-    """Send this process `signum` `times` times while step `step` runs (from its learning-rate lookup).
-    Returns a function that removes the hook."""
-    real = trainer.learning_rate
-
-    def hooked(s, *args, **kwargs):
-        if s == step:
-            for _ in range(times):
-                os.kill(os.getpid(), signum)
-        return real(s, *args, **kwargs)
-
-    monkeypatch.setattr(trainer, "learning_rate", hooked)
-    return lambda: monkeypatch.setattr(trainer, "learning_rate", real)
-
-
 def test_rerun_in_a_used_folder_is_refused(corpus, tmp_path, capsys):
     assert run(*ARGS, *corpus, "-o", "out") == 0
     before = files(tmp_path / "out")
@@ -58,6 +40,7 @@ def test_rerun_in_a_used_folder_is_refused(corpus, tmp_path, capsys):
     assert files(tmp_path / "out") == before
 
 
+@pytest.mark.slow
 def test_overwrite_moves_the_old_run_aside_and_resume_continues_the_new_run(corpus, tmp_path, capsys, monkeypatch):
     """Defect 1: a second run in the folder, stopped by Ctrl-C, resumes from its own checkpoint."""
     assert run(*ARGS, *corpus, "-o", "out") == 0
@@ -79,13 +62,7 @@ def test_overwrite_moves_the_old_run_aside_and_resume_continues_the_new_run(corp
     assert (tmp_path / "out" / "old_run_2" / "ckpt_00000010").is_dir() and (tmp_path / "out" / "old_run_1").is_dir()
 
 
-def wait_for(condition, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
+@pytest.mark.slow
 def test_a_second_trainer_on_the_folder_fails_at_once(corpus, tmp_path, capsys):
     first = subprocess.Popen([sys.executable, str(REPO / "train_llama.py"), *BASE, *corpus, "-x", "100000", "-v", "0",
                               "-n", "0", "-o", "out", "--device", "cpu"], cwd=tmp_path,
@@ -130,6 +107,7 @@ def test_read_only_output_folder(corpus, tmp_path, capsys, monkeypatch, exists):
     assert last_error(capsys) == "error: cannot use out as the output folder: Read-only file system"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("err, budget", [(errno.ENOSPC, 30_000), (errno.ENOSPC, 0), (errno.EROFS, 0)])
 def test_disk_failure_during_a_checkpoint(corpus, tmp_path, capsys, monkeypatch, err, budget):
     fault = DiskFault(tmp_path / "out", err, budget, armed=False).install(monkeypatch)
@@ -152,6 +130,7 @@ def test_disk_failure_during_a_checkpoint(corpus, tmp_path, capsys, monkeypatch,
     assert sorted(log_lines(tmp_path / "out")) == list(range(6))
 
 
+@pytest.mark.slow
 def test_disk_full_while_building_the_builtin_corpus(tmp_path, capsys, monkeypatch):
     import llama.data.datasets
     monkeypatch.chdir(tmp_path)
@@ -163,12 +142,14 @@ def test_disk_full_while_building_the_builtin_corpus(tmp_path, capsys, monkeypat
     assert [p.name for p in (tmp_path / "data").rglob("*") if p.is_file()] == []
 
 
+@pytest.mark.slow
 def test_lock_is_released_when_the_run_fails(corpus, tmp_path):
     assert run(*ARGS, *corpus, "-o", "out", "-e", "gpt7") == 2
     assert not (tmp_path / "out" / "train.lock").exists()
     assert run(*ARGS, *corpus, "-o", "out") == 0
 
 
+@pytest.mark.slow
 def test_leftovers_of_a_crashed_checkpoint_are_removed(corpus, tmp_path):
     assert run(*ARGS, *corpus, "-o", "out") == 0
     shutil.copytree(tmp_path / "out" / "ckpt_00000006", tmp_path / "out" / ".tmp_ckpt_00000008")

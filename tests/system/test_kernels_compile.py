@@ -3,14 +3,15 @@ Ampere (sm_80), and the runtime finds the sources. Runs in CI without a GPU; ski
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from llama.cuda import gpu_target, kernel_dir
+from tests.runs import REPO
 
+pytestmark = pytest.mark.slow  # nvcc on every source: minutes on a 2-core machine
 SOURCES = sorted(kernel_dir().glob("*.cu"))
-DEV_SOURCES = sorted((Path(__file__).resolve().parents[1] / "dev" / "cuda").glob("*.cu"))  # the ladders
+DEV_SOURCES = sorted((REPO / "dev" / "cuda").glob("*.cu"))  # the ladders
 
 
 def test_all_layer_families_present():

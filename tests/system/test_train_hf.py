@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,11 +19,10 @@ from llama.model.reference import ReferenceDecoder
 from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
-from tests.test_download import ranks_file_bytes
-from tests.test_train import TEXT
+from tests.runs import REPO, TEXT
+from tests.sample_files import ranks_file_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the scripts import this checkout's llama package
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # the scripts import this checkout's llama package
 CONFIG = get_preset("tiny").replace(vocab_size=517, max_seq_len=64)
 
 
@@ -55,7 +53,7 @@ def test_fine_tune_from_hf_then_export(hf_folder, tmp_path, capsys):
     trained = load_checkpoint(latest_checkpoint(tmp_path / "out"))
     assert not np.array_equal(trained["params"], params)
 
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), "out", "exported", "--dtype",
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), "out", "exported", "--dtype",
                              "fp32"], capture_output=True, text=True, cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr
     config, exported = load_hf_folder(tmp_path / "exported")
@@ -75,13 +73,13 @@ def test_bad_hf_folder_is_one_line(hf_folder, capsys):
 
 
 def test_export_of_a_missing_checkpoint(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), str(tmp_path), "x"],
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), str(tmp_path), "x"],
                             capture_output=True, text=True, env=ENV)
     assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
 
 
 def run_generate(*args, cwd, stdin=None):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), *args, "--device", "cpu"],
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "generate.py"), *args, "--device", "cpu"],
                           capture_output=True, text=True, cwd=cwd, input=stdin, env=ENV)
 
 

@@ -1,10 +1,10 @@
 import json
-from pathlib import Path
 
 import pytest
 
 from llama.data import tokenizer as tok
-from tests.test_download import ranks_file_bytes
+from tests.runs import REPO
+from tests.sample_files import ranks_file_bytes
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_chat_encoding_follows_meta_format(llama3):
         llama3.encode_chat([{"role": "robot", "content": "x"}])
 
 
-REAL_TOKENIZER = Path(__file__).resolve().parent.parent / tok.DEFAULT_TOKENIZER_PATH
+REAL_TOKENIZER = REPO / tok.DEFAULT_TOKENIZER_PATH
 
 
 @pytest.mark.skipif(not REAL_TOKENIZER.exists(), reason="Meta's tokenizer.model is not in data/tokenizer/")

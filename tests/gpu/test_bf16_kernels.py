@@ -194,7 +194,7 @@ def test_loss_accumulate(ops, n):
 
 
 @pytest.mark.parametrize("n", [1, 7, 1000, 1_000_003, 3 * 2 ** 22 + 5])
-def test_grad_norm_squared(ops, n):
+def test_global_norm_squared_bf16(ops, n):
     from llama.cuda import zeros
     g = rng.standard_normal(n).astype(np.float32)
     g_d, scratch, results = dev(g), zeros(ops.NORM_BLOCKS + 1, np.float64), []

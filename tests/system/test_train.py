@@ -7,42 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-import train_llama
 from llama.io.checkpoint import DONE, latest_checkpoint, load_checkpoint
-from llama.data.datasets import prepare_tinyshakespeare
-from llama.data.tokenizer import ByteTokenizer
-from tests.test_download import ranks_file_bytes
-
-TEXT = "\n\n".join(f"ROMEO {i % 7}:\nWhat light through yonder window breaks? It is the east.\n"
-                   f"JULIET {i % 5}:\nO Romeo, Romeo, wherefore art thou Romeo?" for i in range(400)) + "\n"
-BASE = ["-e", "tiny", "-b", "4", "-t", "32", "-l", "3e-3", "-s", "0", "-v", "2", "-m", "2"]
-
-
-@pytest.fixture
-def corpus(tmp_path, monkeypatch):
-    """Byte-tokenized shards in tmp_path/data, and tmp_path as the working directory."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "input.txt").write_text(TEXT)
-    train, val = prepare_tinyshakespeare(tmp_path / "input.txt", tmp_path / "data", ByteTokenizer())
-    return ["-i", str(train), "-j", str(val)]
-
-
-def run(*args, device="cpu"):
-    return train_llama.main([*args, "--device", device])
-
-
-def log_lines(out_dir, kind="trl"):
-    lines = (out_dir / "main.log").read_text().splitlines()
-    return {int(l.split()[0][2:]): l for l in lines if f" {kind}:" in l}
-
-
-def losses(out_dir, kind="trl"):
-    return [float(l.split(f"{kind}:")[1].split()[0]) for _, l in sorted(log_lines(out_dir, kind).items())]
-
-
-def samples(stdout: str) -> dict[int, str]:
-    """{step: text} of the complete samples a run printed."""
-    return {int(step): text for step, text in re.findall(r"--- sample at step (\d+) ---\n(.*?)\n---\n", stdout, re.S)}
+from tests.runs import BASE, check_resume_is_exact, log_lines, losses, run
+from tests.sample_files import ranks_file_bytes
 
 
 def test_loss_falls_and_log_is_written(corpus, tmp_path):
@@ -53,25 +20,12 @@ def test_loss_falls_and_log_is_written(corpus, tmp_path):
     assert latest_checkpoint(tmp_path / "out").name == "ckpt_00000040"
 
 
-def check_resume_is_exact(tmp_path, corpus, device, *extra):
-    """extra arguments (another model, --dtype) come after BASE and override it."""
-    assert run(*BASE, *extra, *corpus, "-x", "8", "-n", "4", "-nk", "0", "-o", "a", device=device) == 0
-    (tmp_path / "b").mkdir()
-    shutil.copytree(tmp_path / "a" / "ckpt_00000004", tmp_path / "b" / "ckpt_00000004")
-    assert run(*BASE, *extra, *corpus, "-x", "8", "-n", "4", "-o", "b", "--resume", device=device) == 0
-    a, b = log_lines(tmp_path / "a"), log_lines(tmp_path / "b")
-    assert sorted(b) == [4, 5, 6, 7] and all(a[s] == b[s] for s in b)
-    assert log_lines(tmp_path / "b", "tel") == {s: l for s, l in log_lines(tmp_path / "a", "tel").items() if s >= 4}
-    final_a, final_b = load_checkpoint(tmp_path / "a" / "ckpt_00000008"), load_checkpoint(tmp_path / "b" / "ckpt_00000008")
-    for key in ("params", "adam_m", "adam_v"):
-        assert np.array_equal(final_a[key], final_b[key]), key  # bit for bit
-    assert final_a["state"]["loader"] == final_b["state"]["loader"]
-
-
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
     check_resume_is_exact(tmp_path, corpus, "cpu")
 
 
+@pytest.mark.slow
 def test_half_written_checkpoint_is_ignored(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-o", "out") == 0
     crashed = tmp_path / "out" / "ckpt_00000012"
@@ -89,6 +43,7 @@ def test_keeps_the_last_k_checkpoints(corpus, tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").glob("ckpt_*")) == ["ckpt_00000004", "ckpt_00000006"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy reports the overflow we provoke
 def test_divergence_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "4", "-n", "4", "-o", "out") == 0
@@ -114,6 +69,7 @@ def test_bad_inputs_exit_with_one_line(corpus, extra, message, capsys):
     assert err.startswith("error: ") and re.search(message, err), err
 
 
+@pytest.mark.slow
 def test_checkpoint_that_does_not_fit(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "2", "-o", "out") == 0
     assert run(*BASE, *corpus, "-x", "4", "-o", "out", "--resume", "-e", "small") == 2
@@ -131,6 +87,7 @@ def test_data_from_another_tokenizer(corpus, tmp_path, capsys):
     assert "written by a tokenizer with vocab 264, but the model's vocab is 517" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_defaults_use_the_builtin_corpus(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run("-x", "3", "-t", "64", "-v", "0", "-s", "0") == 0

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_run_dir import REPO, wait_for
+from tests.runs import REPO, wait_for
 
 CHILD = "tests/launch_child.py"
 
@@ -69,6 +69,7 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
     assert not is_alive(int((tmp_path / "pid0").read_text()))
 
 
+@pytest.mark.slow
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     code, out, err = finish(launch("--nproc-per-node", "2", "--grace", "0.5", CHILD, "fail", str(tmp_path), "stubborn"),
                             timeout=15)
