@@ -182,7 +182,7 @@ def test_fused_classifier_bf16(ops, n, V):
 
 
 @pytest.mark.parametrize("n", [1, 1000, 4097])
-def test_loss_accumulate(ops, n):
+def test_loss_accumulate_bf16(ops, n):
     losses = (rng.random(n) * 10).astype(np.float32)
     losses_d, results = dev(losses), []
     for _ in range(2):
