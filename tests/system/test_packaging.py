@@ -1,5 +1,5 @@
 """The kernel sources travel as package data: a built wheel carries them, and the runtime finds
-them in an installed copy (not only in a source checkout)."""
+them in an installed copy (not only in a source checkout); every package of llama/ is in the wheel."""
 
 import subprocess
 import sys
@@ -13,7 +13,7 @@ from tests.runs import REPO
 pytestmark = pytest.mark.slow  # builds a wheel
 
 
-def test_wheel_carries_kernels_and_runtime_finds_them(tmp_path):
+def test_wheel_carries_every_package_and_the_kernels(tmp_path):
     # setuptools comes with the test extra: no build isolation, so no network is needed
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
@@ -22,6 +22,8 @@ def test_wheel_carries_kernels_and_runtime_finds_them(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     kernels = {Path(n).name for n in names if n.startswith("llama/kernels/")}
     assert kernels == {p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh")}
+    modules = {str(p.relative_to(REPO)) for p in (REPO / "llama").rglob("*.py")}
+    assert modules <= set(names), f"not in the wheel: {sorted(modules - set(names))}"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs by unpacking
     found = subprocess.run([sys.executable, "-c", "import llama.cuda; print(llama.cuda.kernel_dir())"],
