@@ -73,14 +73,19 @@ class Plan:
         return f"{self.hardware} | dtype {self.dtype} | {runs}" + (f"; {self.note}" if self.note else "")
 
 
-def choose_device(requested: str | None) -> str:
-    """'cuda' when a CUDA GPU is usable through pycuda (or asked for), else 'cpu'."""
+def _device(requested: str | None) -> tuple[str, str | None]:
+    """The device to run on, and why not a GPU when one was not asked for and none is usable."""
     if requested == "cpu":
-        return "cpu"
+        return "cpu", None
     why = cuda_unavailable()
     if why and requested == "cuda":
         raise PlanError(f"--device cuda, but no CUDA GPU is usable here ({why})")
-    return "cpu" if why else "cuda"
+    return ("cpu", why) if why else ("cuda", None)
+
+
+def choose_device(requested: str | None) -> str:
+    """'cuda' when a CUDA GPU is usable through pycuda (or asked for), else 'cpu'."""
+    return _device(requested)[0]
 
 
 def bf16_unsupported(config) -> str | None:
@@ -98,11 +103,11 @@ def bf16_unsupported(config) -> str | None:
 def make_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
     """The plan of a run of this model: device None picks the GPU where one is usable; dtype None
     picks bf16 wherever its kernels take the model, else the exact fp32 path."""
-    if choose_device(device) == "cpu":
+    device, why_no_gpu = _device(device)
+    if device == "cpu":
         if dtype == "bf16":
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
-        why = cuda_unavailable() if device is None else None
-        return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why})" if why else "")
+        return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "")
     why_not_bf16 = bf16_unsupported(config)
     if dtype == "bf16" and why_not_bf16:
         raise PlanError(f"--dtype bf16: {why_not_bf16}")
