@@ -1,18 +1,7 @@
 // Flash attention in bf16, forward and backward: causal grouped-query attention with O(T) memory.
 // Ladder version 2 (dev/cuda/flash_attention_v2.cu; v1 in dev/cuda/flash_attention_v1.cu): FA2-style on
-// mma.sync m16n8k16 (sm_80 and newer).
-//
-// Layouts (B batch, T time, H query heads, KV key/value heads, D head dim, 64 or 128):
-//   qkv   (B, T, (H + 2*KV) * D) bf16: per token [q heads 0..H-1 | k heads 0..KV-1 | v heads 0..KV-1],
-//         q and k already rotated by RoPE (the QKV projection's output, read in place: no split, no copy).
-//         Query head h reads kv head h / (H / KV).
-//   out   (B, T, H * D) bf16, ready for the output projection.
-//   lse   (B, H, T) fp32: natural-log log-sum-exp of each row of scaled scores s = q.k / sqrt(D).
-//   dout  (B, T, H * D) bf16; delta (B, H, T) fp32 = rowsum(dout * out), a scratch of the backward.
-//   dqkv  (B, T, (H + 2*KV) * D) bf16, packed like qkv; dk, dv of a kv head summed over its query heads.
-//   cos, sin (T_max, D/2) fp32, optional (null: none): dq and dk leave rotated back by RoPE's inverse
-//         (pair (2i, 2i+1) of position t: (d0, d1) -> (d0 c + d1 s, -d0 s + d1 c)), so dqkv is the
-//         gradient of the QKV projection's output before RoPE.
+// mma.sync m16n8k16 (sm_80 and newer); kernels/flash_attention_wgmma.cu (v3) is the one on Hopper.
+// Layouts and the shared pieces: flash_attention.cuh.
 //
 // flash_attention_forward_d{64,128}: one CTA per (query head, batch, 128-row query tile), heaviest
 //   tiles first; 4 warps of 32 query rows. K/V tiles of 64 (D = 64) or 32 (D = 128) rows stream through
@@ -29,15 +18,7 @@
 //   first, 4 warps of 32 rows; loops over 32-row kv tiles up to the diagonal, recomputing S and P:
 //   dQ += dS K. Deterministic. Both backward kernels hold P and dS as bf16 pairs (the precision of the
 //   products they feed).
-#include <cuda_bf16.h>
-#include <stdint.h>
-
-#include "common.cuh"
-
-typedef __nv_bfloat16 bf16;
-
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
+#include "flash_attention.cuh"
 
 // ---- PTX wrappers
 
@@ -72,15 +53,6 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
                  "{%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float2 unpack_bf16(uint32_t pair) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));
 }
 
 // ---- shared-memory tiles: (rows, D) bf16, row-major, each row padded by 8 values (16 bytes), so that the
@@ -206,31 +178,6 @@ template <int D>
 __device__ __forceinline__ void load_a_rows(uint32_t a[][4], uint32_t tile, int row0, int lane) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(a[kk], tile, row0, kk * 16, lane);
-}
-
-// write a warp's 16 x D accumulator rows (times scale) as bf16 rows of `dst` (rows `stride` apart, first
-// row at position pos0), rows at or past T skipped; with cos/sin, each pair (2i, 2i+1) rotated back by RoPE
-template <int D>
-__device__ __forceinline__ void store_rows(bf16* dst, long long stride, const float acc[][4], float scale, int pos0,
-                                           int T, const float* cos_table, const float* sin_table, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int pos = pos0 + g + 8 * half;
-        if (pos >= T) continue;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            float d0 = acc[n][2 * half] * scale, d1 = acc[n][2 * half + 1] * scale;
-            if (cos_table != nullptr) {
-                const int pair = pos * (D / 2) + n * 4 + t;
-                const float c = cos_table[pair], s = sin_table[pair];
-                const float r0 = d0 * c + d1 * s, r1 = d1 * c - d0 * s;
-                d0 = r0;
-                d1 = r1;
-            }
-            *reinterpret_cast<uint32_t*>(dst + pos * stride + n * 8 + 2 * t) = pack_bf16(d0, d1);
-        }
-    }
 }
 
 // ---- forward
@@ -417,23 +364,6 @@ extern "C" __global__ void __launch_bounds__(fwd::THREADS)
 }
 
 // ---- backward
-
-// delta (B, H, T) = rowsum(dout * out) over each head's D values; one warp per (b, t, h), rows = B * T * H
-extern "C" __global__ void flash_attention_backward_delta(float* delta, const bf16* dout, const bf16* out, int rows,
-                                                          int T, int H, int D) {
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const long long base = (long long)row * D;
-    float sum = 0.0f;
-    for (int d = 2 * lane; d < D; d += 64) {
-        const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + base + d));
-        const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + base + d));
-        sum += g.x * o.x + g.y * o.y;
-    }
-    sum = warp_sum(sum);
-    const int h = row % H, t = (row / H) % T, b = row / (H * T);
-    if (lane == 0) delta[((long long)b * H + h) * T + t] = sum;
-}
 
 namespace bwd {
 // dkdv kernel: 4 warps of KV_M_TILES * 16 kv rows; 32-row query tiles
