@@ -20,7 +20,10 @@ from .ops.flash_attention import HEAD_DIMS, FlashSource
 DTYPES = ("bf16", "fp32")
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
-ATTENTION = FlashSource(), "flash v2 (mma.sync)"  # kernels/flash_attention.cu: the ladder's v2, from sm_80
+# the flash attention build and its name in the plan's line: the ladder's v3 (kernels/flash_attention_wgmma.cu)
+# on Hopper, v2 (kernels/flash_attention.cu, mma.sync) on any other GPU from sm_80
+ATTENTION_HOPPER = FlashSource("flash_attention_wgmma", tma=True), "flash v3 (wgmma + TMA)"
+ATTENTION = FlashSource(), "flash v2 (mma.sync)"
 
 
 class PlanError(ValueError):
@@ -114,6 +117,7 @@ def make_plan(config, device: str | None = None, dtype: str | None = None) -> Pl
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
     rt = runtime()
     peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
-    return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(), *ATTENTION, BF16,
+    return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
+                *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION), BF16,
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "")

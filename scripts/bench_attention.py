@@ -2,15 +2,17 @@
 flash_attention_v<N>.cu; the last is kernels/flash_attention.cu), against
 torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True), measured in the same run.
 
-    python scripts/bench_attention.py [--versions 1 2] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
+    python scripts/bench_attention.py [--versions 2 3] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
-TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 3.5x that forward+backward;
+TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 2.5x that backward, 3.5x
+forward+backward;
 median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous (B, H, T, D) q, k, v
 made outside the timed region (ours reads the packed (B, T, (H + 2KV) * D) projection in place).
 Memory: what each needs beyond its inputs: ours the bytes of out, lse, delta and dqkv; torch the
 growth of torch.cuda.max_memory_allocated over the inputs during forward+backward. Also times the
 dev-only nondeterministic backward (dQ by fp32 atomics, dev/cuda/flash_attention_v1.cu) against the
-deterministic one: what determinism costs.
+deterministic one: what determinism costs. Last, the registers and local memory (spills) of each entry
+point of each version, as the driver reports them for the loaded kernels.
 """
 
 import argparse
@@ -21,11 +23,12 @@ from llama.ops.flash_attention import FlashAttentionProblem, FlashSource
 
 LADDER = Path(__file__).resolve().parents[1] / "dev" / "cuda"
 ATOMIC_DQ_VERSION = 1  # the rung that carries the opt-in atomic-dQ backward
-SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128)]
+SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128), (1, 32, 8, 32768, 64)]
+ENTRY_POINTS = ("forward", "backward_dkdv", "backward_dq")
 
 
 def bench_ours(buf, version, repeats):
-    src = FlashSource(f"flash_attention_v{version}", LADDER)
+    src = FlashSource.ladder(version, LADDER)
     forward = time_ms(lambda: buf.forward(src), repeats=repeats, inner=1)
     backward = time_ms(lambda: buf.backward(src), repeats=repeats, inner=1)
     both = time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats=repeats, inner=1)
@@ -52,8 +55,11 @@ def bench_sdpa(B, H, KV, T, D, repeats):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         torch.autograd.grad(out, (q, k, v), dout)
 
+    saved = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     fwd = time_ms(forward, repeats=repeats, inner=1)
+    bwd = time_ms(lambda: torch.autograd.grad(saved, (q, k, v), dout, retain_graph=True), repeats=repeats, inner=1)
     both = time_ms(forward_backward, repeats=repeats, inner=1)
+    del saved
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -62,12 +68,12 @@ def bench_sdpa(B, H, KV, T, D, repeats):
     memory = torch.cuda.max_memory_allocated() - before
     del qkv, heads, q, k, v, dout
     torch.cuda.empty_cache()
-    return {"fwd_ms": fwd, "fwdbwd_ms": both, "memory": memory}
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "fwdbwd_ms": both, "memory": memory}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2], help="ladder versions to time")
+    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3], help="ladder versions to time")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
     args = parser.parse_args()
@@ -82,21 +88,31 @@ def main():
         sdpa = bench_sdpa(B, H, KV, T, D, args.repeats)
         for name, r in [(f"v{v}", ours[v]) for v in args.versions] + [("sdpa", sdpa)]:
             row = {"shape": f"{B},{H},{KV},{T},{D}", "name": name, "fwd": flops / r["fwd_ms"] / 1e9,
-                   "fb": 3.5 * flops / r["fwdbwd_ms"] / 1e9, "sdpa_fwd": flops / sdpa["fwd_ms"] / 1e9,
-                   "sdpa_fb": 3.5 * flops / sdpa["fwdbwd_ms"] / 1e9, "bwd_ms": r.get("bwd_ms"),
+                   "bwd": 2.5 * flops / r["bwd_ms"] / 1e9, "fb": 3.5 * flops / r["fwdbwd_ms"] / 1e9,
+                   "sdpa_fwd": flops / sdpa["fwd_ms"] / 1e9, "sdpa_bwd": 2.5 * flops / sdpa["bwd_ms"] / 1e9,
+                   "sdpa_fb": 3.5 * flops / sdpa["fwdbwd_ms"] / 1e9, "bwd_ms": r["bwd_ms"],
                    "bwd_atomic_ms": r.get("bwd_atomic_ms"), "mem": r["memory"] / 2**20}
             rows.append(row)
             print(row, flush=True)
     print("\nTFLOP/s (ratio = ours / SDPA); backward ms, and for v1 its dev-only atomic-dQ backward and what "
           "determinism costs; MiB beyond the inputs")
-    print(f"{'B,H,KV,T,D':<20}{'':<6}{'fwd':>7}{'ratio':>7}{'fwd+bwd':>9}{'ratio':>7}"
-          f"{'bwd ms':>9}{'atomic':>8}{'det cost':>9}{'mem':>8}")
+    print(f"{'B,H,KV,T,D':<20}{'':<6}{'fwd':>7}{'ratio':>7}{'bwd':>7}{'ratio':>7}{'fwd+bwd':>9}{'ratio':>7}"
+          f"{'bwd/fwd':>8}{'bwd ms':>9}{'atomic':>8}{'det cost':>9}{'mem':>8}")
     for r in rows:
-        bwd = f"{r['bwd_ms']:9.3f}" if r["bwd_ms"] is not None else f"{'':9}"
         atomic = (f"{r['bwd_atomic_ms']:8.3f}{r['bwd_ms'] / r['bwd_atomic_ms'] - 1:+9.0%}"
                   if r["bwd_atomic_ms"] is not None else f"{'':17}")
         print(f"{r['shape']:<20}{r['name']:<6}{r['fwd']:7.0f}{r['fwd'] / r['sdpa_fwd']:7.2f}"
-              f"{r['fb']:9.0f}{r['fb'] / r['sdpa_fb']:7.2f}{bwd}{atomic}{r['mem']:8.0f}")
+              f"{r['bwd']:7.0f}{r['bwd'] / r['sdpa_bwd']:7.2f}{r['fb']:9.0f}{r['fb'] / r['sdpa_fb']:7.2f}"
+              f"{r['bwd'] / r['fwd']:8.2f}{r['bwd_ms']:9.3f}{atomic}{r['mem']:8.0f}")
+    print("\nregisters per thread at launch / local memory bytes (spills) of each entry point")
+    for version in args.versions:
+        src = FlashSource.ladder(version, LADDER)
+        for D in sorted({shape[4] for shape in shapes}):
+            cells = []
+            for entry in ENTRY_POINTS:
+                function = runtime().module(src.module, src.directory).get_function(f"flash_attention_{entry}_d{D}")
+                cells.append(f"{entry} {function.num_regs}/{function.local_size_bytes}")
+            print(f"v{version} D={D}: " + ", ".join(cells))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Launchers of the bf16 flash attention (kernels/flash_attention.cu, or a rung of the dev/cuda ladder):
-causal grouped-query attention reading q, k, v from the packed projection, O(T) memory."""
+"""Launchers of the bf16 flash attention (kernels/flash_attention.cu on mma.sync, kernels/flash_attention_wgmma.cu
+on Hopper, or a rung of the dev/cuda ladder): causal grouped-query attention reading q, k, v from the packed
+projection, O(T) memory. The wgmma build reads its inputs through TMA maps, encoded here."""
 
 from __future__ import annotations
 
@@ -11,16 +12,25 @@ import numpy as np
 
 from ..cuda import BF16, DeviceArray, empty, runtime, to_device
 from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel
+from .gemm_wgmma import device_maps, tensor_map
 
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
+TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
+FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
 
 
 @dataclass(frozen=True)
 class FlashSource:
-    """Which flash attention build to launch: kernels/flash_attention.cu (the default), or a rung of the
-    dev/cuda ladder (module flash_attention_v<N> in that directory)."""
+    """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
+    flash_attention_wgmma.cu (tma: its kernels take TMA maps first), or a rung of the dev/cuda ladder."""
     module: str = "flash_attention"
     directory: Path | None = None
+    tma: bool = False
+
+    @classmethod
+    def ladder(cls, version: int, directory: Path) -> "FlashSource":
+        """Rung `version` of the ladder, module flash_attention_v<version> in directory."""
+        return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION)
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,15 @@ def _flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int,
     return B, T, H, KV, C // (H + 2 * KV)
 
 
+def _tma_maps(qkv: DeviceArray, dout: DeviceArray | None = None) -> tuple:
+    """The wgmma build's leading argument: the device address of qkv's map, then dout's (the backward)."""
+    B, T, C = qkv.shape
+    maps = tensor_map(qkv.ptr, C, T, B, C, T * C, TMA_BOX_ROWS)
+    if dout is not None:
+        HD = dout.shape[2]
+        maps += tensor_map(dout.ptr, HD, T, B, HD, T * HD, TMA_BOX_ROWS)
+    return (device_maps(maps).ptr,)
+
 
 def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int, *,
                             source: FlashSource) -> None:
@@ -70,8 +89,10 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
     check("lse", lse, (B, H, T))
     check_aligned(out=out, qkv=qkv)
     launch = _flash_config(source, D, "forward")
-    kernel(source.module, f"flash_attention_forward_d{D}", "PPPiii", source.directory)(
-        (H, B, math.ceil(T / launch.rows)), launch.threads, out.ptr, lse.ptr, qkv.ptr, T, H, KV, shared=launch.shared)
+    maps = _tma_maps(qkv) if source.tma else ()
+    kernel(source.module, f"flash_attention_forward_d{D}", "P" * len(maps) + "PPPiii", source.directory)(
+        (H, B, math.ceil(T / launch.rows)), launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H, KV,
+        shared=launch.shared)
 
 
 def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: DeviceArray, out: DeviceArray,
@@ -99,12 +120,14 @@ def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: Device
     cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
     kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
         blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, delta.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
-    args = (dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr, sin_ptr, T, H, KV)
+    maps = _tma_maps(qkv, dout) if source.tma else ()
+    args = (*maps, dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr, sin_ptr, T, H, KV)
+    signature = "P" * len(maps) + "PPPPPPPiii"
     dkdv = _flash_config(source, D, "dkdv")
-    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", "PPPPPPPiii", source.directory)(
+    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature, source.directory)(
         (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, shared=dkdv.shared)
     dq = _flash_config(source, D, "dq")
-    kernel(source.module, f"flash_attention_backward_dq_d{D}", "PPPPPPPiii", source.directory)(
+    kernel(source.module, f"flash_attention_backward_dq_d{D}", signature, source.directory)(
         (H, B, math.ceil(T / dq.rows)), dq.threads, *args, shared=dq.shared)
 
 
