@@ -1,0 +1,32 @@
+"""The plan runs the wgmma flash attention (ladder v3, TMA maps) on Hopper and the mma.sync build (v2) on other
+GPUs; checked without a GPU through a stand-in runtime."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from llama import plan as plan_module
+from llama.config import get_preset
+from llama.ops.flash_attention import FlashSource
+
+
+def fake_runtime(capability, code):
+    device = SimpleNamespace(compute_capability=lambda: capability)
+    return lambda: SimpleNamespace(name="NVIDIA Test GPU", code=code, device=device)
+
+
+@pytest.mark.parametrize("capability, code, module, tma, name", [
+    ((9, 0), "sm_90a", "flash_attention_wgmma", True, "flash v3 (wgmma + TMA)"),
+    ((8, 0), "sm_80", "flash_attention", False, "flash v2 (mma.sync)"),
+])
+def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, name):
+    monkeypatch.setattr(plan_module, "runtime", fake_runtime(capability, code))
+    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    plan = plan_module.make_plan(get_preset("d12"), device="cuda")
+    assert (plan.attention.module, plan.attention.tma, plan.attention_name) == (module, tma, name)
+    assert f"attention {name}" in plan.summary()
+
+
+def test_ladder_sources_take_tma_maps_from_v3():
+    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3)] == [False, False, True]
+    assert FlashSource.ladder(3, None).module == "flash_attention_v3"
