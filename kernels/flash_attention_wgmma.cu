@@ -15,7 +15,7 @@
 // flash_attention_forward_d{64,128}: CTA per (query head, batch, 128-row query tile), heaviest first. Q once;
 //   128-row K and V tiles through a 2-stage ring with separate barriers. Per kv tile: S = Q K^T, the causal
 //   mask on the diagonal tile, online softmax in fp32 (exp2, log2(e)-prescaled), O += P V. Within a
-//   warpgroup the next tile's S is issued before this tile's softmax, so its MMAs run under the exponentials.
+//   warpgroup the next tile's S is issued with this tile's P V, and the next tile's softmax runs under P V.
 // flash_attention_backward_dkdv_d{64,128}: CTA per (kv head, batch, 128-row kv tile); K, V once; 64-row Q and
 //   dO tiles of every query head of the group, from the diagonal on, through a ring, with their lse and delta
 //   (copied in by the producer's second warp). S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse) (zero
