@@ -1,18 +1,18 @@
 """Causal GQA attention in bf16: our flash attention, each version of the ladder asked for (dev/cuda/
-flash_attention_v<N>.cu; the last is kernels/flash_attention.cu), against
-torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True), measured in the same run.
+flash_attention_v<N>.cu; v2 is kernels/flash_attention.cu, v3 kernels/flash_attention_wgmma.cu, Hopper
+only), against torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True),
+measured in the same run.
 
     python scripts/bench_attention.py [--versions 2 3] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
 TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 2.5x that backward, 3.5x
-forward+backward;
-median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous (B, H, T, D) q, k, v
-made outside the timed region (ours reads the packed (B, T, (H + 2KV) * D) projection in place).
-Memory: what each needs beyond its inputs: ours the bytes of out, lse, delta and dqkv; torch the
-growth of torch.cuda.max_memory_allocated over the inputs during forward+backward. Also times the
-dev-only nondeterministic backward (dQ by fp32 atomics, dev/cuda/flash_attention_v1.cu) against the
-deterministic one: what determinism costs. Last, the registers and local memory (spills) of each entry
-point of each version, as the driver reports them for the loaded kernels.
+forward+backward; median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous
+(B, H, T, D) q, k, v made outside the timed region (ours reads the packed (B, T, (H + 2KV) * D)
+projection in place). Memory: what each needs beyond its inputs: ours the bytes of out, lse, delta and
+dqkv; torch the growth of torch.cuda.max_memory_allocated over the inputs during forward+backward.
+With version 1 asked for, also times its dev-only nondeterministic backward (dQ by fp32 atomics,
+dev/cuda/flash_attention_v1.cu) against the deterministic one: what determinism costs. Last, the
+registers and local memory (spills) of each entry point of each version, as the driver reports them.
 """
 
 import argparse
