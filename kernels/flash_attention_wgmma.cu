@@ -48,9 +48,20 @@ __host__ __device__ constexpr int forward_shared() {
 // a dkdv stage: Q, dO, then lse and delta of its 64 rows, padded to 1 KB
 template <int D>
 __host__ __device__ constexpr int dkdv_stage_bytes() { return 2 * tile_bytes<D>(DKDV_Q_ROWS) + 1024; }
-template <int D>  // K, V; the stages; barriers (kv_full, full, empty)
+// the fused backward's dQ: dS^T tiles (128 kv rows x 64 queries, bf16, two buffers) and the fp32 partial dQ of a
+// query tile staged for its bulk reduce-add (two buffers at D = 64, one at D = 128, where shared memory ends)
+constexpr int DS_BYTES = DKDV_KV_ROWS * DKDV_Q_ROWS * 2;
+template <int D>
+__host__ __device__ constexpr int dq_tile_bytes() { return DKDV_Q_ROWS * D * 4; }
+template <int D>
+__host__ __device__ constexpr int dq_buffers() { return D == 64 ? 2 : 1; }
+template <int D, bool FUSED>
+__host__ __device__ constexpr int dq_bytes() { return FUSED ? 2 * DS_BYTES + dq_buffers<D>() * dq_tile_bytes<D>() : 0; }
+// K, V; the stages; with FUSED the dS^T and dQ buffers; barriers (kv_full, full, empty, with FUSED dq_full, dq_empty)
+template <int D, bool FUSED>
 __host__ __device__ constexpr int dkdv_shared() {
-    return 1024 + 2 * tile_bytes<D>(DKDV_KV_ROWS) + dkdv_stages<D>() * dkdv_stage_bytes<D>() + 8 * (1 + 2 * dkdv_stages<D>());
+    return 1024 + 2 * tile_bytes<D>(DKDV_KV_ROWS) + dkdv_stages<D>() * dkdv_stage_bytes<D>() + dq_bytes<D, FUSED>() +
+           8 * (1 + 2 * dkdv_stages<D>() + (FUSED ? 2 * dq_buffers<D>() : 0));
 }
 template <int D>  // Q, dO; K and V per stage; barriers (qo_full, full, empty)
 __host__ __device__ constexpr int dq_shared() {
@@ -58,13 +69,15 @@ __host__ __device__ constexpr int dq_shared() {
 }
 }  // namespace fa3
 
-// launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv and
-// dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes
-__constant__ int flash_attention_config[2][9] = {
-    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS, fa3::dkdv_shared<64>(),
-     fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>()},
+// launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv, dq
+// and fused (dK, dV and dQ) kernels in turn: threads per CTA, rows per CTA (query, kv, query, kv), shared bytes
+__constant__ int flash_attention_config[2][12] = {
+    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
+     fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
+     fa3::dkdv_shared<64, true>()},
     {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<128>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>()},
+     fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), fa3::THREADS,
+     fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>()},
 };
 
 #ifdef WGMMA_ENABLED
@@ -256,37 +269,77 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     }
 }
 
-// ---- backward: dK, dV
+// ---- backward: dK, dV (and, fused, dQ)
 
+// How the dK/dV kernel treats dQ: SEPARATE leaves it to the dQ kernel; ORDERED and UNORDERED also form each
+// step's dQ partial (dS K) and add it into an fp32 buffer, ORDERED in a fixed order of kv tiles (deterministic),
+// UNORDERED as the CTAs come (opt-in, for measuring what the order costs).
+enum class DqMode { SEPARATE, ORDERED, UNORDERED };
+
+namespace fa3 {
+// the fused dQ buffer: per (batch, query head, 64-row query tile) one tile of 64 x D floats, stored as the two
+// consumer warpgroups' m64n(D/2) accumulators, warpgroup c's columns [c D/2, (c + 1) D/2): float4 i4 of thread t
+// (its registers 4 i4 .. 4 i4 + 3) at 4 (i4 * 128 + t) in warpgroup c's half (conflict-free stores, coalesced loads)
 template <int D>
+__device__ __forceinline__ int dq_offset(int c, int i4, int t) { return c * (DKDV_Q_ROWS * D / 2) + 4 * (i4 * 128 + t); }
+
+__device__ __forceinline__ void wait_for_count(const int* counter, int target) {
+    int value;
+    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
+    while (value != target);
+}
+__device__ __forceinline__ void release_increment(int* counter) {
+    asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+}  // namespace fa3
+
+template <int D, DqMode MODE>
 __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* maps, bf16* dqkv, const float* lse,
                                                           const float* delta, const float* cos_table,
-                                                          const float* sin_table, int T, int H, int KV) {
+                                                          const float* sin_table, int T, int H, int KV,
+                                                          float* dq_accum, int* dq_counts) {
     using namespace fa3;
+    constexpr bool FUSED = MODE != DqMode::SEPARATE;
     constexpr int BC = DKDV_KV_ROWS, BQ = DKDV_Q_ROWS, STAGES = dkdv_stages<D>(), STAGE = dkdv_stage_bytes<D>();
-    constexpr int QTILE = tile_bytes<D>(BQ);
+    constexpr int QTILE = tile_bytes<D>(BQ), DQ_BUFFERS = dq_buffers<D>(), DQ_TILE = dq_tile_bytes<D>();
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + tile_bytes<D>(BC), ring = sV + tile_bytes<D>(BC);
-    const uint32_t kv_full = ring + STAGES * STAGE, full = kv_full + 8, empty = full + 8 * STAGES;
+    const uint32_t sdS = ring + STAGES * STAGE, sdQ = sdS + 2 * DS_BYTES;  // FUSED only
+    const uint32_t kv_full = ring + STAGES * STAGE + dq_bytes<D, FUSED>(), full = kv_full + 8, empty = full + 8 * STAGES;
+    const uint32_t dq_full = empty + 8 * STAGES, dq_empty = dq_full + 8 * DQ_BUFFERS;  // FUSED only
     float* ring_generic = reinterpret_cast<float*>(smem_raw + (ring - smem_addr(smem_raw)));
-    const int kv_head = blockIdx.x, b = blockIdx.y, kv0 = blockIdx.z * BC, group = H / KV;
-    const int first_q_tile = kv0 / BQ, n_q_tiles = (T + BQ - 1) / BQ - first_q_tile, steps = group * n_q_tiles;
-    const int warpgroup = threadIdx.x / 128;
-    // step i: query head kv_head * group + i / n_q_tiles, query tile first_q_tile + i % n_q_tiles
-    auto q_head = [&](int i) { return kv_head * group + i / n_q_tiles; };
-    auto q_start = [&](int i) { return (first_q_tile + i % n_q_tiles) * BQ; };
-    // a stage's lse (log2 units, +inf past T: P = 0 there) and delta (0 past T), BQ floats each after Q and dO
-    auto stage_lse = [&](int s) { return ring_generic + (s * STAGE + 2 * QTILE) / 4; };
-
+    float* dq_generic = reinterpret_cast<float*>(smem_raw + (sdQ - smem_addr(smem_raw)));
+    // ORDERED: a CTA takes its work in the order CTAs start (a counter after the tiles' counts), shortest kv tiles
+    // first, so that it only ever waits for CTAs that started before it
+    __shared__ int claimed;
     if (threadIdx.x == 0) {
         mbarrier_init(kv_full, 1);
         for (int s = 0; s < STAGES; s++) {
             mbarrier_init(full + 8 * s, 1 + 32);  // the TMA thread, and each lane of the warp copying lse, delta
             mbarrier_init(empty + 8 * s, 8);
         }
+        if constexpr (FUSED)
+            for (int s = 0; s < DQ_BUFFERS; s++) {
+                mbarrier_init(dq_full + 8 * s, 256);  // every consumer thread, after its stores
+                mbarrier_init(dq_empty + 8 * s, 1);   // the thread adding the buffer into dq_accum
+            }
         barriers_ready();
+        if constexpr (MODE == DqMode::ORDERED)
+            claimed = atomicAdd(dq_counts + gridDim.x * gridDim.y * ((T + DKDV_Q_ROWS - 1) / DKDV_Q_ROWS) * (H / KV), 1);
     }
     __syncthreads();
+    constexpr bool CLAIMED = MODE == DqMode::ORDERED;
+    const int kv_tile = CLAIMED ? gridDim.z - 1 - claimed / (gridDim.x * gridDim.y) : blockIdx.z;
+    const int kv_head = CLAIMED ? claimed % gridDim.x : blockIdx.x, b = CLAIMED ? claimed / gridDim.x % gridDim.y : blockIdx.y;
+    const int kv0 = kv_tile * BC, group = H / KV;
+    const int q_tiles = (T + BQ - 1) / BQ, first_q_tile = kv0 / BQ, n_q_tiles = q_tiles - first_q_tile;
+    const int steps = group * n_q_tiles, warpgroup = threadIdx.x / 128;
+    // step i: query head kv_head * group + i / n_q_tiles, query tile first_q_tile + i % n_q_tiles
+    auto q_head = [&](int i) { return kv_head * group + i / n_q_tiles; };
+    auto q_start = [&](int i) { return (first_q_tile + i % n_q_tiles) * BQ; };
+    // a stage's lse (log2 units, +inf past T: P = 0 there) and delta (0 past T), BQ floats each after Q and dO
+    auto stage_lse = [&](int s) { return ring_generic + (s * STAGE + 2 * QTILE) / 4; };
+
 
     if (warpgroup == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -315,20 +368,58 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
                 }
                 mbarrier_arrive(full + 8 * s);
             }
+        } else if (FUSED && threadIdx.x == 64) {
+            // each step's dQ partial into dq_accum by one bulk reduce-add; ORDERED: a query tile takes the partials
+            // of its kv tiles from the last down, each CTA waiting for the tile's count to reach its turn
+            const int n_kv_tiles = gridDim.z;
+            auto tile = [&](int i) { return ((long long)b * H + q_head(i)) * q_tiles + first_q_tile + i % n_q_tiles; };
+            for (int i = 0; i < steps; i++) {
+                const int s = i % DQ_BUFFERS, m = first_q_tile + i % n_q_tiles;
+                mbarrier_wait(dq_full + 8 * s, (i / DQ_BUFFERS) & 1);
+                if constexpr (MODE == DqMode::ORDERED) {
+                    const int last_kv_tile = min(((m + 1) * BQ - 1) / BC, n_kv_tiles - 1);
+                    wait_for_count(dq_counts + tile(i), last_kv_tile - kv_tile);
+                }
+                bulk_reduce_add_f32(dq_accum + tile(i) * (BQ * D), sdQ + s * DQ_TILE, DQ_TILE);
+                bulk_commit();
+                bulk_wait_read<0>();  // the buffer is free
+                mbarrier_arrive(dq_empty + 8 * s);
+                if constexpr (MODE == DqMode::ORDERED) {  // step i - 1's add is complete: the next kv tile's turn
+                    if (i > 0) {
+                        bulk_wait<1>();
+                        release_increment(dq_counts + tile(i - 1));
+                    }
+                }
+            }
+            bulk_wait<0>();
+            if (MODE == DqMode::ORDERED && steps > 0) release_increment(dq_counts + tile(steps - 1));
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = warpgroup - 1, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+    const int c = warpgroup - 1, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, t = threadIdx.x % 128;
     const int first_kv = kv0 + CONSUMER_ROWS * c, kv_row = first_kv + 16 * warp + lane / 4;  // and kv_row + 8
     const float scale_log2 = LOG2E / sqrtf((float)D);
-    float dk[D / 2], dv[D / 2], st[BQ / 2], dpt[BQ / 2];
+    float dk[D / 2], dv[D / 2], st[BQ / 2], dpt[BQ / 2], dq[D / 4];
     uint32_t pt[BQ / 16][4], dst[BQ / 16][4];
     #pragma unroll
     for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
     accumulator_fence(dk);  // the zeros are set before any wgmma is in flight (else ptxas serializes them)
     accumulator_fence(dv);
+
+    // FUSED: step j's dQ partial (complete in dq) into its staging buffer, handed to the adding thread
+    auto stage_dq = [&](int j) {
+        const int s = j % DQ_BUFFERS;
+        mbarrier_wait(dq_empty + 8 * s, ((j / DQ_BUFFERS) & 1) ^ 1);
+        float* staged = dq_generic + s * (DQ_TILE / 4);
+        #pragma unroll
+        for (int i4 = 0; i4 < D / 16; i4++)
+            *reinterpret_cast<float4*>(staged + dq_offset<D>(c, i4, t)) =
+                make_float4(dq[4 * i4], dq[4 * i4 + 1], dq[4 * i4 + 2], dq[4 * i4 + 3]);
+        fence_proxy_async();
+        mbarrier_arrive(dq_full + 8 * s);
+    };
 
     mbarrier_wait(kv_full, 0);
     for (int i = 0; i < steps; i++) {
@@ -345,7 +436,7 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
         for (int kk = 0; kk < D / 16; kk++)
             wgmma_ss<BQ, 0, 0>(dpt, k_major<BC>(sV, CONSUMER_ROWS * c, kk), k_major<BQ>(sdO, 0, kk), kk > 0);
         wgmma_commit();
-        wgmma_wait<1>();  // S^T, and the previous step's dK and dV, are done: release that step's stage
+        wgmma_wait<1>();  // S^T, and the previous step's dK, dV (and dQ), are done: release that step's stage
         accumulator_fence(st);
         if (i > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((i - 1) % STAGES));
 
@@ -380,10 +471,38 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
                 const float2 dl = *reinterpret_cast<const float2*>(stats + BQ + 8 * n + 2 * (lane % 4));
                 dst[kk][i2] = pack_bf16(pp.x * (dpt[4 * n + e] - dl.x), pp.y * (dpt[4 * n + e + 1] - dl.y));
             }
+        if constexpr (FUSED) {
+            // this warpgroup's 64 rows of dS^T into the tile (128 kv rows x 64 queries, 128-byte swizzled rows)
+            const uint32_t tile = sdS + (i % 2) * DS_BYTES;
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++)
+                #pragma unroll
+                for (int i2 = 0; i2 < 4; i2++) {
+                    const int r = CONSUMER_ROWS * c + 16 * warp + lane / 4 + 8 * (i2 % 2), chunk = 2 * kk + i2 / 2;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + r * 128 + ((chunk ^ (r % 8)) << 4) +
+                                                                    4 * (lane % 4)),
+                                 "r"(dst[kk][i2]) : "memory");
+                }
+            fence_proxy_async();
+            // dQ partial (64 queries x this warpgroup's D/2 columns) = dS K, over both warpgroups' dS^T rows; issued
+            // before dK so that it can leave while dK runs (ptxas serializes the wgmmas if dq is read a step later)
+            named_barrier_sync(1, 256);
+            const uint32_t k_columns = sK + (D == 64 ? 64 * c : c * BC * 128);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++)
+                wgmma_ss<D / 2, 1, 1>(dq, mn_major<BC>(tile, kk), mn_major<BC>(k_columns, kk), kk > 0);
+            wgmma_commit();
+        }
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<D, 1>(dk, dst[kk], mn_major<BQ>(sQ, kk), 1);
         wgmma_commit();
+        if constexpr (FUSED) {
+            wgmma_wait<1>();  // dQ (dK may still run)
+            accumulator_fence(dq);
+            stage_dq(i);
+        }
         // at D = 128 the registers do not hold this step's P^T, dS^T while the next step's products start
         if constexpr (D == 128) wgmma_wait<0>();
     }
@@ -396,6 +515,24 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
                   first_kv + 16 * warp, T, cos_table, sin_table, lane);
     store_rows<D>(dqkv + base + (H + KV + kv_head) * D, stride, reinterpret_cast<const float(*)[4]>(dv), 1.0f,
                   first_kv + 16 * warp, T, nullptr, nullptr, lane);
+}
+
+// dQ of the fused backward: dq_accum (its per-tile layout above) times 1/sqrt(D), rotated back, as bf16 into dqkv.
+// CTA of 128 threads per (query head, batch, 64-row query tile); thread t rebuilds the m64nD accumulator that a
+// warpgroup's thread t would hold and stores it as the dQ kernel does.
+template <int D>
+__device__ __forceinline__ void flash_backward_dq_store(bf16* dqkv, const float* dq_accum, const float* cos_table,
+                                                        const float* sin_table, int T, int H, int KV) {
+    using namespace fa3;
+    const int h = blockIdx.x, b = blockIdx.y, m = blockIdx.z, t = threadIdx.x, warp = t / 32, lane = t % 32;
+    const float* tile = dq_accum + (((long long)b * H + h) * gridDim.z + m) * (DKDV_Q_ROWS * D);
+    float acc[D / 8][4];
+    #pragma unroll
+    for (int n = 0; n < D / 8; n++)
+        *reinterpret_cast<float4*>(acc[n]) = *reinterpret_cast<const float4*>(tile + dq_offset<D>(n / (D / 16), n % (D / 16), t));
+    const long long stride = (long long)(H + 2 * KV) * D;
+    store_rows<D>(dqkv + (long long)b * T * stride + h * D, stride, acc, rsqrtf((float)D), m * DKDV_Q_ROWS + 16 * warp,
+                  T, cos_table, sin_table, lane);
 }
 
 // ---- backward: dQ
@@ -511,23 +648,41 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
 #endif  // WGMMA_ENABLED
 
 // Entry points: the maps first, then flash_attention.cu's arguments (its qkv, dout, qkv pointers are unused here:
-// the maps carry them), so that one launcher drives both builds. On anything but sm_90a they compile to nothing
-// and the plan never selects this build.
+// the maps carry them), so that one launcher drives both builds; the fused backward adds the dQ buffer and its
+// per-tile counts (ORDERED; zeroed, with the buffer, before each launch). On anything but sm_90a they compile to
+// nothing and the plan never selects this build.
 #define FLASH_FORWARD_ENTRY(D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_forward_d##D(                  \
         const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV) {                   \
         FLASH_BODY(flash_forward_wgmma<D>(maps, out, lse, T, H, KV))                                              \
     }
-#define FLASH_BACKWARD_ENTRY(kind, D)                                                                             \
-    extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##kind##_d##D(        \
+#define FLASH_BACKWARD_ENTRY(name, D, call)                                                                       \
+    extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \
         const CUtensorMap* maps, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,                 \
         const float* delta, const float* cos_table, const float* sin_table, int T, int H, int KV) {               \
-        FLASH_BODY(flash_backward_##kind##_wgmma<D>(maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV))      \
+        FLASH_BODY(call)                                                                                          \
     }
+#define FLASH_FUSED_ENTRY(name, D, MODE)                                                                          \
+    extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \
+        const CUtensorMap* maps, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,                 \
+        const float* delta, const float* cos_table, const float* sin_table, int T, int H, int KV,                 \
+        float* dq_accum, int* dq_counts) {                                                                        \
+        FLASH_BODY((flash_backward_dkdv_wgmma<D, MODE>(maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV,    \
+                                                       dq_accum, dq_counts)))                                     \
+    }
+#define FLASH_DQ_STORE_ENTRY(D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) flash_attention_backward_dq_store_d##D(                    \
+        bf16* dqkv, const float* dq_accum, const float* cos_table, const float* sin_table, int T, int H, int KV) { \
+        FLASH_BODY(flash_backward_dq_store<D>(dqkv, dq_accum, cos_table, sin_table, T, H, KV))                    \
+    }
+#define FLASH_ENTRIES(D)                                                                                          \
+    FLASH_FORWARD_ENTRY(D)                                                                                        \
+    FLASH_BACKWARD_ENTRY(dkdv, D, (flash_backward_dkdv_wgmma<D, DqMode::SEPARATE>(                                \
+                                      maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV, nullptr, nullptr))) \
+    FLASH_BACKWARD_ENTRY(dq, D, flash_backward_dq_wgmma<D>(maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV)) \
+    FLASH_FUSED_ENTRY(fused, D, DqMode::ORDERED)                                                                  \
+    FLASH_FUSED_ENTRY(fused_unordered, D, DqMode::UNORDERED)                                                      \
+    FLASH_DQ_STORE_ENTRY(D)
 
-FLASH_FORWARD_ENTRY(64)
-FLASH_FORWARD_ENTRY(128)
-FLASH_BACKWARD_ENTRY(dkdv, 64)
-FLASH_BACKWARD_ENTRY(dkdv, 128)
-FLASH_BACKWARD_ENTRY(dq, 64)
-FLASH_BACKWARD_ENTRY(dq, 128)
+FLASH_ENTRIES(64)
+FLASH_ENTRIES(128)

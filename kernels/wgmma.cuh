@@ -44,6 +44,28 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 
+// generic-proxy writes to shared memory made visible to the async proxy (wgmma operands, bulk copies)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// barrier `id` (1-15; 0 is __syncthreads) among `threads` threads, whole warps
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// global fp32 [dst, dst + bytes) += shared [src, ...), one bulk operation (16-byte aligned, bytes % 16 == 0)
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// at most N of this thread's bulk groups still pending: complete (their writes done), or _read (their sources read)
+template <int N>
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
 // shared-memory matrix descriptor of a 128-byte-swizzled operand starting at addr (1 KB-aligned tile, plus
 // 32 B per k16 step inside a K-major 64-wide slab): 8-row groups 1024 B apart (SBO); lbo = the distance between
 // 64-wide slabs along M or N of an MN-major operand (unused for K-major ones)
@@ -65,6 +87,19 @@ __device__ __forceinline__ void accumulator_fence(float (&d)[R]) {
 
 // wgmma from shared memory (both operands by descriptor; TRANS_* = 1 reads that operand MN-major), then with A
 // from registers (_rs: TRANS_B only)
+template <int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+}
+
 template <int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
@@ -177,10 +212,11 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
-// the wgmma of width N (64, 128, 256) from shared memory, and (64, 128) with A from registers
+// the wgmma of width N (32, 64, 128, 256) from shared memory, and (64, 128) with A from registers
 template <int N, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    if constexpr (N == 64) wgmma_m64n64k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+    if constexpr (N == 32) wgmma_m64n32k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+    else if constexpr (N == 64) wgmma_m64n64k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 128) wgmma_m64n128k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
     else wgmma_m64n256k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
 }

@@ -1,17 +1,18 @@
 """Causal GQA attention in bf16: our flash attention, each version of the ladder asked for (dev/cuda/
-flash_attention_v<N>.cu; v2 is kernels/flash_attention.cu, v3 kernels/flash_attention_wgmma.cu, Hopper
-only), against torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True),
+flash_attention_v<N>.cu; v2 is kernels/flash_attention.cu, v3 and v4 kernels/flash_attention_wgmma.cu
+(v4 with dQ inside the dK/dV kernel), Hopper only), against torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True),
 measured in the same run.
 
-    python scripts/bench_attention.py [--versions 2 3] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
+    python scripts/bench_attention.py [--versions 2 3 4] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
 TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 2.5x that backward, 3.5x
 forward+backward; median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous
 (B, H, T, D) q, k, v made outside the timed region (ours reads the packed (B, T, (H + 2KV) * D)
-projection in place). Memory: what each needs beyond its inputs: ours the bytes of out, lse, delta and
-dqkv; torch the growth of torch.cuda.max_memory_allocated over the inputs during forward+backward.
-With version 1 asked for, also times its dev-only nondeterministic backward (dQ by fp32 atomics,
-dev/cuda/flash_attention_v1.cu) against the deterministic one: what determinism costs. Last, the
+projection in place). Memory: what each needs beyond its inputs: ours the bytes of out, lse, dqkv and the
+backward's scratch (delta, and v4's fp32 dQ); torch the growth of torch.cuda.max_memory_allocated over the
+inputs during forward+backward. For the versions that carry one (v1: dQ by fp32 atomics; v4: the dQ
+partials added unordered), also times the opt-in nondeterministic backward against the deterministic one:
+what determinism costs. Last, the
 registers and local memory (spills) of each entry point of each version, as the driver reports them.
 """
 
@@ -19,12 +20,12 @@ import argparse
 from pathlib import Path
 
 from llama.cuda import runtime, time_ms
-from llama.ops.flash_attention import FlashAttentionProblem, FlashSource
+from llama.ops.flash_attention import FlashAttentionProblem, FlashSource, has_nondeterministic_backward
 
 LADDER = Path(__file__).resolve().parents[1] / "dev" / "cuda"
-ATOMIC_DQ_VERSION = 1  # the rung that carries the opt-in atomic-dQ backward
 SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128), (1, 32, 8, 32768, 64)]
-ENTRY_POINTS = ("forward", "backward_dkdv", "backward_dq")
+ENTRY_POINTS = {False: ("forward", "backward_dkdv", "backward_dq"),  # by FlashSource.fused_dq
+                True: ("forward", "backward_fused", "backward_dq_store")}
 
 
 def bench_ours(buf, version, repeats):
@@ -33,9 +34,9 @@ def bench_ours(buf, version, repeats):
     backward = time_ms(lambda: buf.backward(src), repeats=repeats, inner=1)
     both = time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats=repeats, inner=1)
     atomic = None
-    if version == ATOMIC_DQ_VERSION:
-        atomic = time_ms(lambda: buf.backward_atomic_dq(src), repeats=repeats, inner=1)
-    extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.delta, buf.dqkv))
+    if has_nondeterministic_backward(src):
+        atomic = time_ms(lambda: buf.backward_nondeterministic(src), repeats=repeats, inner=1)
+    extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.scratch(src), buf.dqkv))
     return {"fwd_ms": forward, "fwdbwd_ms": both, "bwd_ms": backward, "bwd_atomic_ms": atomic, "memory": extra}
 
 
@@ -73,7 +74,7 @@ def bench_sdpa(B, H, KV, T, D, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3], help="ladder versions to time")
+    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3, 4], help="ladder versions to time")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
     args = parser.parse_args()
@@ -94,10 +95,10 @@ def main():
                    "bwd_atomic_ms": r.get("bwd_atomic_ms"), "mem": r["memory"] / 2**20}
             rows.append(row)
             print(row, flush=True)
-    print("\nTFLOP/s (ratio = ours / SDPA); backward ms, and for v1 its dev-only atomic-dQ backward and what "
-          "determinism costs; MiB beyond the inputs")
+    print("\nTFLOP/s (ratio = ours / SDPA); backward ms, and for v1 and v4 their opt-in nondeterministic backward "
+          "and what determinism costs; MiB beyond the inputs")
     print(f"{'B,H,KV,T,D':<20}{'':<6}{'fwd':>7}{'ratio':>7}{'bwd':>7}{'ratio':>7}{'fwd+bwd':>9}{'ratio':>7}"
-          f"{'bwd/fwd':>8}{'bwd ms':>9}{'atomic':>8}{'det cost':>9}{'mem':>8}")
+          f"{'bwd/fwd':>8}{'bwd ms':>9}{'nondet':>8}{'det cost':>9}{'mem':>8}")
     for r in rows:
         atomic = (f"{r['bwd_atomic_ms']:8.3f}{r['bwd_ms'] / r['bwd_atomic_ms'] - 1:+9.0%}"
                   if r["bwd_atomic_ms"] is not None else f"{'':17}")
@@ -109,7 +110,7 @@ def main():
         src = FlashSource.ladder(version, LADDER)
         for D in sorted({shape[4] for shape in shapes}):
             cells = []
-            for entry in ENTRY_POINTS:
+            for entry in ENTRY_POINTS[src.fused_dq]:
                 function = runtime().module(src.module, src.directory).get_function(f"flash_attention_{entry}_d{D}")
                 cells.append(f"{entry} {function.num_regs}/{function.local_size_bytes}")
             print(f"v{version} D={D}: " + ", ".join(cells))

@@ -1,10 +1,11 @@
 """Runner of the flash attention ladder (dev/cuda/flash_attention_v<N>.cu), as llm.c's dev/cuda:
 compile versions, check each against the float64 reference on random inputs, time them side by side.
 
-    python dev/cuda/flash_attention.py --versions 1 2 3 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
+    python dev/cuda/flash_attention.py --versions 1 2 3 4 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
 
-Checks forward (out, lse) and backward (dq, dk, dv; for v1 also its atomic-dQ variant) at a small shape
-first (--check-T), then times forward, backward (and v1's atomic-dQ backward) with CUDA events
+Checks forward (out, lse) and backward (dq, dk, dv; for v1 and v4 also their opt-in nondeterministic variant:
+atomic dQ, unordered dQ adds) at a small shape first (--check-T), then times forward, backward (and the
+nondeterministic backward) with CUDA events
 (llama.cuda.time_ms) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal), backward 2.5x that.
 """
 
@@ -20,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llama.cuda import runtime, time_ms  # noqa: E402
 from llama.model import reference as ref  # noqa: E402
-from llama.ops.flash_attention import FlashAttentionProblem, FlashSource  # noqa: E402
+from llama.ops.flash_attention import (FlashAttentionProblem, FlashSource,  # noqa: E402
+                                      has_nondeterministic_backward)
 
 DEV_DIR = Path(__file__).resolve().parent
-ATOMIC_DQ_VERSION = 1  # the ladder version that carries the opt-in atomic-dQ backward
 
 
 def source(version: int) -> FlashSource:
@@ -43,7 +44,7 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
     buf.forward(src)
     errors = {"out": relative_error(buf.out.download(), ref_out), "lse": relative_error(buf.lse.download(), ref_lse)}
     parts = {"dq": slice(0, H * D), "dk": slice(H * D, (H + KV) * D), "dv": slice((H + KV) * D, None)}
-    runs = [("", buf.backward)] + [("atomic ", buf.backward_atomic_dq)] * (version == ATOMIC_DQ_VERSION)
+    runs = [("", buf.backward)] + [("nondet ", buf.backward_nondeterministic)] * has_nondeterministic_backward(src)
     for name, run in runs:
         run(src)
         dqkv = buf.dqkv.download()
@@ -54,7 +55,7 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2, 3, 4])
     for name, default in (("B", 8), ("H", 32), ("KV", 8), ("T", 2048), ("D", 64)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--check-T", type=int, default=1000,
@@ -82,10 +83,10 @@ def main() -> None:
         print(f"v{version:<8}{forward:9.3f} ({flops / forward / 1e9:4.0f}){backward:9.3f} "
               f"({2.5 * flops / backward / 1e9:4.0f}){forward + backward:11.3f} "
               f"({3.5 * flops / (forward + backward) / 1e9:4.0f})")
-        if version == ATOMIC_DQ_VERSION:
-            atomic = time_ms(lambda: buf.backward_atomic_dq(src), repeats=args.repeats, inner=1)
-            print(f"  v{version} backward with atomic dQ (nondeterministic): {atomic:.3f} ms "
-                  f"({2.5 * flops / atomic / 1e9:.0f}); determinism costs {backward / atomic - 1:+.0%}")
+        if has_nondeterministic_backward(src):
+            nondet = time_ms(lambda: buf.backward_nondeterministic(src), repeats=args.repeats, inner=1)
+            print(f"  v{version} nondeterministic backward: {nondet:.3f} ms "
+                  f"({2.5 * flops / nondet / 1e9:.0f}); determinism costs {backward / nondet - 1:+.0%}")
 
 
 if __name__ == "__main__":

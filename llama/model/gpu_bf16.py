@@ -68,10 +68,11 @@ class GPUModelBF16(GPUModelBase):
         shared = {"branch": (N, C), "residual": (N, C), "lnf": (N, C), "rstdf": (N,), "losses": (N,),
                   "logits": (min(CLASSIFIER_CHUNK, N), c.vocab_size),
                   "dresidual": (N, C), "dln": (N, C), "datt": (b, t, H * D),
-                  "dqkv": (b, t, (H + 2 * KV) * D), "delta": (b, H, t)}
+                  "dqkv": (b, t, (H + 2 * KV) * D),
+                  "attention_scratch": (ops.flash_attention_scratch_size(b, t, H, D, self.plan.attention),)}
         return layer, shared | (recomputed if self.recompute else {})
 
-    FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "delta")  # the rest is bf16
+    FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "attention_scratch")  # the rest is bf16
 
     def _buffer(self, name: str, shape) -> DeviceArray:
         return empty(shape, np.float32 if name in self.FP32_BUFFERS else BF16)
@@ -239,7 +240,7 @@ class GPUModelBF16(GPUModelBase):
                                       self.master(pre + "ffn_norm.weight"), a["rstd2"])
             self.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
             self.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
-            ops.flash_attention_backward(s["dqkv"], s["delta"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
+            ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
                                          self.rope_cos, self.rope_sin, source=self.plan.attention)
             if self.recompute:
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),

@@ -18,7 +18,8 @@ from .bf16 import (ADAMW_SCALARS, adamw_scalars, adamw_update_bf16, embedding_ba
 from .common import NORM_BLOCKS
 from .decode import decode_attention, last_positions, rope_kv_write
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,
-                              flash_attention_backward_atomic_dq, flash_attention_forward)
+                              flash_attention_backward_atomic_dq, flash_attention_forward,
+                              flash_attention_scratch_size)
 from .fp32 import (RMSNORM_PARTS, adamw_update, attention_backward, attention_forward, embedding_backward,
                    embedding_forward, fused_classifier, global_norm_squared, matmul, matmul_backward, matmul_forward,
                    residual_forward, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, sort_tokens,

@@ -17,20 +17,26 @@ from .gemm_wgmma import device_maps, tensor_map
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
 FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
+FIRST_FUSED_DQ_VERSION = 4  # ladder rungs from this one on form dQ inside the dK/dV kernel
+DQ_TILE_ROWS = 64  # the fused backward's fp32 dQ buffer holds tiles of 64 query rows
+ATOMIC_DQ_MODULE = "flash_attention_v1"  # the rung whose atomic-dQ kernels flash_attention_backward_atomic_dq runs
 
 
 @dataclass(frozen=True)
 class FlashSource:
     """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
-    flash_attention_wgmma.cu (tma: its kernels take TMA maps first), or a rung of the dev/cuda ladder."""
+    flash_attention_wgmma.cu (tma: its kernels take TMA maps first; fused_dq: its backward forms dQ in the
+    dK/dV kernel, through an fp32 buffer in the scratch), or a rung of the dev/cuda ladder."""
     module: str = "flash_attention"
     directory: Path | None = None
     tma: bool = False
+    fused_dq: bool = False
 
     @classmethod
     def ladder(cls, version: int, directory: Path) -> "FlashSource":
         """Rung `version` of the ladder, module flash_attention_v<version> in directory."""
-        return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION)
+        return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION,
+                   fused_dq=version >= FIRST_FUSED_DQ_VERSION)
 
 
 @dataclass(frozen=True)
@@ -44,16 +50,16 @@ _FLASH_CONFIGS = {}
 
 
 def _flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
-    """The launch shape of one kernel ('forward', 'dkdv' or 'dq'), from the module's own
-    flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
+    """The launch shape of one kernel ('forward', 'dkdv', 'dq' or, in the wgmma build, 'fused'), from the
+    module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
     if source not in _FLASH_CONFIGS:
         rt = runtime()
-        pointer, _ = rt.module(source.module, source.directory).get_global("flash_attention_config")
-        table = np.empty((2, 9), dtype=np.int32)
+        pointer, nbytes = rt.module(source.module, source.directory).get_global("flash_attention_config")
+        table = np.empty((2, nbytes // 8), dtype=np.int32)
         rt.drv.memcpy_dtoh(table, pointer)
         _FLASH_CONFIGS[source] = table
     row = _FLASH_CONFIGS[source][{64: 0, 128: 1}[D]]
-    at = 3 * ("forward", "dkdv", "dq").index(which)
+    at = 3 * ("forward", "dkdv", "dq", "fused").index(which)
     return _FlashLaunch(*(int(x) for x in row[at:at + 3]))
 
 
@@ -95,20 +101,38 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
         shared=launch.shared)
 
 
-def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: DeviceArray, out: DeviceArray,
+def flash_attention_scratch_size(B: int, T: int, H: int, D: int, source: FlashSource) -> int:
+    """float32 elements of the backward's scratch: delta (B, H, T), then, for a fused-dQ build, from a 256-byte
+    boundary the fp32 dQ tiles (B, H, ceil(T / 64), 64 * D), one int32 count per tile and the CTAs' work counter."""
+    delta = B * H * T
+    if not source.fused_dq:
+        return delta
+    tiles = B * H * math.ceil(T / DQ_TILE_ROWS)
+    return _dq_offset(delta) + tiles * (DQ_TILE_ROWS * D + 1) + 1
+
+
+def _dq_offset(delta: int) -> int:
+    return -(-delta // 64) * 64
+
+
+def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: DeviceArray, out: DeviceArray,
                              lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
                              cos: DeviceArray | None = None, sin: DeviceArray | None = None, *,
-                             source: FlashSource) -> None:
+                             source: FlashSource, deterministic: bool = True) -> None:
     """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
-    lse; delta (B, H, T) float32 is scratch. Deterministic. With cos/sin (>= T, D/2) float32, dq and dk
-    are rotated back by RoPE (dqkv is then the gradient of the projection before RoPE)."""
+    lse; scratch, float32 (flash_attention_scratch_size,), holds delta and, fused, the fp32 dQ. With cos/sin
+    (>= T, D/2) float32, dq and dk are rotated back by RoPE (dqkv is then the gradient of the projection before
+    RoPE). Deterministic; deterministic=False (fused-dQ builds only, opt-in, for measuring what the order
+    costs) adds the dQ partials in whatever order the CTAs reach them."""
     B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
     check("dqkv", dqkv, qkv.shape, BF16)
     check("dout", dout, (B, T, H * D), BF16)
     check("out", out, (B, T, H * D), BF16)
     check("lse", lse, (B, H, T))
-    check("delta", delta, (B, H, T))
-    check_aligned(dqkv=dqkv, dout=dout, out=out, qkv=qkv)
+    check("scratch", scratch, (flash_attention_scratch_size(B, T, H, D, source),))
+    check_aligned(dqkv=dqkv, dout=dout, out=out, qkv=qkv, scratch=scratch)
+    if not deterministic and not source.fused_dq:
+        raise ValueError(f"deterministic=False: {source.module} has no unordered backward (fused-dQ builds only)")
     if (cos is None) != (sin is None):
         raise ValueError("cos and sin: pass both (fused inverse RoPE) or neither")
     if cos is not None:
@@ -119,10 +143,21 @@ def flash_attention_backward(dqkv: DeviceArray, delta: DeviceArray, dout: Device
         check("sin", sin, (rows, D // 2))
     cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
     kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
-        blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, delta.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
+        blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, scratch.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
     maps = _tma_maps(qkv, dout) if source.tma else ()
-    args = (*maps, dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr, sin_ptr, T, H, KV)
+    args = (*maps, dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, scratch.ptr, cos_ptr, sin_ptr, T, H, KV)
     signature = "P" * len(maps) + "PPPPPPPiii"
+    if source.fused_dq:
+        dq = scratch.view(_dq_offset(B * H * T), (scratch.size - _dq_offset(B * H * T),))
+        dq.fill_zero()  # the tiles, then their counts
+        counts = dq.ptr + B * H * math.ceil(T / DQ_TILE_ROWS) * DQ_TILE_ROWS * D * 4
+        fused = _flash_config(source, D, "fused")
+        name = "fused" if deterministic else "fused_unordered"
+        kernel(source.module, f"flash_attention_backward_{name}_d{D}", signature + "PP", source.directory)(
+            (KV, B, math.ceil(T / fused.rows)), fused.threads, *args, dq.ptr, counts, shared=fused.shared)
+        kernel(source.module, f"flash_attention_backward_dq_store_d{D}", "PPPPiii", source.directory)(
+            (H, B, math.ceil(T / DQ_TILE_ROWS)), 128, dqkv.ptr, dq.ptr, cos_ptr, sin_ptr, T, H, KV)
+        return
     dkdv = _flash_config(source, D, "dkdv")
     kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature, source.directory)(
         (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, shared=dkdv.shared)
@@ -137,7 +172,7 @@ def flash_attention_backward_atomic_dq(dqkv: DeviceArray, delta: DeviceArray, dq
                                        sin: DeviceArray | None = None, *, source: FlashSource) -> None:
     """NONDETERMINISTIC, opt-in, for measuring what determinism costs: flash_attention_backward with dQ
     added by fp32 atomics inside the dK/dV kernel into dq_accum (B, T, H, D) float32, then converted.
-    Only builds that carry these kernels take it (the ladder's v1, dev/cuda/flash_attention_v1.cu)."""
+    Only builds that carry these kernels take it (ATOMIC_DQ_MODULE, dev/cuda/flash_attention_v1.cu)."""
     B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
     check("dq_accum", dq_accum, (B, T, H, D))
     dq_accum.fill_zero()
@@ -156,6 +191,12 @@ def flash_attention_backward_atomic_dq(dqkv: DeviceArray, delta: DeviceArray, dq
         blocks(B * T * H * D // 2), BLOCK, dqkv.ptr, dq_accum.ptr, cos_ptr, sin_ptr, B, T, H, KV, D)
 
 
+def has_nondeterministic_backward(source: FlashSource) -> bool:
+    """Whether a build carries an opt-in nondeterministic backward to measure determinism against: the fused-dQ
+    builds, and the ladder's v1 (its atomic-dQ kernels)."""
+    return source.fused_dq or source.module == ATOMIC_DQ_MODULE
+
+
 class FlashAttentionProblem:
     """One attention problem on the device, with random bf16 qkv and dout and every output buffer: what
     the dev/cuda ladder's runner, the tests and scripts/bench_attention.py run each build on."""
@@ -167,16 +208,29 @@ class FlashAttentionProblem:
         self.dout_host = rng.standard_normal((B, T, H * D)).astype(BF16)
         self.qkv, self.dout = to_device(self.qkv_host), to_device(self.dout_host)
         self.out, self.dqkv = empty((B, T, H * D), BF16), empty(self.qkv.shape, BF16)
-        self.lse, self.delta = empty((B, H, T)), empty((B, H, T))
+        self.lse = empty((B, H, T))
         self.dq_accum = empty((B, T, H, D))
+        self._scratch = {}
+
+    def scratch(self, source: FlashSource) -> DeviceArray:
+        """The backward's scratch for this build (delta; and the fp32 dQ tiles where it fuses dQ)."""
+        if source.fused_dq not in self._scratch:
+            B, T, H, _, D = self.shape
+            self._scratch[source.fused_dq] = empty((flash_attention_scratch_size(B, T, H, D, source),))
+        return self._scratch[source.fused_dq]
 
     def forward(self, source: FlashSource) -> None:
         flash_attention_forward(self.out, self.lse, self.qkv, *self.shape[2:4], source=source)
 
-    def backward(self, source: FlashSource) -> None:
-        flash_attention_backward(self.dqkv, self.delta, self.dout, self.out, self.lse, self.qkv, *self.shape[2:4],
-                                 source=source)
+    def backward(self, source: FlashSource, deterministic: bool = True) -> None:
+        flash_attention_backward(self.dqkv, self.scratch(source), self.dout, self.out, self.lse, self.qkv,
+                                 *self.shape[2:4], source=source, deterministic=deterministic)
 
-    def backward_atomic_dq(self, source: FlashSource) -> None:
-        flash_attention_backward_atomic_dq(self.dqkv, self.delta, self.dq_accum, self.dout, self.out, self.lse,
-                                           self.qkv, *self.shape[2:4], source=source)
+    def backward_nondeterministic(self, source: FlashSource) -> None:
+        """The build's opt-in nondeterministic backward (has_nondeterministic_backward): v1's atomic dQ, or a
+        fused-dQ build's unordered adds."""
+        if source.fused_dq:
+            self.backward(source, deterministic=False)
+            return
+        flash_attention_backward_atomic_dq(self.dqkv, self.scratch(source), self.dq_accum, self.dout, self.out,
+                                           self.lse, self.qkv, *self.shape[2:4], source=source)

@@ -1,5 +1,5 @@
-"""bf16 flash attention, every rung of the dev/cuda ladder (v1; v2 = kernels/flash_attention.cu; v3 =
-kernels/flash_attention_wgmma.cu, Hopper only) against the float64 reference of the same bf16-rounded inputs:
+"""bf16 flash attention, every rung of the dev/cuda ladder (v1; v2 = kernels/flash_attention.cu; v3, v4 =
+kernels/flash_attention_wgmma.cu, Hopper only, v4 with the fused dQ) against the float64 reference of the same bf16-rounded inputs:
 O, LSE, dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, 8192, D = 64 and 128, B = 1 and 3;
 outputs NaN-poisoned first; determinism, the fused inverse RoPE, no allocation growing with T."""
 
@@ -23,8 +23,8 @@ CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 
 
 
 LADDER = REPO / "dev" / "cuda"
-VERSIONS = [1, 2, 3]  # v2 and v3 include the production builds (flash_attention.cu, flash_attention_wgmma.cu)
-ATOMIC_DQ_VERSION = 1  # the rung that carries the opt-in atomic-dQ backward
+VERSIONS = [1, 2, 3, 4]  # v2, v3 and v4 include the production builds (flash_attention.cu, flash_attention_wgmma.cu)
+NONDETERMINISTIC_VERSIONS = [1, 4]  # the rungs with an opt-in nondeterministic backward (atomic or unordered dQ)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +57,17 @@ def run_forward(ops, qkv_d, B, T, H, KV, D, version=VERSIONS[-1]):
     return out, lse
 
 
-def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None, version=VERSIONS[-1]):
-    dqkv, delta = poisoned(qkv_d.shape, BF16), poisoned(lse.shape)
-    ops.flash_attention_backward(dqkv, delta, dout_d, out, lse, qkv_d, H, KV, cos, sin,
-                                 source=flash_source(ops, version))
+def scratch(ops, qkv_shape, H, KV, source):
+    """The backward's scratch, NaN-poisoned (the fused build must zero what it accumulates into)."""
+    B, T, C = qkv_shape
+    return poisoned((ops.flash_attention_scratch_size(B, T, H, C // (H + 2 * KV), source),))
+
+
+def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None, version=VERSIONS[-1], deterministic=True):
+    source = flash_source(ops, version)
+    dqkv = poisoned(qkv_d.shape, BF16)
+    ops.flash_attention_backward(dqkv, scratch(ops, qkv_d.shape, H, KV, source), dout_d, out, lse, qkv_d, H, KV,
+                                 cos, sin, source=source, deterministic=deterministic)
     return dqkv
 
 
@@ -136,13 +143,14 @@ def test_flash_attention_allocates_nothing(ops, version):
         shapes = {"qkv": (1, T, (H + 2 * KV) * D), "out": (1, T, H * D), "dout": (1, T, H * D),
                   "dqkv": (1, T, (H + 2 * KV) * D)}
         arrays = {name: zeros(shape, BF16) for name, shape in shapes.items()}
-        return arrays | {"lse": zeros((1, H, T)), "delta": zeros((1, H, T))}
+        return arrays | {"lse": zeros((1, H, T)),
+                         "scratch": zeros((ops.flash_attention_scratch_size(1, T, H, D, source),))}
 
     source = flash_source(ops, version)
 
     def step(a):
         ops.flash_attention_forward(a["out"], a["lse"], a["qkv"], H, KV, source=source)
-        ops.flash_attention_backward(a["dqkv"], a["delta"], a["dout"], a["out"], a["lse"], a["qkv"], H, KV,
+        ops.flash_attention_backward(a["dqkv"], a["scratch"], a["dout"], a["out"], a["lse"], a["qkv"], H, KV,
                                      source=source)
         runtime().synchronize()
 
@@ -155,20 +163,26 @@ def test_flash_attention_allocates_nothing(ops, version):
     assert np.isfinite(big["out"].download().astype(np.float32)).all()
 
 
+@pytest.mark.parametrize("version", NONDETERMINISTIC_VERSIONS)
 @pytest.mark.parametrize("D", [64, 128])
-def test_flash_attention_atomic_dq_dev_variant(ops, D):
-    """The opt-in nondeterministic backward (dQ by fp32 atomics, in dev/cuda/flash_attention_v1.cu) that
-    scripts/bench_attention.py times against the deterministic one computes the same gradients."""
+def test_flash_attention_nondeterministic_variant(ops, D, version):
+    """The opt-in nondeterministic backward that scripts/bench_attention.py times against the deterministic one
+    (v1: dQ by fp32 atomics, dev/cuda/flash_attention_v1.cu; v4: the fused dQ partials added unordered) computes
+    the same gradients."""
     from llama.cuda import empty
     B, T, H, KV = 2, 333, 4, 1
     cos, sin = (x.astype(np.float32).astype(np.float64) for x in
                 rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
-    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, ATOMIC_DQ_VERSION)
-    dqkv = poisoned(qkv_d.shape, BF16)
-    ops.flash_attention_backward_atomic_dq(dqkv, poisoned(lse.shape), empty((B, T, H, D)), to_bf16(dout), out, lse,
-                                           qkv_d, H, KV, dev(cos), dev(sin), source=flash_source(ops, ATOMIC_DQ_VERSION))
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
+    source = flash_source(ops, version)
+    if source.fused_dq:
+        dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), version, deterministic=False)
+    else:
+        dqkv = poisoned(qkv_d.shape, BF16)
+        ops.flash_attention_backward_atomic_dq(dqkv, scratch(ops, qkv_d.shape, H, KV, source), empty((B, T, H, D)),
+                                               to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), source=source)
     ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
     expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
-    check_dqkv("flash_attention_backward_atomic_dq", dqkv, expected, H, KV, D, T)
+    check_dqkv(f"flash_attention_v{version}_backward_nondeterministic", dqkv, expected, H, KV, D, T)

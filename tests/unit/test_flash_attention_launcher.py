@@ -21,7 +21,7 @@ def forward_args(**changes):
 
 
 def backward_args(**changes):
-    args = {"dqkv": fake((B, T, (H + 2 * KV) * D)), "delta": fake((B, H, T), np.float32),
+    args = {"dqkv": fake((B, T, (H + 2 * KV) * D)), "scratch": fake((B * H * T,), np.float32),
             "dout": fake((B, T, H * D))} | forward_args()
     del args["n_heads"], args["n_kv_heads"]
     return args | {"n_heads": H, "n_kv_heads": KV} | changes
@@ -44,7 +44,10 @@ def test_forward_rejects(changes, message):
 @pytest.mark.parametrize("changes, message", [
     ({"dqkv": fake((B, T, (H + 2 * KV) * D), np.float32)}, "dqkv: expected bfloat16"),
     ({"dout": fake((B, T + 1, H * D))}, "dout: expected"),
-    ({"delta": fake((B, H, T))}, "delta: expected float32"),
+    ({"scratch": fake((B * H * T,))}, "scratch: expected float32"),
+    ({"scratch": fake((B * H * T,), np.float32), "source": ops.FlashSource(fused_dq=True)},
+     "scratch: expected float32 \\(32905,\\)"),
+    ({"deterministic": False}, "no unordered backward"),
     ({"cos": fake((T, D // 2), np.float32)}, "cos and sin"),
     ({"cos": fake((T - 1, D // 2), np.float32), "sin": fake((T - 1, D // 2), np.float32)}, "cos: expected"),
     ({"cos": fake((T, D // 2), np.float32), "sin": fake((T, D), np.float32)}, "sin: expected"),
