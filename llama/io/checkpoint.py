@@ -36,14 +36,23 @@ DONE = "DONE"
 MODEL, OPTIMIZER, STATE = "model.safetensors", "optimizer.safetensors", "state.json"
 RECENT = 5  # how many recent checkpoints' probe losses the next one is compared with
 
-# state.json: the keys resume needs, with their types (nested dicts are checked key by key)
+
+class AtLeast:
+    """A schema entry: an integer of at least `low`."""
+
+    def __init__(self, low: int):
+        self.low = low
+
+
+COUNT, INDEX = AtLeast(1), AtLeast(0)
+# state.json: the keys resume needs, with their types (nested dicts are checked key by key; float: finite)
 STATE_SCHEMA = {
-    "step": int, "config": dict, "sample_rng": dict,
-    "run": {"batch_size": int, "seq_len": int, "tokens_per_step": int, "seed": int},
-    "loader": {"epoch": int, "shard_pos": int, "batch_pos": int, "seed": int, "files": list, "B": int, "T": int,
-               "rank": int, "world_size": int},
+    "step": INDEX, "config": dict, "sample_rng": dict,
+    "run": {"batch_size": COUNT, "seq_len": COUNT, "tokens_per_step": COUNT, "seed": INDEX},
+    "loader": {"epoch": INDEX, "shard_pos": INDEX, "batch_pos": INDEX, "seed": INDEX, "files": list, "B": COUNT,
+               "T": COUNT, "rank": INDEX, "world_size": COUNT},
 }
-OPTIONAL_STATE = {"probe_loss": float, "recent_losses": list, "log_bytes": int}  # absent in older checkpoints
+OPTIONAL_STATE = {"probe_loss": float, "recent_losses": list, "log_bytes": INDEX}  # absent in older checkpoints
 
 
 class CheckpointError(ValueError):
@@ -182,8 +191,12 @@ def _check_schema(value, schema, where: str) -> None:
                 raise CheckpointError(f"{where} lacks {key!r}")
             _check_schema(value[key], sub, f"{where}[{key!r}]")
     elif schema is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CheckpointError(f"{where} is not a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise CheckpointError(f"{where} is not a finite number")
+    elif isinstance(schema, AtLeast):
+        _check_schema(value, int, where)
+        if value < schema.low:
+            raise CheckpointError(f"{where} is {value}, expected at least {schema.low}")
     elif isinstance(value, bool) or not isinstance(value, schema):
         raise CheckpointError(f"{where} is not a {schema.__name__}")
 
@@ -199,6 +212,10 @@ def read_state(path: str | Path) -> dict:
     for key, kind in OPTIONAL_STATE.items():
         if key in state:
             _check_schema(state[key], kind, f"{where}[{key!r}]")
+    loader = state["loader"]
+    if loader["rank"] >= loader["world_size"] or loader["shard_pos"] > len(loader["files"]):
+        raise CheckpointError(f"{where}['loader'] is out of range: rank {loader['rank']} of world size "
+                              f"{loader['world_size']}, shard {loader['shard_pos']} of {len(loader['files'])}")
     try:
         np.random.PCG64().state = state["sample_rng"]
     except (TypeError, ValueError, KeyError):

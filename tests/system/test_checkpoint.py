@@ -77,6 +77,12 @@ CORRUPTIONS = {  # what breaks the newest checkpoint, and the words the report m
     "state without run": (lambda c: rewrite_json(c / "state.json", drop("run")), "state.json lacks 'run'"),
     "state without loader": (lambda c: rewrite_json(c / "state.json", drop("loader")), "state.json lacks 'loader'"),
     "state step a string": (lambda c: rewrite_json(c / "state.json", lambda s: {**s, "step": "4"}), "is not a int"),
+    "state step negative": (lambda c: rewrite_json(c / "state.json", lambda s: {**s, "step": -3}),
+                            "state.json['step'] is -3, expected at least 0"),
+    "state loader position negative": (lambda c: rewrite_json(c / "state.json", lambda s: {
+        **s, "loader": {**s["loader"], "batch_pos": -1}}), "['loader']['batch_pos'] is -1, expected at least 0"),
+    "state rank outside the world": (lambda c: rewrite_json(c / "state.json", lambda s: {
+        **s, "loader": {**s["loader"], "rank": 1}}), "['loader'] is out of range: rank 1 of world size 1"),
     "state bad rng": (lambda c: rewrite_json(c / "state.json", lambda s: {**s, "sample_rng": {"x": 1}}), "PCG64"),
     "optimizer without adam_m": (
         lambda c: save_file({"adam_v": load_file(c / "optimizer.safetensors")["adam_v"]}, c / "optimizer.safetensors"),
