@@ -67,6 +67,7 @@ def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
 
 
 def all_finite(values: np.ndarray, chunk: int = 1 << 24) -> bool:
+    values = values.reshape(-1)
     return all(np.isfinite(values[i:i + chunk]).all() for i in range(0, values.size, chunk))
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ..config import PRESETS, LlamaConfig
 from ..cuda import BF16
 from ..params import ParameterLayout
+from .checkpoint import all_finite
 
 HF_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head",
             "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -260,6 +261,8 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
                         raise HFError(f"{path.name}: {hf} is {dtype}; only F32, BF16 and F16 are supported")
                     w = f.get_tensor(hf).astype(np.float32)
                     view[...] = hf_to_meta(w, heads_of(meta, config)) if heads_of(meta, config) else w
+                    if not all_finite(view):
+                        raise HFError(f"{path.name}: {hf} holds NaN or infinite values")
         except HFError:
             raise
         except Exception as e:
