@@ -9,13 +9,13 @@ A checkpoint folder `ckpt_<step:08d>/` holds:
 
 Writing: the files go to `.tmp_ckpt_<step>/`, are fsynced, renamed into place and marked DONE; on
 any failure the temporary folder is removed and the error is one line (CheckpointError). Only then
-are older checkpoints rotated away, so the newest good checkpoint is never deleted.
+are older checkpoints rotated away, so the newest good checkpoint is never deleted, nor the one with
+the lowest probe loss.
 
-Before a checkpoint is written the trainer asks `refusal()`: its weights must be finite and the loss
-of those weights on a fixed probe batch must be finite and not far above the best of the last
-RECENT checkpoints (see `loss_limit`). Loading checks everything before use: files present, the
-safetensors headers and sizes, the state.json schema, every shape against the config, finite
-weights. `newest_usable()` skips an unusable checkpoint for the next older one and says why.
+The trainer writes only good checkpoints (llama/io/guard.py decides). Loading checks everything
+before use: files present, the safetensors headers and sizes, the state.json schema and ranges,
+every shape against the config, finite weights. `newest_usable()` skips an unusable checkpoint for
+the next older one and says why.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from .safetensors_file import SafetensorsError, check_tensors, read_tensors, wri
 
 DONE = "DONE"
 MODEL, OPTIMIZER, STATE = "model.safetensors", "optimizer.safetensors", "state.json"
-RECENT = 5  # how many recent checkpoints' probe losses the next one is compared with
 
 
 class AtLeast:
@@ -52,7 +51,7 @@ STATE_SCHEMA = {
     "loader": {"epoch": INDEX, "shard_pos": INDEX, "batch_pos": INDEX, "seed": INDEX, "files": list, "B": COUNT,
                "T": COUNT, "rank": INDEX, "world_size": COUNT},
 }
-OPTIONAL_STATE = {"probe_loss": float, "recent_losses": list, "log_bytes": INDEX}  # absent in older checkpoints
+OPTIONAL_STATE = {"probe_loss": float, "best_probe_loss": float, "log_bytes": INDEX}  # absent in older checkpoints
 
 
 class CheckpointError(ValueError):
@@ -63,32 +62,9 @@ def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
     return Path(out_dir) / f"ckpt_{step:08d}"
 
 
-# ---- deciding whether a checkpoint may be written
-
-
 def all_finite(values: np.ndarray, chunk: int = 1 << 24) -> bool:
     values = values.reshape(-1)
     return all(np.isfinite(values[i:i + chunk]).all() for i in range(0, values.size, chunk))
-
-
-def loss_limit(recent_losses: list[float]) -> float:
-    """The highest probe loss a new checkpoint may have: the best of the recent ones plus 1 nat or
-    plus half of it, whichever is more. Normal training noise and loss spikes on a fixed batch stay
-    well below; a run that diverged to finite garbage (near or above ln(vocab)) is far above."""
-    best = min(recent_losses[-RECENT:])
-    return best + max(1.0, 0.5 * best)
-
-
-def refusal(params: np.ndarray, probe_loss: float, recent_losses: list[float]) -> str | None:
-    """Why these weights must not become a checkpoint, or None when they may."""
-    if not all_finite(params):
-        return "the weights are not finite"
-    if not math.isfinite(probe_loss):
-        return f"the loss of the weights is {probe_loss}, not finite"
-    if recent_losses and probe_loss > loss_limit(recent_losses):
-        return (f"the loss of the weights on the probe batch, {probe_loss:.4f}, is far above the best of the "
-                f"recent checkpoints, {min(recent_losses[-RECENT:]):.4f} (limit {loss_limit(recent_losses):.4f})")
-    return None
 
 
 # ---- writing and rotation
@@ -154,17 +130,20 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def rotate_checkpoints(out_dir: str | Path, newest: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints up to `newest` (0 keeps all), and the
-    incomplete ones before it (a crash's leftovers). Later ones (unusable leftovers that resume
-    skipped) are left to be replaced when the run gets there."""
+    """Delete all but the newest `keep` complete checkpoints up to `newest` (0 keeps all), keeping
+    also the one with the lowest probe loss; and delete the incomplete ones before it (a crash's
+    leftovers). Later ones (unusable leftovers that resume skipped) are left to be replaced when the
+    run gets there."""
     for p in Path(out_dir).glob("ckpt_*"):
         if p.name < newest.name and not (p / DONE).exists():
             shutil.rmtree(p)
     if keep <= 0:
         return
     older = [p for p in complete_checkpoints(out_dir) if p.name < newest.name]
+    best = best_checkpoint(out_dir, newest)
     for old in older[:max(0, len(older) - (keep - 1))]:
-        remove_checkpoint(old)
+        if old != best:
+            remove_checkpoint(old)
 
 
 # ---- finding and loading
@@ -281,6 +260,17 @@ def newest_usable(out_dir: str | Path) -> tuple[dict | None, list[str]]:
         except CheckpointError as e:
             skipped.append(str(e))
     return None, skipped
+
+
+def best_checkpoint(out_dir: str | Path, newest: Path) -> Path | None:
+    """The complete checkpoint up to `newest` with the lowest probe loss (None if none records one)."""
+    losses = {}
+    for path in (p for p in complete_checkpoints(out_dir) if p.name <= newest.name):
+        try:
+            losses[path] = read_state(path)["probe_loss"]
+        except (CheckpointError, KeyError):  # unreadable, or from before probe losses were recorded
+            pass
+    return min(losses, key=losses.get, default=None)
 
 
 def find_checkpoint(path: str | Path) -> Path:
