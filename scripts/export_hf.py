@@ -12,7 +12,7 @@ data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 import argparse
 import sys
 
-from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
 from llama.io.hf import EXPORT_DTYPES, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-shard-gb", type=float, default=5.0, help="split the weights into files of this size")
     args = parser.parse_args(argv)
     try:
-        checkpoint = find_checkpoint(args.checkpoint)
-        loaded = load_checkpoint(checkpoint)
+        with reading_checkpoint(args.checkpoint) as checkpoint:  # a training run's rotation leaves it meanwhile
+            loaded = load_checkpoint(checkpoint)
         config = loaded["config"]
         tokenizer = load_tokenizer(args.tokenizer or run_tokenizer_path(loaded["state"]), quiet=True)
         if tokenizer.vocab_size != config.vocab_size:

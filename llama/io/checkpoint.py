@@ -5,12 +5,15 @@ A checkpoint folder `ckpt_<step:08d>/` holds:
   optimizer.safetensors  AdamW first and second moments (flat, in the parameter layout)
   state.json             step, config, data-loader state, sampling RNG state, probe losses, main.log
                          length, training arguments
+  readers.lock           empty; readers hold a shared flock on it (`reading_checkpoint`)
   DONE                   empty; written last
 
 Writing: the files go to `.tmp_ckpt_<step>/`, are fsynced, renamed into place and marked DONE; on
 any failure the temporary folder is removed and the error is one line (CheckpointError). Only then
 are older checkpoints rotated away, so the newest good checkpoint is never deleted, nor the one with
-the lowest probe loss.
+the lowest probe loss, nor one that a reader (export_hf.py, generate.py) is reading: rotation unmarks
+a checkpoint under an exclusive flock of its readers.lock before it removes it, and leaves one whose
+lock it cannot take to a later rotation. The kernel drops the lock of a reader that dies.
 
 The trainer writes only good checkpoints (llama/io/guard.py decides). Loading checks everything
 before use: files present, the safetensors headers and sizes, the state.json schema and ranges,
@@ -20,11 +23,14 @@ the next older one and says why.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -33,7 +39,7 @@ from ..params import ParameterLayout
 from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
 
 DONE = "DONE"
-MODEL, OPTIMIZER, STATE = "model.safetensors", "optimizer.safetensors", "state.json"
+MODEL, OPTIMIZER, STATE, READERS = "model.safetensors", "optimizer.safetensors", "state.json", "readers.lock"
 
 
 class AtLeast:
@@ -100,6 +106,7 @@ def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params:
         write_tensors(tmp / MODEL, layout.views(params))
         write_tensors(tmp / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
         _write_file(tmp / STATE, json.dumps({"step": step, "config": config.to_dict(), **state}, indent=1).encode())
+        (tmp / READERS).touch()
         _fsync_path(tmp)
         if final.exists():
             remove_checkpoint(final)
@@ -131,9 +138,9 @@ def remove_checkpoint(path: Path) -> None:
 
 def rotate_checkpoints(out_dir: str | Path, newest: Path, keep: int) -> None:
     """Delete all but the newest `keep` complete checkpoints up to `newest` (0 keeps all), keeping
-    also the one with the lowest probe loss; and delete the incomplete ones before it (a crash's
-    leftovers). Later ones (unusable leftovers that resume skipped) are left to be replaced when the
-    run gets there."""
+    also the one with the lowest probe loss and those a reader pins; and delete the incomplete ones
+    before it (a crash's leftovers). Later ones (unusable leftovers that resume skipped) are left to
+    be replaced when the run gets there."""
     for p in Path(out_dir).glob("ckpt_*"):
         if p.name < newest.name and not (p / DONE).exists():
             shutil.rmtree(p)
@@ -143,7 +150,40 @@ def rotate_checkpoints(out_dir: str | Path, newest: Path, keep: int) -> None:
     best = best_checkpoint(out_dir, newest)
     for old in older[:max(0, len(older) - (keep - 1))]:
         if old != best:
-            remove_checkpoint(old)
+            _remove_unless_read(old)
+
+
+def _lock_readers(checkpoint: Path, how: int) -> int | None:
+    """An fd of the checkpoint's readers.lock under flock `how` (BlockingIOError when LOCK_NB cannot
+    take it); None when it has none: removed, or written before readers.lock existed."""
+    try:
+        fd = os.open(checkpoint / READERS, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, how)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError:  # no flock on this filesystem: nothing is pinned
+        pass
+    return fd
+
+
+def _remove_unless_read(checkpoint: Path) -> None:
+    """Remove a checkpoint unless a reader pins it (a later rotation removes it then). It is
+    unmarked under the lock, so a reader that waits for the lock then finds it incomplete; the lock
+    is let go before the folder is removed, as some filesystems keep a folder with an open file."""
+    try:
+        fd = _lock_readers(checkpoint, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    try:
+        (checkpoint / DONE).unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    remove_checkpoint(checkpoint)
 
 
 # ---- finding and loading
@@ -273,13 +313,24 @@ def best_checkpoint(out_dir: str | Path, newest: Path) -> Path | None:
     return min(losses, key=losses.get, default=None)
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder itself, or the newest complete checkpoint of a run folder."""
+@contextlib.contextmanager
+def reading_checkpoint(path: str | Path) -> Iterator[Path]:
+    """A checkpoint folder itself, or the newest complete checkpoint of a run folder, pinned while
+    the block runs (a shared flock on its readers.lock), so that rotation leaves it. When a run's
+    newest checkpoint is rotated away before it is pinned, the then newest one is taken."""
     path = Path(path)
-    found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
-    if found is None:
-        raise CheckpointError(f"{path} holds no complete checkpoint")
-    return found
+    while True:
+        found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path} holds no complete checkpoint")
+        fd = _lock_readers(found, fcntl.LOCK_SH)  # waits while rotation removes it
+        try:
+            if found == path or (found / DONE).exists():
+                yield found
+                return
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 def run_tokenizer_path(state: dict) -> str | None:

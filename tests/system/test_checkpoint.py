@@ -15,7 +15,7 @@ from llama.params import ParameterLayout
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer
 from llama.data.tokenizer import ByteTokenizer
-from tests.runs import BASE, TEXT, run
+from tests.runs import BASE, TEXT, checkpoint_steps, run
 
 
 def val_loss(ckpt, corpus) -> float:
@@ -46,10 +46,6 @@ def test_divergence_to_finite_garbage_keeps_the_good_checkpoints(corpus, tmp_pat
     assert (named / DONE).exists() and val_loss(named, corpus) < good + 0.5
     assert code == 1 and "3 bad checkpoints in a row, the last one because the" in err
     assert "not saving a checkpoint; stopping" in err
-
-
-def checkpoint_steps(out_dir) -> list[int]:
-    return sorted(int(p.name[5:]) for p in out_dir.glob("ckpt_*"))
 
 
 @pytest.mark.slow
