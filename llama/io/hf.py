@@ -288,8 +288,8 @@ def check_export_folder(out: str | Path) -> None:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ExportFolderError(f"{out} is a file; choose a folder for the export")
-    others = sorted(p.name for p in out.iterdir()
-                    if not (p.is_file() and any(fnmatch(p.name, name) for name in EXPORT_FILES))) if out.is_dir() else []
+    held = out.iterdir() if out.is_dir() else ()
+    others = sorted(p.name for p in held if not (p.is_file() and any(fnmatch(p.name, name) for name in EXPORT_FILES)))
     if others:
         run = any(fnmatch(name, mark) for name in others for mark in RUN_FILES)
         raise ExportFolderError(

@@ -87,7 +87,7 @@ def test_a_spike_on_the_probe_batch_skips_one_checkpoint_and_training_goes_on(co
     assert run(*args, "-o", "b", "--resume") == 0
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: step")] == skipped
     assert checkpoint_steps(tmp_path / "b") == [3, 5, 6, 7, 8]
-    final_a, final_b = load_checkpoint(tmp_path / "a" / "ckpt_00000008"), load_checkpoint(tmp_path / "b" / "ckpt_00000008")
+    final_a, final_b = (load_checkpoint(tmp_path / folder / "ckpt_00000008") for folder in "ab")
     assert np.array_equal(final_a["params"], final_b["params"])
     for key in ("probe_loss", "best_probe_loss", "loader"):
         assert final_a["state"][key] == final_b["state"][key], key
