@@ -88,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("-n", "--checkpoint-every", type=nonnegative_int, default=100,
                    help="checkpoint every N steps (0: end only)")
     g.add_argument("-nk", "--keep-checkpoints", type=nonnegative_int, default=2,
-                   help="how many checkpoints to keep (0: all)")
+                   help="how many of the newest checkpoints to keep, besides the one with the lowest probe loss "
+                        "(0: all)")
     g.add_argument("-y", "--resume", type=flag, nargs="?", const=True, default=False,
                    help="continue the run in --output-dir from its newest usable checkpoint (llm.c's -y 1 works)")
     g.add_argument("--overwrite", action="store_true",

@@ -22,7 +22,8 @@ from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
 from .generate import decoder_for, generate
-from .io.checkpoint import RECENT, load_checkpoint, newest_usable, refusal, save_checkpoint
+from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
+from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder
 from .io.run_dir import RunDir
 from .model.reference import ReferenceModel
@@ -142,14 +143,16 @@ class Trainer:
         params = source["params"] if source is not None else init_parameters(self.config, args.seed)
         self.model = build_model(self.plan, self.config, self.B, self.T, params, comm)
         self.sample_rng = np.random.default_rng(args.seed)
-        # each checkpoint's weights are checked on this fixed batch before they are saved (checkpoint.refusal)
+        # each checkpoint's weights are checked on this fixed batch before they are saved (io/guard.py)
         probe_loader = DataLoader(self.val_pattern or self.train_pattern, self.B, self.T, shuffle=False,
                                   vocab_size=self.config.vocab_size)
         self.probe_batch = probe_loader.next_batch()
-        self.start, self.recent_losses, self.log_bytes = 0, [], 0
+        self.start, self.log_bytes = 0, 0
         if resume is not None:
             self._restore(resume)
         self.last_good = resume["path"] if resume is not None else None
+        best = resume["state"].get("best_probe_loss") if resume is not None else None
+        self.guard = CheckpointGuard(params, best) if self.rank == 0 else None  # rank 0 judges the weights
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
         self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
@@ -224,8 +227,7 @@ class Trainer:
         except ValueError as e:
             raise UserError(f"--resume: {e}") from None
         self.sample_rng.bit_generator.state = state["sample_rng"]
-        self.start, self.recent_losses, self.log_bytes = state["step"], state.get("recent_losses", []), \
-            state.get("log_bytes")
+        self.start, self.log_bytes = state["step"], state.get("log_bytes")
         print(f"resuming from {resume['path']} (step {self.start})", file=sys.stderr)
         if self.start >= self.steps:
             print(f"note: the checkpoint is at step {self.start}, the run has {self.steps} steps: nothing to train "
@@ -256,24 +258,34 @@ class Trainer:
         return mean_over_ranks(self.comm, sum(self.model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
 
     def diverged(self, message: str) -> TrainingDiverged:
+        best = best_checkpoint(self.out, self.last_good) if self.last_good else None
+        also = f" (the one with the lowest probe loss is {best})" if best not in (None, self.last_good) else ""
         return TrainingDiverged(f"{message}; stopping. The last good checkpoint is "
-                                f"{self.last_good or 'none (none was written)'}; try a lower --lr")
+                                f"{self.last_good or 'none (none was written)'}{also}; try a lower --lr")
 
     def checkpoint(self, done_steps: int) -> None:
-        """Rank 0 writes the full state (gathered from every rank's shard); every rank takes part."""
+        """Rank 0 judges the weights (io/guard.py) and writes the full state (gathered from every
+        rank's shard) when they are good; every rank takes part. Bad weights at the last step stop
+        the run, as there is no later checkpoint to wait for."""
         params = self.model.get_params()  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
-        reason = refusal(params, probe_loss, self.recent_losses) if params is not None else None
-        if mean_over_ranks(self.comm, float(reason is not None))[0] > 0:  # never replace a good checkpoint by a diverged one
+        verdict, reason = self.guard.judge(params, probe_loss) if params is not None else (SAVE, None)
+        skip, stop = (value > 0 for value in mean_over_ranks(self.comm, float(verdict == SKIP),
+                                                                       float(verdict == STOP)))
+        if stop or (skip and done_steps == self.steps):
             raise self.diverged(f"step {done_steps - 1}: {reason or 'rank 0 refused the weights'}; "
                                 "not saving a checkpoint")
-        self.recent_losses = (self.recent_losses + [probe_loss])[-RECENT:]
+        if skip:
+            if reason:
+                tqdm.write(f"warning: step {done_steps - 1}: not saving a checkpoint: {reason}; training goes on",
+                           file=sys.stderr)
+            return
         adam_m, adam_v = self.model.get_optimizer_state()
         if self.rank != 0:
             return
         state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.train_loader.state_dict(),
                  "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
-                 "recent_losses": self.recent_losses, "log_bytes": self.log.synced_size(), "args": vars(self.args)}
+                 "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": vars(self.args)}
         self.last_good = save_checkpoint(self.out, done_steps, self.config, params, adam_m, adam_v, state,
                                          keep=self.args.keep_checkpoints)
 

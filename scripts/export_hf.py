@@ -5,6 +5,8 @@ format) load: config.json, generation_config.json, safetensors weights and the t
     python scripts/export_hf.py out/d12/ckpt_00002000 exported/d12 --dtype fp32
 
 Then: transformers.LlamaForCausalLM.from_pretrained("exported/d12") and AutoTokenizer likewise.
+The export replaces its folder whole; a folder that holds anything but an earlier export (a
+training run, a checkpoint, other files) is refused.
 The tokenizer is the one the run trained with (--tokenizer, else the --init hf: folder's, else
 data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 """
@@ -12,8 +14,8 @@ data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 import argparse
 import sys
 
-from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
-from llama.io.hf import EXPORT_DTYPES, save_hf_folder
+from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
+from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 
@@ -26,8 +28,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-shard-gb", type=float, default=5.0, help="split the weights into files of this size")
     args = parser.parse_args(argv)
     try:
-        checkpoint = find_checkpoint(args.checkpoint)
-        loaded = load_checkpoint(checkpoint)
+        check_export_folder(args.out)  # before a long load
+        with reading_checkpoint(args.checkpoint) as checkpoint:  # a training run's rotation leaves it meanwhile
+            loaded = load_checkpoint(checkpoint)
         config = loaded["config"]
         tokenizer = load_tokenizer(args.tokenizer or run_tokenizer_path(loaded["state"]), quiet=True)
         if tokenizer.vocab_size != config.vocab_size:
@@ -37,6 +40,9 @@ def main(argv=None) -> int:
             print("note: a byte-level model: no tokenizer files are written", file=sys.stderr)
         written = save_hf_folder(args.out, config, loaded["params"], args.dtype, tokenizer,
                                  max_shard_bytes=int(args.max_shard_gb * 2**30))
+    except ExportFolderError as e:  # the trainer's exit code for a user's mistake
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (CheckpointError, TokenizerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
+from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
 from llama.cuda import BF16
 from llama.generate import TextStream, generate
 from llama.model.reference import ReferenceDecoder
@@ -32,7 +32,8 @@ def load_model(name: str, tokenizer_path: str | None):
         config, params = load_hf_folder(path)
         tokenizer_path = tokenizer_path or hf_tokenizer_path(path)
     else:
-        loaded = load_checkpoint(find_checkpoint(path))
+        with reading_checkpoint(path) as checkpoint:  # a training run's rotation leaves it meanwhile
+            loaded = load_checkpoint(checkpoint)
         config, params = loaded["config"], loaded["params"]
         tokenizer_path = tokenizer_path or run_tokenizer_path(loaded["state"])
     # a model with more ids than bytes needs the Llama 3 tokenizer: fetch it when it is not on disk

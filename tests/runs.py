@@ -35,6 +35,11 @@ def losses(out_dir, kind="trl"):
     return [float(l.split(f"{kind}:")[1].split()[0]) for _, l in sorted(log_lines(out_dir, kind).items())]
 
 
+def checkpoint_steps(out_dir) -> list[int]:
+    """The steps of the checkpoint folders in out_dir, complete or not."""
+    return sorted(int(p.name[5:]) for p in out_dir.glob("ckpt_*"))
+
+
 def samples(stdout: str) -> dict[int, str]:
     """{step: text} of the complete samples a run printed."""
     return {int(step): text for step, text in re.findall(r"--- sample at step (\d+) ---\n(.*?)\n---\n", stdout, re.S)}

@@ -5,26 +5,32 @@ A checkpoint folder `ckpt_<step:08d>/` holds:
   optimizer.safetensors  AdamW first and second moments (flat, in the parameter layout)
   state.json             step, config, data-loader state, sampling RNG state, probe losses, main.log
                          length, training arguments
+  readers.lock           empty; readers hold a shared flock on it (`reading_checkpoint`)
   DONE                   empty; written last
 
 Writing: the files go to `.tmp_ckpt_<step>/`, are fsynced, renamed into place and marked DONE; on
 any failure the temporary folder is removed and the error is one line (CheckpointError). Only then
-are older checkpoints rotated away, so the newest good checkpoint is never deleted.
+are older checkpoints rotated away, so the newest good checkpoint is never deleted, nor the one with
+the lowest probe loss, nor one that a reader (export_hf.py, generate.py) is reading: rotation unmarks
+a checkpoint under an exclusive flock of its readers.lock before it removes it, and leaves one whose
+lock it cannot take to a later rotation. The kernel drops the lock of a reader that dies.
 
-Before a checkpoint is written the trainer asks `refusal()`: its weights must be finite and the loss
-of those weights on a fixed probe batch must be finite and not far above the best of the last
-RECENT checkpoints (see `loss_limit`). Loading checks everything before use: files present, the
-safetensors headers and sizes, the state.json schema, every shape against the config, finite
-weights. `newest_usable()` skips an unusable checkpoint for the next older one and says why.
+The trainer writes only good checkpoints (llama/io/guard.py decides). Loading checks everything
+before use: files present, the safetensors headers and sizes, the state.json schema and ranges,
+every shape against the config, finite weights. `newest_usable()` skips an unusable checkpoint for
+the next older one and says why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -33,17 +39,25 @@ from ..params import ParameterLayout
 from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
 
 DONE = "DONE"
-MODEL, OPTIMIZER, STATE = "model.safetensors", "optimizer.safetensors", "state.json"
-RECENT = 5  # how many recent checkpoints' probe losses the next one is compared with
+MODEL, OPTIMIZER, STATE, READERS = "model.safetensors", "optimizer.safetensors", "state.json", "readers.lock"
 
-# state.json: the keys resume needs, with their types (nested dicts are checked key by key)
+
+class AtLeast:
+    """A schema entry: an integer of at least `low`."""
+
+    def __init__(self, low: int):
+        self.low = low
+
+
+COUNT, INDEX = AtLeast(1), AtLeast(0)
+# state.json: the keys resume needs, with their types (nested dicts are checked key by key; float: finite)
 STATE_SCHEMA = {
-    "step": int, "config": dict, "sample_rng": dict,
-    "run": {"batch_size": int, "seq_len": int, "tokens_per_step": int, "seed": int},
-    "loader": {"epoch": int, "shard_pos": int, "batch_pos": int, "seed": int, "files": list, "B": int, "T": int,
-               "rank": int, "world_size": int},
+    "step": INDEX, "config": dict, "sample_rng": dict,
+    "run": {"batch_size": COUNT, "seq_len": COUNT, "tokens_per_step": COUNT, "seed": INDEX},
+    "loader": {"epoch": INDEX, "shard_pos": INDEX, "batch_pos": INDEX, "seed": INDEX, "files": list, "B": COUNT,
+               "T": COUNT, "rank": INDEX, "world_size": COUNT},
 }
-OPTIONAL_STATE = {"probe_loss": float, "recent_losses": list, "log_bytes": int}  # absent in older checkpoints
+OPTIONAL_STATE = {"probe_loss": float, "best_probe_loss": float, "log_bytes": INDEX}  # absent in older checkpoints
 
 
 class CheckpointError(ValueError):
@@ -54,31 +68,9 @@ def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
     return Path(out_dir) / f"ckpt_{step:08d}"
 
 
-# ---- deciding whether a checkpoint may be written
-
-
 def all_finite(values: np.ndarray, chunk: int = 1 << 24) -> bool:
+    values = values.reshape(-1)
     return all(np.isfinite(values[i:i + chunk]).all() for i in range(0, values.size, chunk))
-
-
-def loss_limit(recent_losses: list[float]) -> float:
-    """The highest probe loss a new checkpoint may have: the best of the recent ones plus 1 nat or
-    plus half of it, whichever is more. Normal training noise and loss spikes on a fixed batch stay
-    well below; a run that diverged to finite garbage (near or above ln(vocab)) is far above."""
-    best = min(recent_losses[-RECENT:])
-    return best + max(1.0, 0.5 * best)
-
-
-def refusal(params: np.ndarray, probe_loss: float, recent_losses: list[float]) -> str | None:
-    """Why these weights must not become a checkpoint, or None when they may."""
-    if not all_finite(params):
-        return "the weights are not finite"
-    if not math.isfinite(probe_loss):
-        return f"the loss of the weights is {probe_loss}, not finite"
-    if recent_losses and probe_loss > loss_limit(recent_losses):
-        return (f"the loss of the weights on the probe batch, {probe_loss:.4f}, is far above the best of the "
-                f"recent checkpoints, {min(recent_losses[-RECENT:]):.4f} (limit {loss_limit(recent_losses):.4f})")
-    return None
 
 
 # ---- writing and rotation
@@ -114,6 +106,7 @@ def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params:
         write_tensors(tmp / MODEL, layout.views(params))
         write_tensors(tmp / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
         _write_file(tmp / STATE, json.dumps({"step": step, "config": config.to_dict(), **state}, indent=1).encode())
+        (tmp / READERS).touch()
         _fsync_path(tmp)
         if final.exists():
             remove_checkpoint(final)
@@ -144,17 +137,53 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def rotate_checkpoints(out_dir: str | Path, newest: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints up to `newest` (0 keeps all), and the
-    incomplete ones before it (a crash's leftovers). Later ones (unusable leftovers that resume
-    skipped) are left to be replaced when the run gets there."""
+    """Delete all but the newest `keep` complete checkpoints up to `newest` (0 keeps all), keeping
+    also the one with the lowest probe loss and those a reader pins; and delete the incomplete ones
+    before it (a crash's leftovers). Later ones (unusable leftovers that resume skipped) are left to
+    be replaced when the run gets there."""
     for p in Path(out_dir).glob("ckpt_*"):
         if p.name < newest.name and not (p / DONE).exists():
             shutil.rmtree(p)
     if keep <= 0:
         return
     older = [p for p in complete_checkpoints(out_dir) if p.name < newest.name]
+    best = best_checkpoint(out_dir, newest)
     for old in older[:max(0, len(older) - (keep - 1))]:
-        remove_checkpoint(old)
+        if old != best:
+            _remove_unless_read(old)
+
+
+def _lock_readers(checkpoint: Path, how: int) -> int | None:
+    """An fd of the checkpoint's readers.lock under flock `how` (BlockingIOError when LOCK_NB cannot
+    take it); None when it has none: removed, or written before readers.lock existed."""
+    try:
+        fd = os.open(checkpoint / READERS, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, how)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError:  # no flock on this filesystem: nothing is pinned
+        pass
+    return fd
+
+
+def _remove_unless_read(checkpoint: Path) -> None:
+    """Remove a checkpoint unless a reader pins it (a later rotation removes it then). It is
+    unmarked under the lock, so a reader that waits for the lock then finds it incomplete; the lock
+    is let go before the folder is removed, as some filesystems keep a folder with an open file."""
+    try:
+        fd = _lock_readers(checkpoint, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    try:
+        (checkpoint / DONE).unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    remove_checkpoint(checkpoint)
 
 
 # ---- finding and loading
@@ -182,8 +211,12 @@ def _check_schema(value, schema, where: str) -> None:
                 raise CheckpointError(f"{where} lacks {key!r}")
             _check_schema(value[key], sub, f"{where}[{key!r}]")
     elif schema is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CheckpointError(f"{where} is not a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise CheckpointError(f"{where} is not a finite number")
+    elif isinstance(schema, AtLeast):
+        _check_schema(value, int, where)
+        if value < schema.low:
+            raise CheckpointError(f"{where} is {value}, expected at least {schema.low}")
     elif isinstance(value, bool) or not isinstance(value, schema):
         raise CheckpointError(f"{where} is not a {schema.__name__}")
 
@@ -199,6 +232,10 @@ def read_state(path: str | Path) -> dict:
     for key, kind in OPTIONAL_STATE.items():
         if key in state:
             _check_schema(state[key], kind, f"{where}[{key!r}]")
+    loader = state["loader"]
+    if loader["rank"] >= loader["world_size"] or loader["shard_pos"] > len(loader["files"]):
+        raise CheckpointError(f"{where}['loader'] is out of range: rank {loader['rank']} of world size "
+                              f"{loader['world_size']}, shard {loader['shard_pos']} of {len(loader['files'])}")
     try:
         np.random.PCG64().state = state["sample_rng"]
     except (TypeError, ValueError, KeyError):
@@ -265,13 +302,35 @@ def newest_usable(out_dir: str | Path) -> tuple[dict | None, list[str]]:
     return None, skipped
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder itself, or the newest complete checkpoint of a run folder."""
+def best_checkpoint(out_dir: str | Path, newest: Path) -> Path | None:
+    """The complete checkpoint up to `newest` with the lowest probe loss (None if none records one)."""
+    losses = {}
+    for path in (p for p in complete_checkpoints(out_dir) if p.name <= newest.name):
+        try:
+            losses[path] = read_state(path)["probe_loss"]
+        except (CheckpointError, KeyError):  # unreadable, or from before probe losses were recorded
+            pass
+    return min(losses, key=losses.get, default=None)
+
+
+@contextlib.contextmanager
+def reading_checkpoint(path: str | Path) -> Iterator[Path]:
+    """A checkpoint folder itself, or the newest complete checkpoint of a run folder, pinned while
+    the block runs (a shared flock on its readers.lock), so that rotation leaves it. When a run's
+    newest checkpoint is rotated away before it is pinned, the then newest one is taken."""
     path = Path(path)
-    found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
-    if found is None:
-        raise CheckpointError(f"{path} holds no complete checkpoint")
-    return found
+    while True:
+        found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path} holds no complete checkpoint")
+        fd = _lock_readers(found, fcntl.LOCK_SH)  # waits while rotation removes it
+        try:
+            if found == path or (found / DONE).exists():
+                yield found
+                return
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 def run_tokenizer_path(state: dict) -> str | None:

@@ -12,6 +12,9 @@ and flat float32 parameters; save_hf_folder() writes one that transformers loads
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,8 @@ import numpy as np
 from ..config import PRESETS, LlamaConfig
 from ..cuda import BF16
 from ..params import ParameterLayout
+from .checkpoint import DONE, OPTIMIZER, STATE, all_finite
+from .run_dir import LOCK, LOG
 
 HF_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head",
             "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -90,9 +95,17 @@ class HFError(ValueError):
     """A Hugging Face folder that cannot be read or describes a model we cannot represent."""
 
 
+class ExportFolderError(ValueError):
+    """A folder an export must not replace; the message is one line."""
+
+
 SAFETENSORS_DTYPES = {"F32": np.float32, "BF16": BF16, "F16": np.float16}
 EXPORT_DTYPES = {"bf16": (BF16, "bfloat16"), "fp32": (np.float32, "float32")}
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints saved
+# the files an export writes, and those of a training run or checkpoint (check_export_folder)
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "model-*-of-*.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+RUN_FILES = (LOG, LOCK, "ckpt_*", "old_run_*", DONE, STATE, OPTIMIZER)
 
 
 def _rope_settings(values: dict, where: str) -> dict:
@@ -260,6 +273,8 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
                         raise HFError(f"{path.name}: {hf} is {dtype}; only F32, BF16 and F16 are supported")
                     w = f.get_tensor(hf).astype(np.float32)
                     view[...] = hf_to_meta(w, heads_of(meta, config)) if heads_of(meta, config) else w
+                    if not all_finite(view):
+                        raise HFError(f"{path.name}: {hf} holds NaN or infinite values")
         except HFError:
             raise
         except Exception as e:
@@ -267,20 +282,56 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
     return config, params
 
 
+def check_export_folder(out: str | Path) -> None:
+    """Refuse a folder that an export, which replaces its folder whole, would destroy: a file, or a
+    folder that holds anything but an earlier export's files (a training run, a checkpoint, ...)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ExportFolderError(f"{out} is a file; choose a folder for the export")
+    held = out.iterdir() if out.is_dir() else ()
+    others = sorted(p.name for p in held if not (p.is_file() and any(fnmatch(p.name, name) for name in EXPORT_FILES)))
+    if others:
+        run = any(fnmatch(name, mark) for name in others for mark in RUN_FILES)
+        raise ExportFolderError(
+            f"{out} holds {'a training run or a checkpoint' if run else 'files an export does not write'} "
+            f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}); an export replaces its folder whole: "
+            "choose a new or empty folder, or one that holds only an earlier export")
+
+
 def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dtype: str = "bf16",
                    tokenizer=None, max_shard_bytes: int = 5 << 30) -> list[Path]:
     """Write config.json, generation_config.json, the weights (one model.safetensors, or shards
     of at most max_shard_bytes with model.safetensors.index.json) and, for a Llama 3 tokenizer,
-    the tokenizer files. dtype: 'bf16' or 'fp32'. Returns the files written."""
+    the tokenizer files. dtype: 'bf16' or 'fp32'. Returns the files written.
+
+    They go to a temporary folder beside `out`, which then replaces `out` whole, so that nothing of
+    an earlier export there survives; `check_export_folder` decides whether `out` may be replaced."""
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    check_export_folder(out)
+    target = Path(out).absolute()
+    tmp, old = (target.parent / f".{kind}_{target.name}.{os.getpid()}" for kind in ("tmp_export", "old_export"))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        written = _write_export(tmp, config, params, dtype, tokenizer, max_shard_bytes)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    return [Path(out) / p.name for p in written]
+
+
+def _write_export(out: Path, config: LlamaConfig, params: np.ndarray, dtype: str, tokenizer,
+                  max_shard_bytes: int) -> list[Path]:
+    """save_hf_folder's files, written into the folder `out`."""
     from safetensors.numpy import save_file
 
     from ..data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
 
-    if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     np_dtype, torch_dtype = EXPORT_DTYPES[dtype]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     state = to_hf_state(ParameterLayout(config).views(params), config)
     sizes = {name: w.size * np.dtype(np_dtype).itemsize for name, w in state.items()}
     shards: list[list[str]] = [[]]

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 import train_llama
 from llama.io.checkpoint import latest_checkpoint, load_checkpoint
@@ -70,6 +71,17 @@ def test_bad_hf_folder_is_one_line(hf_folder, capsys):
     assert err.startswith("error: ") and "GPT2LMHeadModel (gpt2) is not supported; only LlamaForCausalLM" in err
     assert train_llama.main(["--init", "hf:nowhere", *data, "-x", "1"]) == 2
     assert "nowhere is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_hf_weights_that_are_not_finite_are_refused(hf_folder, capsys, bad):
+    folder, _, data = hf_folder
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = bad
+    save_file(tensors, folder / "model.safetensors")
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-o", "out"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: model.safetensors: model.layers.1.mlp.up_proj.weight holds NaN or infinite values")
 
 
 def test_export_of_a_missing_checkpoint(tmp_path):
