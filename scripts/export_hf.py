@@ -12,6 +12,7 @@ data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 import argparse
 import sys
 
+from llama.cli import existing_path, positive_float
 from llama.io.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, run_tokenizer_path
 from llama.io.hf import EXPORT_DTYPES, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
@@ -19,11 +20,13 @@ from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
+    parser.add_argument("checkpoint", type=existing_path,
+                        help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
     parser.add_argument("out", help="the folder to write")
     parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="bf16", help="weight format (default: bf16)")
     parser.add_argument("--tokenizer", default=None, help="the tokenizer.model or tokenizer.json to ship")
-    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="split the weights into files of this size")
+    parser.add_argument("--max-shard-gb", type=positive_float, default=5.0,
+                        help="split the weights into files of this size")
     args = parser.parse_args(argv)
     try:
         checkpoint = find_checkpoint(args.checkpoint)

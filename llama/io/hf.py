@@ -97,7 +97,10 @@ IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints sa
 
 def _rope_settings(values: dict, where: str) -> dict:
     """Our RoPE fields from rope_scaling + rope_theta (transformers 4) or rope_parameters (5)."""
-    rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
+    key = "rope_parameters" if values.get("rope_parameters") else "rope_scaling"
+    rope = values.get(key) or {}
+    if not isinstance(rope, dict):
+        raise HFError(f"{where}: {key} = {rope!r} is not a JSON object")
     theta = rope.get("rope_theta", values.get("rope_theta", 10000.0))
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
@@ -122,6 +125,8 @@ def _ffn_settings(dim: int, hidden: int) -> dict:
 def config_from_hf(values: dict, where: str = "config.json") -> LlamaConfig:
     """Our config of an HF LlamaConfig dict; HFError, in one line, for what we cannot represent."""
     architectures = values.get("architectures") or ["LlamaForCausalLM"]
+    if isinstance(architectures, str):
+        architectures = [architectures]
     if values.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in architectures:
         raise HFError(f"{where}: {'/'.join(architectures)} ({values.get('model_type')}) is not supported; "
                       "only LlamaForCausalLM")

@@ -109,8 +109,8 @@ def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path):
     assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-v", "0", "-s", "0", "-o", "out"]) == 0
     result = run_generate("out", "--prompt", "the", "-n", "5", cwd=tmp_path)  # the run's tokenizer: the HF folder's
     assert result.returncode == 0 and result.stdout.startswith("the"), result.stderr
-    result = run_generate("nowhere", "--prompt", "x", cwd=tmp_path)
-    assert result.returncode == 1 and result.stderr.strip() == "error: nowhere holds no complete checkpoint"
+    result = run_generate(str(tmp_path / "data"), "--prompt", "x", cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.strip() == f"error: {tmp_path / 'data'} holds no complete checkpoint"
     (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
     result = run_generate(str(folder), "--prompt", "x", cwd=tmp_path)
     assert result.returncode == 1 and "config.json: missing num_attention_heads" in result.stderr
