@@ -12,6 +12,7 @@ and flat float32 parameters; save_hf_folder() writes one that transformers loads
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -272,13 +273,26 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
     return config, params
 
 
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """The safetensors library's save_file, with its write failures (a full disk) as one-line OSErrors
+    and the file's mode what the umask gives any other file (the library writes 0600)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save_file
+
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except SafetensorError as e:
+        raise OSError(f"cannot write {path}: {e}") from None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dtype: str = "bf16",
                    tokenizer=None, max_shard_bytes: int = 5 << 30) -> list[Path]:
     """Write config.json, generation_config.json, the weights (one model.safetensors, or shards
     of at most max_shard_bytes with model.safetensors.index.json) and, for a Llama 3 tokenizer,
     the tokenizer files. dtype: 'bf16' or 'fp32'. Returns the files written."""
-    from safetensors.numpy import save_file
-
     from ..data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
 
     if dtype not in EXPORT_DTYPES:
@@ -300,8 +314,7 @@ def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dty
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     written = []
     for file, shard in zip(names, shards):
-        save_file({name: np.ascontiguousarray(state[name].astype(np_dtype)) for name in shard}, out / file,
-                  metadata={"format": "pt"})
+        _write_safetensors(out / file, {name: np.ascontiguousarray(state[name].astype(np_dtype)) for name in shard})
         written.append(out / file)
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(sizes.values())},

@@ -4,6 +4,8 @@ scripts/export_hf.py."""
 
 import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 
@@ -19,7 +21,7 @@ from llama.model.reference import ReferenceDecoder
 from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
-from tests.runs import REPO, TEXT
+from tests.runs import BASE, REPO, TEXT, run
 from tests.sample_files import ranks_file_bytes
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # the scripts import this checkout's llama package
@@ -76,6 +78,24 @@ def test_export_of_a_missing_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), str(tmp_path), "x"],
                             capture_output=True, text=True, env=ENV)
     assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
+
+
+def no_bigger_files_than(limit: int):
+    """A child's preexec_fn: writes past `limit` bytes fail with EFBIG, as on a full disk."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.slow
+def test_export_onto_a_full_disk_is_one_line(corpus, tmp_path):
+    assert run(*BASE, *corpus, "-x", "1", "-v", "0", "-o", "out") == 0
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), "out", "exported"],
+                            capture_output=True, text=True, cwd=tmp_path, env=ENV, preexec_fn=no_bigger_files_than(20_000))
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(r"error: cannot write exported/model.safetensors: .*File too large.*",
+                        result.stderr.splitlines()[-1]), result.stderr
 
 
 def run_generate(*args, cwd, stdin=None):

@@ -2,6 +2,8 @@
 with the safetensors library, export -> import round trips, and one-line errors for bad folders."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -144,6 +146,18 @@ def test_export_then_import_is_the_identity(tmp_path, tied):
     assert not (tmp_path / "bf16" / "tokenizer.json").exists()
     got_config, got = load_hf_folder(tmp_path / "bf16")
     assert got_config == config and np.array_equal(got, params.astype(BF16).astype(np.float32))
+
+
+def test_exported_weights_have_the_mode_of_the_other_files(tmp_path):
+    """The safetensors library writes 0600; the export's weights are as readable as its config (0644
+    under the usual umask)."""
+    old_umask = os.umask(0o022)
+    try:
+        written = save_hf_folder(tmp_path / "out", CONFIG, random_params(CONFIG), "bf16", max_shard_bytes=20_000)
+    finally:
+        os.umask(old_umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o644}
+    assert sum(p.suffix == ".safetensors" for p in written) > 1
 
 
 @pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.1-8b", "d12", "small"])

@@ -1,6 +1,6 @@
 """The scripts' command lines: values that make no sense are usage errors (exit code 2, one line, as
-in train_llama.py), so is a model or checkpoint that does not exist, and --help works everywhere,
-even where torch is not installed."""
+in train_llama.py), so is a model or checkpoint that does not exist, bad inputs end in one line, and
+--help works everywhere, even where torch is not installed."""
 
 import re
 import runpy
@@ -13,9 +13,9 @@ from llama.data import starter_pack
 from tests.runs import REPO
 
 
-def script(name: str):
-    """main() of scripts/<name>.py."""
-    return runpy.run_path(str(REPO / "scripts" / f"{name}.py"))["main"]
+def script(name: str, folder: str = "scripts"):
+    """main() of <folder>/<name>.py."""
+    return runpy.run_path(str(REPO / folder / f"{name}.py"))["main"]
 
 
 @pytest.mark.parametrize("name, extra, message", [
@@ -62,6 +62,15 @@ def test_a_model_that_does_not_exist_is_a_usage_error(tmp_path, monkeypatch, nam
 
 PROGRAMS = sorted(str(p.relative_to(REPO)) for p in [*REPO.glob("scripts/*.py"), *REPO.glob("data/*.py")]
                   if 'if __name__ == "__main__":' in p.read_text())
+
+
+def test_tinyshakespeare_script_on_latin1_text_is_one_line(tmp_path, capsys):
+    (tmp_path / "input.txt").write_bytes("Ça va, Roméo?\n".encode("latin-1"))
+    assert script("tinyshakespeare", "data")(["--input", str(tmp_path / "input.txt"), "--out-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: {tmp_path / 'input.txt'} is not UTF-8 text (byte 0xc7 at offset 0); convert it "
+                       f"first, e.g. iconv -f latin1 -t utf-8 {tmp_path / 'input.txt'}")
+    assert not list(tmp_path.glob("*.bin"))
 
 
 @pytest.mark.slow
