@@ -32,6 +32,7 @@ from llama.data.tokenizer import TokenizerError
 from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError
+from llama.memory import NotEnoughMemory
 from llama.optim import SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import PlanError
@@ -141,8 +142,12 @@ def main(argv=None) -> int:
         with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
             return Trainer(args, run_dir, comm).run()
     except (UserError, PlanError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError,
-            DistributedError) as e:
+            DistributedError, NotEnoughMemory) as e:
         print(f"error: {where}{e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # past the memory check's estimate
+        print(f"error: {where}out of memory ({e or 'MemoryError'}); lower -b or -t, or train a smaller model",
+              file=sys.stderr)
         return 2
     except OSError as e:  # a missing file, a full disk, a read-only folder
         detail = f"{e.filename}: " if e.filename else ""

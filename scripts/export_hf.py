@@ -40,7 +40,7 @@ def main(argv=None) -> int:
             print("note: a byte-level model: no tokenizer files are written", file=sys.stderr)
         written = save_hf_folder(args.out, config, loaded["params"], args.dtype, tokenizer,
                                  max_shard_bytes=int(args.max_shard_gb * 2**30))
-    except (CheckpointError, TokenizerError, OSError) as e:
+    except (CheckpointError, TokenizerError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"exported {checkpoint} to {args.out} ({args.dtype}): {', '.join(p.name for p in written)}")

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         stream = TextStream(tokenizer)
         result = generate(decoder, ids, args.max_new_tokens, np.random.default_rng(args.seed), args.temperature,
                           args.top_k, args.top_p, stop_ids, lambda token: token in stop_ids or stream(token))
-    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError) as e:
+    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(file=sys.stdout)

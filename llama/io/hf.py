@@ -19,6 +19,7 @@ import numpy as np
 
 from ..config import PRESETS, LlamaConfig
 from ..cuda import BF16
+from ..memory import FLOAT32, host_available, require
 from ..params import ParameterLayout
 
 HF_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head",
@@ -241,6 +242,7 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
     config = config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
     files = _weight_files(folder)
     layout = ParameterLayout(config)
+    require(FLOAT32 * layout.size, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
     expected = {hf_name(name): name for name in layout.tensors}
     for name in files:
         if name not in expected and not name.endswith(IGNORED_TENSORS) and not (

@@ -87,8 +87,9 @@ def test_without_a_terminal_each_step_prints_a_line_and_the_run_ends_with_a_summ
     assert printed == logged and sorted(printed) == list(range(6))
     summary = out.strip().splitlines()[-1]
     train_loss, val_loss = float(logged[5]), float(log_lines(tmp_path / "out", "tel")[5].split("tel:")[1])
-    assert re.fullmatch(rf"done: step 6/6 \| 6 steps in \d+\.\d s, [\d,]+ tok/s \| train loss {train_loss:.4f} \| "
-                        rf"val loss {val_loss:.4f} \| checkpoint out/ckpt_00000006 \| log out/main.log", summary)
+    assert re.fullmatch(rf"done: step 6/6 \| 6 steps in \d+\.\d s, [\d,]+ tok/s on average \| train loss "
+                        rf"{train_loss:.4f} at step 6 \| val loss {val_loss:.4f} at step 5 \| checkpoint "
+                        rf"out/ckpt_00000006 \| log out/main.log", summary)
 
 
 def test_print_every_thins_the_lines(corpus, capsys):

@@ -2,6 +2,7 @@
 --init hf:PATH (its tokenizer.json included), sampling through the KV-cache decoder, and
 scripts/export_hf.py."""
 
+import json
 import os
 import re
 import resource
@@ -72,6 +73,15 @@ def test_bad_hf_folder_is_one_line(hf_folder, capsys):
     assert err.startswith("error: ") and "GPT2LMHeadModel (gpt2) is not supported; only LlamaForCausalLM" in err
     assert train_llama.main(["--init", "hf:nowhere", *data, "-x", "1"]) == 2
     assert "nowhere is not a folder" in capsys.readouterr().err
+
+
+def test_a_2_to_the_31_context_fine_tunes(hf_folder, capsys):
+    """max_position_embeddings 2^31: nothing is allocated for positions the run never reaches."""
+    folder, _, data = hf_folder
+    values = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**values, "max_position_embeddings": 2**31}))
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-v", "0", "-s", "0", "-o", "out"]) == 0
+    assert "done: step 1/1" in capsys.readouterr().out
 
 
 def test_export_of_a_missing_checkpoint(tmp_path):

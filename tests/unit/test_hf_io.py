@@ -12,6 +12,7 @@ from safetensors.numpy import save_file
 from llama.config import get_preset
 from llama.cuda import BF16
 from llama.io.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
+from llama.memory import NotEnoughMemory
 from llama.params import ParameterLayout, init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
 from tests.sample_files import ranks_file_bytes
@@ -197,6 +198,15 @@ def test_bad_folders_fail_in_one_line(tmp_path, damage, message):
     with pytest.raises(HFError, match=message) as e:
         load_hf_folder(tmp_path / "hf")
     assert "\n" not in str(e.value)
+
+
+def test_a_config_too_big_for_this_machine_is_refused_before_allocating(tmp_path):
+    write_fixture(tmp_path / "hf", CONFIG, random_params(CONFIG), np.float32)
+    break_config(tmp_path / "hf", hidden_size=2**20, intermediate_size=2**22, num_hidden_layers=1000,
+                 num_attention_heads=2**16, num_key_value_heads=2**16, head_dim=None)
+    with pytest.raises(NotEnoughMemory, match=r"^the [\d,]+ parameters of .*hf needs about [\d,.]+ PiB of host memory, "
+                                              r"[\d,.]+ [GMT]iB available$"):
+        load_hf_folder(tmp_path / "hf")
 
 
 def test_bad_shards_and_dtypes(tmp_path):
