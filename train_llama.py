@@ -12,8 +12,9 @@ prints, logs and writes checkpoints, which resume on any number of GPUs.
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist
 (scripts/download_starter_pack.py), else on the built-in corpus (this machine's Python standard
-library sources). Progress goes to a tqdm bar on a terminal, else to one llm.c line per step on stdout,
-and always to <output_dir>/main.log in llm.c's format. Ctrl-C or SIGTERM: the step finishes, a checkpoint
+library sources). Progress shows as a bar on the terminal a person watches (stdout's, or stderr's when
+stdout goes to a file), else as one llm.c line per step on stdout (a pipe such as | tee, or files: no
+bars there), and always goes to <output_dir>/main.log in llm.c's format (llama/progress.py). Ctrl-C or SIGTERM: the step finishes, a checkpoint
 is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once, without saving).
 """
 
@@ -95,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--overwrite", action="store_true",
                    help="start over in a folder that holds another run, moving that run into old_run_<n>/")
     g.add_argument("--print-every", type=positive_int, default=1,
-                   help="when stdout is not a terminal, print a progress line every N steps")
+                   help="when the step lines show (stdout is not a terminal), print one every N steps")
     g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
     g.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
                    help="GPU precision: bf16 mixed precision or exact fp32 (default: bf16 where its kernels take "

@@ -21,7 +21,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 MIN_BAR = 10  # columns the bar itself keeps
-BAR_FORMAT = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
+BAR_FORMAT = "{n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}"  # then ", " and the stats
 STAT_SEPARATOR = " | "
 
 
@@ -55,11 +55,11 @@ def choose_display(stdout: TextIO | None = None, stderr: TextIO | None = None) -
     return Display(None, step_lines=True)
 
 
-def bar(iterable=None, **kwargs) -> tqdm:
+def bar(iterable=None, show: bool = True, **kwargs) -> tqdm:
     """A tqdm bar (tokenizing, downloading, building a model) on the terminal a person watches; where
-    nobody does, it writes nothing."""
+    nobody does, or with show False, it writes nothing."""
     file = choose_display().bar_file
-    return tqdm(iterable, file=file, disable=file is None, dynamic_ncols=True, **kwargs)
+    return tqdm(iterable, file=file, disable=file is None or not show, dynamic_ncols=True, **kwargs)
 
 
 def terminal_columns(stream: TextIO, default: int = 80) -> int:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import bar
 from .shards import write_shard
 
 TINYSHAKESPEARE_VAL_TOKENS = 32768
@@ -28,7 +28,7 @@ class CorpusError(ValueError):
 def encode_documents(texts: Iterable[str | bytes], tokenizer, desc: str = "tokenizing") -> np.ndarray:
     """All documents as one uint32 array, each preceded by <|begin_of_text|>."""
     pieces = []
-    for text in tqdm(texts, desc=desc, unit="doc", leave=False):
+    for text in bar(texts, desc=desc, unit="doc", leave=False):
         ids = tokenizer.encode_bytes(text) if isinstance(text, bytes) else np.asarray(tokenizer.encode(text))
         pieces += [np.array([tokenizer.bos_id], np.uint32), ids.astype(np.uint32)]
     return np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)
