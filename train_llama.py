@@ -32,7 +32,7 @@ from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError
 from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
-from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError
+from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir
 from llama.memory import NotEnoughMemory
 from llama.optim import SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
@@ -86,7 +86,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--temperature", type=nonnegative_float, default=1.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-k", type=nonnegative_int, default=50, help="sample among the k likeliest tokens (0: all)")
     g = p.add_argument_group("checkpoints and output")
-    g.add_argument("-o", "--output-dir", default="out", help="the run's folder: checkpoints, main.log and its lock")
+    g.add_argument("-o", "--output-dir", default=None,
+                   help="the run's folder: checkpoints, main.log and its lock (default: out, or out_2, out_3, ... "
+                        "after the last that holds a run, so that a run never replaces an earlier one; with --resume "
+                        "or --overwrite, the last that holds a run)")
     g.add_argument("-n", "--checkpoint-every", type=nonnegative_int, default=100,
                    help="checkpoint every N steps (0: end only)")
     g.add_argument("-nk", "--keep-checkpoints", type=nonnegative_int, default=2,
@@ -133,9 +136,14 @@ def quiet(enabled: bool):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    chosen = args.output_dir is None  # here, on every rank alike, before rank 0 makes the folder
+    if chosen:
+        args.output_dir = str(default_output_dir(continuing=args.resume or args.overwrite))
     where = ""
     try:
         env = DistributedEnv.from_environ()
+        if chosen and env.is_main:
+            print(f"run folder: {args.output_dir} (choose one with -o)", file=sys.stderr)
         where = f"rank {env.rank}: " if env.world_size > 1 else ""
         comm = connect(env, args.dist_timeout) if env.world_size > 1 else None
         run_dir = (RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) if env.is_main
