@@ -1,6 +1,6 @@
 """Train a Llama 3.1 model: on the GPU with our CUDA kernels, or on the CPU with the numpy reference.
 
-    python train_llama.py                                  # defaults that train visibly in a minute
+    python train_llama.py                                  # the defaults: a few minutes on a CPU
     python train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o out/d12
     python train_llama.py -o out/d12 --resume              # continue from the newest complete checkpoint
     python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o out/1b

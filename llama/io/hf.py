@@ -12,6 +12,7 @@ and flat float32 parameters; save_hf_folder() writes one that transformers loads
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -63,13 +64,24 @@ def to_hf_state(views: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, 
     return {hf_name(k): (meta_to_hf(v, heads_of(k, config)) if heads_of(k, config) else v) for k, v in views.items()}
 
 
+def llama3_rope(config: LlamaConfig) -> dict:
+    """transformers' llama3 RoPE scaling of our config, with original_max_position_embeddings below
+    max_position_embeddings (transformers warns otherwise, as for small's 8192 against 512). The scaling
+    sees the original context and the two frequency factors only through their ratios (context / low,
+    context / high, (context / wavelength - low) / (high - low)), so halving all three leaves every
+    frequency the same, bit for bit; _rope_settings doubles them back."""
+    context, low, high = config.rope_original_context, config.rope_low_freq_factor, config.rope_high_freq_factor
+    while context >= config.max_seq_len and context % 2 == 0:
+        context, low, high = context // 2, low / 2, high / 2
+    return {"rope_type": "llama3", "factor": config.rope_scale_factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": context}
+
+
 def transformers_config(config: LlamaConfig, attn_implementation: str = "eager"):
     """A transformers.LlamaConfig with the same architecture (needs transformers)."""
     import transformers
 
-    rope = {"rope_type": "llama3", "factor": config.rope_scale_factor,
-            "low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor,
-            "original_max_position_embeddings": config.rope_original_context}
+    rope = llama3_rope(config)
     kwargs = dict(vocab_size=config.vocab_size, hidden_size=config.dim, intermediate_size=config.ffn_hidden_dim,
                   num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
                   num_key_value_heads=config.n_kv_heads, head_dim=config.head_dim, rms_norm_eps=config.norm_eps,
@@ -109,10 +121,12 @@ def _rope_settings(values: dict, where: str) -> dict:
         return {"rope_theta": float(theta), "use_scaled_rope": False}
     if kind != "llama3":
         raise HFError(f"{where}: rope type {kind!r} is not supported (only the default and llama3)")
+    context, low, high = (int(rope["original_max_position_embeddings"]), float(rope["low_freq_factor"]),
+                          float(rope["high_freq_factor"]))
+    while low < 1 and math.frexp(low)[0] == 0.5:  # an exported power-of-two form (llama3_rope): Meta's low is 1
+        context, low, high = context * 2, low * 2, high * 2
     return {"rope_theta": float(theta), "use_scaled_rope": True, "rope_scale_factor": float(rope["factor"]),
-            "rope_low_freq_factor": float(rope["low_freq_factor"]),
-            "rope_high_freq_factor": float(rope["high_freq_factor"]),
-            "rope_original_context": int(rope["original_max_position_embeddings"])}
+            "rope_low_freq_factor": low, "rope_high_freq_factor": high, "rope_original_context": context}
 
 
 def _ffn_settings(dim: int, hidden: int) -> dict:
@@ -165,11 +179,7 @@ def config_from_hf(values: dict, where: str = "config.json") -> LlamaConfig:
 def config_to_hf(config: LlamaConfig, torch_dtype: str, bos_id: int | None = None,
                  eos_id: int | None = None) -> dict:
     """config.json of the same model for transformers (4.x reads rope_scaling, 5.x rope_parameters)."""
-    rope = None
-    if config.use_scaled_rope:
-        rope = {"rope_type": "llama3", "factor": config.rope_scale_factor,
-                "low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor,
-                "original_max_position_embeddings": config.rope_original_context}
+    rope = llama3_rope(config) if config.use_scaled_rope else None
     values = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
               "hidden_size": config.dim, "intermediate_size": config.ffn_hidden_dim,
               "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,

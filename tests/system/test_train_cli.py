@@ -8,7 +8,7 @@ import pytest
 import train_llama
 from llama.data.shards import open_shard, write_shard
 from llama.data.tokenizer import ByteTokenizer
-from tests.runs import BASE, log_lines, run
+from tests.runs import BASE, REPO, log_lines, run
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -73,6 +73,13 @@ def test_help_shows_every_default(monkeypatch, capsys):
     for entry in entries:
         assert "default" in entry, entry
     assert "(default: 4 on the CPU, 8 on a GPU)" in text and "(default: 0.1)" in text
+
+
+def test_help_and_readme_agree_on_how_long_the_default_run_takes(capsys):
+    with pytest.raises(SystemExit):
+        train_llama.main(["--help"])
+    assert "the defaults: a few minutes on a CPU" in capsys.readouterr().out
+    assert "the run takes a few minutes on a CPU" in (REPO / "README.md").read_text()
 
 
 STEP_LINE = re.compile(r"^step +(\d+)/6 \| loss (\d+\.\d{6}) \| lr \d\.\d\de[-+]\d\d \| norm \d+\.\d{4} \| "

@@ -13,6 +13,7 @@ from llama.config import get_preset
 from llama.cuda import BF16
 from llama.io.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
 from llama.memory import NotEnoughMemory
+from llama.model.base import apply_rope_scaling, rope_frequencies
 from llama.params import ParameterLayout, init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
 from tests.sample_files import ranks_file_bytes
@@ -161,10 +162,29 @@ def test_exported_weights_have_the_mode_of_the_other_files(tmp_path):
     assert sum(p.suffix == ".safetensors" for p in written) > 1
 
 
-@pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.1-8b", "d12", "small"])
+@pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.1-8b", "d12", "small", "tiny"])
 def test_preset_configs_survive_export(name):
     config = get_preset(name)
     assert config_from_hf(config_to_hf(config, "bfloat16")) == config
+
+
+@pytest.mark.parametrize("name", ["d12", "small", "tiny"])
+def test_exported_rope_context_is_below_the_model_context_with_the_same_frequencies(name):
+    """transformers warns when original_max_position_embeddings >= max_position_embeddings (8192 against
+    small's 512): the export writes the same scaling with the context and both factors halved."""
+    config = get_preset(name)
+    values = config_to_hf(config, "bfloat16")
+    for rope in (values["rope_scaling"], values["rope_parameters"]):
+        assert rope["original_max_position_embeddings"] < values["max_position_embeddings"] == config.max_seq_len
+    rope = values["rope_scaling"]
+    written = config.replace(rope_original_context=rope["original_max_position_embeddings"],
+                             rope_low_freq_factor=rope["low_freq_factor"], rope_high_freq_factor=rope["high_freq_factor"])
+    assert written != config and np.array_equal(rope_frequencies(written), rope_frequencies(config))
+    for dtype in (np.float32, np.float64):  # transformers computes them in float32
+        theta = config.rope_theta ** -(np.arange(0, config.head_dim, 2, dtype=dtype) / dtype(config.head_dim))
+        args = [(c.rope_scale_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_context)
+                for c in (written, config)]
+        assert np.array_equal(apply_rope_scaling(theta, *args[0]), apply_rope_scaling(theta, *args[1]))
 
 
 def break_config(folder, **changes):
