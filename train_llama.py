@@ -12,10 +12,12 @@ prints, logs and writes checkpoints, which resume on any number of GPUs.
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist
 (scripts/download_starter_pack.py), else on the built-in corpus (this machine's Python standard
-library sources). Progress shows as a bar on the terminal a person watches (stdout's, or stderr's when
-stdout goes to a file), else as one llm.c line per step on stdout (a pipe such as | tee, or files: no
-bars there), and always goes to <output_dir>/main.log in llm.c's format (llama/progress.py). Ctrl-C or SIGTERM: the step finishes, a checkpoint
-is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once, without saving).
+library sources). Without -o the run goes to out, or out_2, out_3, ... when out already holds one.
+Progress shows as a bar on the terminal a person watches (stdout's, or stderr's when stdout goes to a
+file), else as one llm.c line per step on stdout (a pipe such as | tee, or files: no bars there), and
+always goes to <output_dir>/main.log in llm.c's format (llama/progress.py). Ctrl-C or SIGTERM: the step
+finishes, a checkpoint is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once,
+without saving).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ step_count = _checked(int, lambda v: v > 0 or v == -1, "a positive number of ste
 FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 flag = _checked(lambda text: FLAGS.get(text.lower()), lambda v: v is not None, "1 or 0")
 # a model or checkpoint argument: the path must exist (an hf: prefix is allowed)
-existing_path = _checked(lambda text: text, lambda v: Path(v.removeprefix("hf:")).exists(), "a file or folder that exists")
+existing_path = _checked(lambda text: text, lambda v: Path(v.removeprefix("hf:")).exists(),
+                         "a file or folder that exists")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -206,9 +206,10 @@ class Trainer:
             name = args.model or self.defaults["model"]
             config = resolve_config(name)
             if name in META_MODELS and config.vocab_size != tokenizer.vocab_size:
-                raise UserError(f"-e {name} is Meta's model, made for the Llama 3 tokenizer (vocab {config.vocab_size}), "
-                                f"but the tokenizer here is {tokenizer.name} (vocab {tokenizer.vocab_size}); get it with "
-                                "python scripts/download_starter_pack.py, or pass it with --tokenizer")
+                raise UserError(f"-e {name} is Meta's model, made for the Llama 3 tokenizer (vocab "
+                                f"{config.vocab_size}), but the tokenizer here is {tokenizer.name} (vocab "
+                                f"{tokenizer.vocab_size}); get it with python scripts/download_starter_pack.py, or "
+                                "pass it with --tokenizer")
             config = config.replace(vocab_size=tokenizer.vocab_size)
         if config.vocab_size != tokenizer.vocab_size:
             raise UserError(f"the model's vocab ({config.vocab_size}) differs from the tokenizer's "

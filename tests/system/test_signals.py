@@ -26,7 +26,8 @@ def test_the_summary_after_ctrl_c_gives_each_loss_its_step(corpus, tmp_path, cap
     train = float(log_lines(tmp_path / "out")[5].split("trl:")[1].split()[0])
     val = float(log_lines(tmp_path / "out", "tel")[4].split("tel:")[1])
     assert re.search(rf"^stopped by SIGINT after step 6/10 \| 6 steps in [\d.]+ s, [\d,]+ tok/s on average \| "
-                     rf"train loss {train:.4f} at step 6 \| val loss {val:.4f} at step 4 \| checkpoint out/ckpt_00000006",
+                     rf"train loss {train:.4f} at step 6 \| val loss {val:.4f} at step 4 \| "
+                     r"checkpoint out/ckpt_00000006",
                      capsys.readouterr().out, re.M)
 
 

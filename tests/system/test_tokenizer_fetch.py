@@ -118,5 +118,6 @@ def test_starter_pack_stops_on_an_unusable_wheel(tmp_path, capsys):
     (tmp_path / "garbage.whl").write_bytes(b"not a zip file")
     assert starter_pack.main(["--dest", str(tmp_path / "data"), "--base-url", "http://127.0.0.1:9", "--retries", "0",
                               "--tokenizer-wheel", str(tmp_path / "garbage.whl")]) == 1
-    assert capsys.readouterr().err.strip() == f"error: cannot read wheel {tmp_path / 'garbage.whl'}: File is not a zip file"
+    wheel = tmp_path / "garbage.whl"
+    assert capsys.readouterr().err.strip() == f"error: cannot read wheel {wheel}: File is not a zip file"
     assert not (tmp_path / "data" / "tinyshakespeare").exists()

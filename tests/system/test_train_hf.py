@@ -102,7 +102,8 @@ def no_bigger_files_than(limit: int):
 def test_export_onto_a_full_disk_is_one_line(corpus, tmp_path):
     assert run(*BASE, *corpus, "-x", "1", "-v", "0", "-o", "out") == 0
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), "out", "exported"],
-                            capture_output=True, text=True, cwd=tmp_path, env=ENV, preexec_fn=no_bigger_files_than(20_000))
+                            capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                            preexec_fn=no_bigger_files_than(20_000))
     assert result.returncode == 1, result.stderr
     assert re.fullmatch(r"error: cannot write exported/model.safetensors: .*File too large.*",
                         result.stderr.splitlines()[-1]), result.stderr
@@ -140,7 +141,8 @@ def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path):
     result = run_generate("out", "--prompt", "the", "-n", "5", cwd=tmp_path)  # the run's tokenizer: the HF folder's
     assert result.returncode == 0 and result.stdout.startswith("the"), result.stderr
     result = run_generate(str(tmp_path / "data"), "--prompt", "x", cwd=tmp_path)
-    assert result.returncode == 1 and result.stderr.strip() == f"error: {tmp_path / 'data'} holds no complete checkpoint"
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: {tmp_path / 'data'} holds no complete checkpoint"
     (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
     result = run_generate(str(folder), "--prompt", "x", cwd=tmp_path)
     assert result.returncode == 1 and "config.json: missing num_attention_heads" in result.stderr

@@ -178,7 +178,8 @@ def test_exported_rope_context_is_below_the_model_context_with_the_same_frequenc
         assert rope["original_max_position_embeddings"] < values["max_position_embeddings"] == config.max_seq_len
     rope = values["rope_scaling"]
     written = config.replace(rope_original_context=rope["original_max_position_embeddings"],
-                             rope_low_freq_factor=rope["low_freq_factor"], rope_high_freq_factor=rope["high_freq_factor"])
+                             rope_low_freq_factor=rope["low_freq_factor"],
+                             rope_high_freq_factor=rope["high_freq_factor"])
     assert written != config and np.array_equal(rope_frequencies(written), rope_frequencies(config))
     for dtype in (np.float32, np.float64):  # transformers computes them in float32
         theta = config.rope_theta ** -(np.arange(0, config.head_dim, 2, dtype=dtype) / dtype(config.head_dim))

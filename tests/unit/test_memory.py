@@ -32,10 +32,12 @@ def peak_of_two_steps(config, B, T) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("name, vocab, B, T", [("small", 264, 4, 64),  # AdamW-bound
-                                               pytest.param("small", 264, 32, 64, marks=pytest.mark.slow),  # activations
-                                               pytest.param("small", 264, 2, 512, marks=pytest.mark.slow),  # attention
-                                               ("tiny", 4096, 8, 64)])  # logits
+@pytest.mark.parametrize("name, vocab, B, T", [
+    ("small", 264, 4, 64),  # AdamW-bound
+    pytest.param("small", 264, 32, 64, marks=pytest.mark.slow),  # activations
+    pytest.param("small", 264, 2, 512, marks=pytest.mark.slow),  # attention
+    ("tiny", 4096, 8, 64),  # logits
+])
 def test_reference_estimate_is_what_the_model_allocates(name, vocab, B, T):
     config = get_preset(name).replace(vocab_size=vocab)
     measured, estimated = peak_of_two_steps(config, B, T), reference_training_bytes(config, B, T)
@@ -63,7 +65,7 @@ def test_gpu_check_refuses_the_8b_model_on_80_gb_at_once(monkeypatch):
     """-e llama3.1-8b -b 1 -t 2048 on an 80 GB GPU: refused before 8B parameters are built on the host."""
     monkeypatch.setattr(trainer, "gpu_free", lambda: 79 * GIB)
     plan = Plan("cuda", "bf16", "GPU stand-in")
-    with pytest.raises(NotEnoughMemory, match=r"the run needs at least 1\d\d\.\d GiB of GPU memory, 79.0 GiB available"):
+    with pytest.raises(NotEnoughMemory, match=r"the run needs at least 1\d\d\.\d GiB of GPU memory, 79.0 GiB avail"):
         trainer.check_memory(plan, get_preset("llama3.1-8b"), 1, 2048, gpus=1)
     line = trainer.check_memory(plan, get_preset("d12"), 16, 1024, gpus=1)  # measured: 9.6 GB
     assert line.startswith("memory: the run needs at least 8.") and line.endswith("79.0 GiB available")
