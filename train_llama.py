@@ -1,6 +1,6 @@
 """Train a Llama 3.1 model: on the GPU with our CUDA kernels, or on the CPU with the numpy reference.
 
-    python train_llama.py                                  # defaults that train visibly in a minute
+    python train_llama.py                                  # the defaults: a few minutes on a CPU
     python train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o out/d12
     python train_llama.py -o out/d12 --resume              # continue from the newest complete checkpoint
     python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o out/1b
@@ -12,9 +12,12 @@ prints, logs and writes checkpoints, which resume on any number of GPUs.
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist
 (scripts/download_starter_pack.py), else on the built-in corpus (this machine's Python standard
-library sources). Progress goes to a tqdm bar on a terminal, else to one llm.c line per step on stdout,
-and always to <output_dir>/main.log in llm.c's format. Ctrl-C or SIGTERM: the step finishes, a checkpoint
-is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once, without saving).
+library sources). Without -o the run goes to out, or out_2, out_3, ... when out already holds one.
+Progress shows as a bar on the terminal a person watches (stdout's, or stderr's when stdout goes to a
+file), else as one llm.c line per step on stdout (a pipe such as | tee, or files: no bars there), and
+always goes to <output_dir>/main.log in llm.c's format (llama/progress.py). Ctrl-C or SIGTERM: the step
+finishes, a checkpoint is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once,
+without saving).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError
 from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
-from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError
+from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir
+from llama.memory import NotEnoughMemory
 from llama.optim import SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import PlanError
@@ -84,7 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--temperature", type=nonnegative_float, default=1.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-k", type=nonnegative_int, default=50, help="sample among the k likeliest tokens (0: all)")
     g = p.add_argument_group("checkpoints and output")
-    g.add_argument("-o", "--output-dir", default="out", help="the run's folder: checkpoints, main.log and its lock")
+    g.add_argument("-o", "--output-dir", default=None,
+                   help="the run's folder: checkpoints, main.log and its lock (default: out, or out_2, out_3, ... "
+                        "after the last that holds a run, so that a run never replaces an earlier one; with --resume "
+                        "or --overwrite, the last that holds a run)")
     g.add_argument("-n", "--checkpoint-every", type=nonnegative_int, default=100,
                    help="checkpoint every N steps (0: end only)")
     g.add_argument("-nk", "--keep-checkpoints", type=nonnegative_int, default=2,
@@ -95,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--overwrite", action="store_true",
                    help="start over in a folder that holds another run, moving that run into old_run_<n>/")
     g.add_argument("--print-every", type=positive_int, default=1,
-                   help="when stdout is not a terminal, print a progress line every N steps")
+                   help="when the step lines show (stdout is not a terminal), print one every N steps")
     g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
     g.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
                    help="GPU precision: bf16 mixed precision or exact fp32 (default: bf16 where its kernels take "
@@ -132,9 +139,14 @@ def quiet(enabled: bool):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    chosen = args.output_dir is None  # here, on every rank alike, before rank 0 makes the folder
+    if chosen:
+        args.output_dir = str(default_output_dir(continuing=args.resume or args.overwrite))
     where = ""
     try:
         env = DistributedEnv.from_environ()
+        if chosen and env.is_main:
+            print(f"run folder: {args.output_dir} (choose one with -o)", file=sys.stderr)
         where = f"rank {env.rank}: " if env.world_size > 1 else ""
         comm = connect(env, args.dist_timeout) if env.world_size > 1 else None
         run_dir = (RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) if env.is_main
@@ -142,8 +154,12 @@ def main(argv=None) -> int:
         with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
             return Trainer(args, run_dir, comm).run()
     except (UserError, PlanError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError,
-            DistributedError) as e:
+            DistributedError, NotEnoughMemory) as e:
         print(f"error: {where}{e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # past the memory check's estimate
+        print(f"error: {where}out of memory ({e or 'MemoryError'}); lower -b or -t, or train a smaller model",
+              file=sys.stderr)
         return 2
     except OSError as e:  # a missing file, a full disk, a read-only folder
         detail = f"{e.filename}: " if e.filename else ""

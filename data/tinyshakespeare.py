@@ -8,7 +8,7 @@ The starter pack (scripts/download_starter_pack.py) downloads input.txt and runs
 import argparse
 import sys
 
-from llama.data.datasets import prepare_tinyshakespeare
+from llama.data.datasets import CorpusError, prepare_tinyshakespeare
 from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 
@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         train, val = prepare_tinyshakespeare(args.input, args.out_dir, tokenizer)
-    except (OSError, TokenizerError) as e:
+    except (OSError, CorpusError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {train} and {val} (vocab {tokenizer.vocab_size})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 def _checked(parse, ok, what: str):
@@ -31,6 +32,9 @@ fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
 step_count = _checked(int, lambda v: v > 0 or v == -1, "a positive number of steps, or -1 for one epoch")
 FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 flag = _checked(lambda text: FLAGS.get(text.lower()), lambda v: v is not None, "1 or 0")
+# a model or checkpoint argument: the path must exist (an hf: prefix is allowed)
+existing_path = _checked(lambda text: text, lambda v: Path(v.removeprefix("hf:")).exists(),
+                         "a file or folder that exists")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

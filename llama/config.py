@@ -125,6 +125,10 @@ PRESETS: dict[str, LlamaConfig] = {
 }
 
 
+# the presets of Meta's released models: their vocabulary is the Llama 3 tokenizer's
+META_MODELS = ("llama3.1-8b", "llama3.2-1b", "llama3.2-3b")
+
+
 def get_preset(name: str) -> LlamaConfig:
     try:
         return PRESETS[name]

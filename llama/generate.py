@@ -25,7 +25,8 @@ from .model.reference import ReferenceDecoder
 def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0) -> int:
     """Draw one id from (V,) logits. temperature 0 is greedy; top_k > 0 keeps the k most likely ids;
-    top_p < 1 keeps the most likely ids whose probabilities first sum to top_p (nucleus)."""
+    top_p < 1 keeps the most likely ids whose probabilities first sum to top_p (nucleus), and always
+    the likeliest one (top_p 0 is greedy)."""
     logits = np.asarray(logits, dtype=np.float64)
     if temperature <= 0:
         return int(np.argmax(logits))
@@ -38,6 +39,7 @@ def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: floa
     if top_p < 1.0:
         order = np.argsort(-probs, kind="stable")
         keep = np.cumsum(probs[order]) - probs[order] < top_p  # ids before which the mass is still short
+        keep[0] = True
         probs[order[~keep]] = 0.0
         probs /= probs.sum()
     return int(rng.choice(probs.size, p=probs))

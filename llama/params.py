@@ -105,8 +105,9 @@ def count_parameters(config: LlamaConfig) -> int:
     return sum(int(np.prod(shape)) for _, shape in parameter_shapes(config))
 
 
-def init_parameters(config: LlamaConfig, seed: int = 0, dtype=np.float32) -> np.ndarray:
-    """A flat array of freshly initialized parameters.
+def init_parameters(config: LlamaConfig, seed: int = 0, dtype=np.float32, on_tensor=None) -> np.ndarray:
+    """A flat array of freshly initialized parameters; on_tensor(n), when given, is called after each
+    tensor with its number of values (a progress bar's update).
 
     Norm weights are 1. Matrices are N(0, 0.02), and the two projections that write into the
     residual stream (wo, w2) are scaled down by 1/sqrt(2 * n_layers), as in GPT-2 and llm.c.
@@ -121,6 +122,8 @@ def init_parameters(config: LlamaConfig, seed: int = 0, dtype=np.float32) -> np.
         else:
             std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
             view[...] = rng.standard_normal(view.shape, dtype=np.float32) * std
+        if on_tensor is not None:
+            on_tensor(view.size)
     return flat
 
 

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
-from .config import LlamaConfig, get_preset
+from .config import META_MODELS, LlamaConfig, get_preset
 from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
@@ -26,16 +25,19 @@ from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder
 from .io.run_dir import RunDir
+from .memory import gpu_free, gpu_training_bytes, host_available, reference_training_bytes, require
 from .model.reference import ReferenceModel
 from .optim import AdamWConfig, learning_rate
-from .params import ParameterLayout, init_parameters
+from .params import ParameterLayout, count_parameters, init_parameters
 from .plan import Plan, choose_device, make_plan
+from .progress import TrainingProgress, bar
 from .signals import GracefulStop
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
 STARTER_PACK = ("data/tinyshakespeare/tiny_shakespeare_train.bin", "data/tinyshakespeare/tiny_shakespeare_val.bin")
 BUILTIN_DIR = "data/builtin"
+CPU_STEP_FLOPS = 1e12  # a step above this takes about a minute or more on a CPU (d12 at -b 8 -t 1024: 4 TFLOP)
 RESUME_SAME = ("seq_len", "tokens_per_step", "seed")  # what exact resume needs: B and the GPU count may change
 
 
@@ -94,6 +96,17 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
     return GPUModelFP32(config, B, T, params=params, comm=comm)
 
 
+def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int) -> str:
+    """One line: what a run needs of its device's memory and what is available, checked before anything
+    large is allocated (NotEnoughMemory when it does not fit; llama/memory.py)."""
+    if plan.device == "cpu":
+        return "memory: " + require(reference_training_bytes(config, B, T), host_available(), "the run", "host",
+                                    advice="lower -b or -t, or train a smaller model; -e d12 and the Llama presets "
+                                           "are meant for a GPU")
+    return "memory: " + require(gpu_training_bytes(config, B, T, plan.dtype, gpus), gpu_free(), "the run", "GPU",
+                                lower_bound=True, advice="lower -b or -t, or use more GPUs")
+
+
 def mean_over_ranks(comm, *values: float) -> list[float]:
     """The mean over ranks of a few host numbers (the values themselves on one process)."""
     if comm is None:
@@ -137,10 +150,16 @@ class Trainer:
         self.config = self._model_config(source)
         self.plan = make_plan(self.config, args.device, args.dtype)
         print(self.plan.summary(), file=sys.stderr)
+        self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
+        if self.plan.device == "cpu" and self.flops_per_step > CPU_STEP_FLOPS:
+            print(f"note: this run computes {self.flops_per_step / 1e12:,.1f} TFLOP a step, minutes a step on a CPU: "
+                  "its model and batch are sized for a GPU (the CPU default: -e {model} -b {batch_size} -t {seq_len})"
+                  .format(**DEVICE_DEFAULTS["cpu"]), file=sys.stderr)
+        print(check_memory(self.plan, self.config, self.B, self.T, self.world), file=sys.stderr)
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
-        params = source["params"] if source is not None else init_parameters(self.config, args.seed)
+        params = source["params"] if source is not None else self._initialize()
         self.model = build_model(self.plan, self.config, self.B, self.T, params, comm)
         self.sample_rng = np.random.default_rng(args.seed)
         # each checkpoint's weights are checked on this fixed batch before they are saved (io/guard.py)
@@ -154,7 +173,6 @@ class Trainer:
         best = resume["state"].get("best_probe_loss") if resume is not None else None
         self.guard = CheckpointGuard(params, best) if self.rank == 0 else None  # rank 0 judges the weights
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
-        self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
         self._announce("from checkpoint" if source is not None else args.model or self.defaults["model"])
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
@@ -188,7 +206,14 @@ class Trainer:
             if args.model and resolve_config(args.model).replace(vocab_size=config.vocab_size) != config:
                 raise UserError(f"the checkpoint's model config does not match --model {args.model}")
         else:
-            config = resolve_config(args.model or self.defaults["model"]).replace(vocab_size=tokenizer.vocab_size)
+            name = args.model or self.defaults["model"]
+            config = resolve_config(name)
+            if name in META_MODELS and config.vocab_size != tokenizer.vocab_size:
+                raise UserError(f"-e {name} is Meta's model, made for the Llama 3 tokenizer (vocab "
+                                f"{config.vocab_size}), but the tokenizer here is {tokenizer.name} (vocab "
+                                f"{tokenizer.vocab_size}); get it with python scripts/download_starter_pack.py, or "
+                                "pass it with --tokenizer")
+            config = config.replace(vocab_size=tokenizer.vocab_size)
         if config.vocab_size != tokenizer.vocab_size:
             raise UserError(f"the model's vocab ({config.vocab_size}) differs from the tokenizer's "
                             f"({tokenizer.vocab_size}, {tokenizer.name}); pass the tokenizer the model was trained "
@@ -196,6 +221,12 @@ class Trainer:
         if self.T > config.max_seq_len:
             raise UserError(f"--seq-len {self.T} exceeds the model's max_seq_len {config.max_seq_len}")
         return config
+
+    def _initialize(self) -> np.ndarray:
+        """Fresh parameters from the seed, with a progress bar where building them takes a while."""
+        with bar(total=count_parameters(self.config), desc="initializing the weights", unit="param",
+                 unit_scale=True, leave=False, delay=1.0) as progress:
+            return init_parameters(self.config, self.args.seed, on_tensor=progress.update)
 
     def _data(self) -> None:
         """The loaders and the step count. A loader batch is this rank's rows of one step (B * grad_accum
@@ -277,8 +308,8 @@ class Trainer:
                                 "not saving a checkpoint")
         if skip:
             if reason:
-                tqdm.write(f"warning: step {done_steps - 1}: not saving a checkpoint: {reason}; training goes on",
-                           file=sys.stderr)
+                self.progress.warn(f"warning: step {done_steps - 1}: not saving a checkpoint: {reason}; "
+                                   "training goes on")
             return
         adam_m, adam_v = self.model.get_optimizer_state()
         if self.rank != 0:
@@ -295,7 +326,7 @@ class Trainer:
             return
         result = generate(decoder, [self.tokenizer.bos_id], self.args.gen_tokens, self.sample_rng,
                           self.args.temperature, self.args.top_k)
-        tqdm.write(f"--- sample at step {step} ---\n{self.tokenizer.decode(result.tokens)}\n---")
+        self.progress.write(f"--- sample at step {step} ---\n{self.tokenizer.decode(result.tokens)}\n---")
 
     # ---- the run
 
@@ -303,27 +334,26 @@ class Trainer:
         """Train from self.start to self.steps; returns the exit code (0, or 130/143 when stopped by a
         signal, after a checkpoint)."""
         args = self.args
-        self.loss = self.val_loss = None
+        self.loss = self.val_loss = self.val_step = None
         self.done, began = self.start, time.perf_counter()
         with self.run_dir.open_log(self.log_bytes) as self.log, GracefulStop() as stop, \
-                tqdm(total=self.steps, initial=self.start, unit="step", dynamic_ncols=True,
-                     disable=not sys.stderr.isatty()) as bar:
+                TrainingProgress(self.steps, self.start, args.print_every) as self.progress:
             for step in range(self.start, self.steps):
-                if self._train_one(step, stop, bar):
+                if self._train_one(step, stop):
                     break
         if args.sample_every and self.done == self.steps and self.done > self.start:
             self.sample(self.steps)
         self._summary(stop, time.perf_counter() - began)
         return stop.exit_code
 
-    def _train_one(self, step: int, stop: GracefulStop, bar: tqdm) -> bool:
+    def _train_one(self, step: int, stop: GracefulStop) -> bool:
         """Step `step` with what comes before (validation, a sample) and after it (logs, progress, a
         checkpoint); True when the run stops here (a signal on any rank)."""
         args, last = self.args, step == self.steps - 1
         if self.val_loader is not None and args.val_every and (step % args.val_every == 0 or last):
-            self.val_loss = self.evaluate()
+            self.val_loss, self.val_step = self.evaluate(), step
             self.log.write(f"s:{step} tel:{self.val_loss:.6f}")
-            tqdm.write(f"step {step}: val loss {self.val_loss:.4f}")
+            self.progress.write(f"step {step}: val loss {self.val_loss:.4f}")
         if args.sample_every and step > 0 and step % args.sample_every == 0:
             self.sample(step)
         t0 = time.perf_counter()
@@ -336,34 +366,32 @@ class Trainer:
             raise self.diverged(f"step {step}: loss {self.loss}, grad norm {norm} is not finite")
         dt = time.perf_counter() - t0
         self.log.write(f"s:{step} trl:{self.loss:.6f} lr:{lr:.6e} norm:{norm:.4f}")
-        self._progress(bar, step, lr, norm, dt, last)
+        self._progress(step, lr, norm, dt)
         self.done = step + 1
         if stops > 0 or last or (args.checkpoint_every and self.done % args.checkpoint_every == 0):
             self.checkpoint(self.done)
         return stops > 0
 
-    def _progress(self, bar: tqdm, step: int, lr: float, norm: float, dt: float, last: bool) -> None:
-        """The step in the bar on a terminal, else as llm.c's line on stdout."""
+    def _progress(self, step: int, lr: float, norm: float, dt: float) -> None:
+        """The step as llm.c's line or in the bar, as the display says (llama/progress.py)."""
         peak = self.peak_flops
         mfu = self.flops_per_step / dt / peak if peak else None
-        if not sys.stdout.isatty() and ((step + 1) % self.args.print_every == 0 or last):
-            tqdm.write(step_line(step, self.steps, self.loss, lr, norm, dt, self.tokens_per_step, mfu))
-        postfix = {"loss": f"{self.loss:.4f}", "lr": f"{lr:.2e}", "norm": f"{norm:.3f}",
-                   "tok/s": f"{self.tokens_per_step / dt:,.0f}"}
-        if peak:
-            postfix["mfu"] = f"{mfu:.1%}"
-        bar.set_postfix(postfix)
-        bar.update(1)
+        stats = [f"loss {self.loss:.4f}", f"{self.tokens_per_step / dt:,.0f} tok/s (last step)", f"lr {lr:.2e}",
+                 f"norm {norm:.3f}", *([f"MFU {mfu:.1%}"] if peak else [])]
+        self.progress.step(step, step_line(step, self.steps, self.loss, lr, norm, dt, self.tokens_per_step, mfu),
+                           stats)
 
     def _summary(self, stop: GracefulStop, elapsed: float) -> None:
+        """The run in one line: where it stopped, the average rate, the last losses with their steps (as
+        the step lines and the validation lines number them), the checkpoint and the log."""
         trained = self.done - self.start
-        shown = {name: "n/a" if value is None else f"{value:.4f}"
-                 for name, value in (("train", self.loss), ("val", self.val_loss))}
+        train = "n/a" if self.loss is None else f"{self.loss:.4f} at step {self.done}"
+        val = "n/a" if self.val_loss is None else f"{self.val_loss:.4f} at step {self.val_step}"
         stopped = stop.requested or self.done < self.steps  # here, or on another rank
         outcome = (f"stopped by {stop.name or 'another rank'} after step {self.done}/{self.steps}" if stopped
                    else f"done: step {self.done}/{self.steps}")
-        print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {trained * self.tokens_per_step / max(elapsed, 1e-9):,.0f} "
-              f"tok/s | train loss {shown['train']} | val loss {shown['val']} | checkpoint {self.last_good} | "
-              f"log {self.run_dir.log_path}")
+        rate = trained * self.tokens_per_step / max(elapsed, 1e-9)
+        print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {rate:,.0f} tok/s on average | train loss {train} | "
+              f"val loss {val} | checkpoint {self.last_good} | log {self.run_dir.log_path}")
         if stopped:
             print(f"rerun with --resume to continue from {self.last_good}", file=sys.stderr)

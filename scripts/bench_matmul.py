@@ -14,7 +14,6 @@ import json
 import math
 
 import numpy as np
-import torch
 
 from llama import ops
 from llama.config import get_preset
@@ -45,13 +44,15 @@ def problems():
     return rows
 
 
-def as_device(t: torch.Tensor) -> DeviceArray:
+def as_device(t) -> DeviceArray:
     """Our view of a torch tensor's memory (bf16 or fp32), kept alive by the tensor."""
-    dtype = BF16 if t.dtype == torch.bfloat16 else np.dtype(np.float32)
+    dtype = BF16 if str(t.dtype) == "torch.bfloat16" else np.dtype(np.float32)
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, t)
 
 
 def bench(layout, M, N, K, versions):
+    import torch  # here, so that --help works without torch
+
     a_shape = (K, M) if layout == "tn" else (M, K)
     b_shape = (N, K) if layout == "nt" else (K, N)
     per_set = 2 * (math.prod(a_shape) + math.prod(b_shape))

@@ -14,6 +14,7 @@ data/tokenizer/tokenizer.model); a byte-level model is exported without one.
 import argparse
 import sys
 
+from llama.cli import existing_path, positive_float
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
 from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
@@ -21,11 +22,13 @@ from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
+    parser.add_argument("checkpoint", type=existing_path,
+                        help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
     parser.add_argument("out", help="the folder to write")
     parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="bf16", help="weight format (default: bf16)")
     parser.add_argument("--tokenizer", default=None, help="the tokenizer.model or tokenizer.json to ship")
-    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="split the weights into files of this size")
+    parser.add_argument("--max-shard-gb", type=positive_float, default=5.0,
+                        help="split the weights into files of this size")
     args = parser.parse_args(argv)
     try:
         check_export_folder(args.out)  # before a long load
@@ -43,7 +46,7 @@ def main(argv=None) -> int:
     except ExportFolderError as e:  # the trainer's exit code for a user's mistake
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, TokenizerError, OSError) as e:
+    except (CheckpointError, TokenizerError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"exported {checkpoint} to {args.out} ({args.dtype}): {', '.join(p.name for p in written)}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
 from llama.cuda import BF16
 from llama.generate import TextStream, generate
@@ -58,15 +59,16 @@ def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int, cache: st
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="checkpoint folder, run folder, or Hugging Face folder")
+    p.add_argument("model", type=existing_path, help="checkpoint folder, run folder, or Hugging Face folder")
     p.add_argument("--prompt", default=None, help="the prompt (default: read from stdin)")
     p.add_argument("--chat", action="store_true", help="Llama 3 chat format: the prompt is the user's message")
     p.add_argument("--system", default=None, help="with --chat: a system message first")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (1: off)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-n", "--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--temperature", type=nonnegative_float, default=0.7, help="0: greedy")
+    p.add_argument("--top-k", type=nonnegative_int, default=0, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=fraction, default=0.9,
+                   help="nucleus sampling mass (1: off; 0: the likeliest token only)")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
     p.add_argument("--cache", choices=("bf16", "fp32"), default=None, help="GPU KV cache format (default: bf16)")
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
         stream = TextStream(tokenizer)
         result = generate(decoder, ids, args.max_new_tokens, np.random.default_rng(args.seed), args.temperature,
                           args.top_k, args.top_p, stop_ids, lambda token: token in stop_ids or stream(token))
-    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError) as e:
+    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(file=sys.stdout)

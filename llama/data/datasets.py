@@ -14,33 +14,46 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import bar
 from .shards import write_shard
 
 TINYSHAKESPEARE_VAL_TOKENS = 32768
 
 
+class CorpusError(ValueError):
+    """A text that cannot become shards (not UTF-8, or too short to split); the message is one line."""
+
+
 def encode_documents(texts: Iterable[str | bytes], tokenizer, desc: str = "tokenizing") -> np.ndarray:
     """All documents as one uint32 array, each preceded by <|begin_of_text|>."""
     pieces = []
-    for text in tqdm(texts, desc=desc, unit="doc", leave=False):
+    for text in bar(texts, desc=desc, unit="doc", leave=False):
         ids = tokenizer.encode_bytes(text) if isinstance(text, bytes) else np.asarray(tokenizer.encode(text))
         pieces += [np.array([tokenizer.bos_id], np.uint32), ids.astype(np.uint32)]
     return np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)
 
 
 def prepare_tinyshakespeare(text_path: str | Path, out_dir: str | Path, tokenizer) -> tuple[Path, Path]:
-    """llm.c's split: sections between blank lines are documents; the first 32,768 tokens are val."""
-    text = Path(text_path).read_text(encoding="utf-8")
+    """llm.c's split: sections between blank lines are documents; the first 32,768 tokens are val, or
+    the first half of a text shorter than twice that, so that training always gets tokens too."""
+    path = Path(text_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); convert "
+                          f"it first, e.g. iconv -f latin1 -t utf-8 {path}") from None
     sections = text.split("\n\n")
     docs = [s + "\n\n" if i < len(sections) - 1 else s for i, s in enumerate(sections)]
     tokens = encode_documents(docs, tokenizer, "tinyshakespeare")
+    n_val = min(TINYSHAKESPEARE_VAL_TOKENS, tokens.size // 2)
+    if n_val == 0:
+        raise CorpusError(f"{path} is too short to split into training and validation tokens")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     val, train = out / "tiny_shakespeare_val.bin", out / "tiny_shakespeare_train.bin"
-    write_shard(val, tokens[:TINYSHAKESPEARE_VAL_TOKENS], tokenizer.vocab_size)
-    write_shard(train, tokens[TINYSHAKESPEARE_VAL_TOKENS:], tokenizer.vocab_size)
+    write_shard(val, tokens[:n_val], tokenizer.vocab_size)
+    write_shard(train, tokens[n_val:], tokenizer.vocab_size)
     return train, val
 
 

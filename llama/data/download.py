@@ -18,7 +18,8 @@ from pathlib import Path
 
 import requests
 import urllib3
-from tqdm import tqdm
+
+from ..progress import bar
 
 GATED_HELP = ("The Llama 3 tokenizer is in a gated repository on the Hugging Face hub. To get it: "
               "1) sign in at huggingface.co and accept the license on the meta-llama/Llama-3.1-8B page; "
@@ -139,10 +140,10 @@ def _fetch_into(url: str, part: Path, size: int | None, headers: dict, timeout: 
             have = 0  # the server ignored Range: start over
         total = int(r.headers["Content-Length"]) + have if "Content-Length" in r.headers else size
         with open(part, "ab" if have else "wb") as f, \
-                tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=label, disable=not progress) as bar:
+                bar(total=total, initial=have, unit="B", unit_scale=True, desc=label, show=progress) as shown:
             for chunk in r.iter_content(chunk_size=1 << 16):
                 f.write(chunk)
-                bar.update(len(chunk))
+                shown.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())
     got = part.stat().st_size

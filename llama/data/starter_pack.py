@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..cli import nonnegative_int, positive_float
 from .datasets import prepare_tinyshakespeare
 from .download import GATED_HELP, DownloadError, download
 from .shards import ShardError, read_header
@@ -49,8 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--base-url", default=None,
                         help="a mirror that serves every file under the same path as its origin")
     parser.add_argument("--dest", default="data", help="download and output folder (default: data)")
-    parser.add_argument("--retries", type=int, default=5, help="retries per file on network errors")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a stalled request fails")
+    parser.add_argument("--retries", type=nonnegative_int, default=5, help="retries per file on network errors")
+    parser.add_argument("--timeout", type=positive_float, default=30.0, help="seconds before a stalled request fails")
     args = parser.parse_args(argv)
     dest = Path(args.dest)
     try:
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
                                        timeout=args.timeout, retries=args.retries)
                 print(f"Llama 3 tokenizer: {tokenizer_path} (from the llama-models wheel)")
             except FetchError as e:
+                if args.tokenizer_wheel:  # the file asked for is unusable: no quiet fallback to bytes
+                    raise
                 print(f"could not get the Llama 3 tokenizer from the llama-models wheel: {e}\n"
                       "Alternatively: " + GATED_HELP + "\nThe data is tokenized with the byte-level tokenizer "
                       "instead.", file=sys.stderr)
@@ -75,10 +78,7 @@ def main(argv=None) -> int:
         else:
             prepare_tinyshakespeare(text, out, tokenizer)
             print(f"wrote {shards[0]} and {shards[1]} (vocab {tokenizer.vocab_size})")
-    except DownloadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
+    except (DownloadError, FetchError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

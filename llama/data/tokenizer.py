@@ -192,8 +192,9 @@ def hf_tokenizer_files(tokenizer: Llama3Tokenizer, model_max_length: int) -> dic
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255, then <|begin_of_text|> = 256 and <|end_of_text|> = 257; ids 258..263
-    are reserved and never produced, so that the vocabulary is a multiple of 8 (bf16 rows of logits
-    and weights stay 16-byte aligned for the tensor-core kernels)."""
+    are reserved so that the vocabulary is a multiple of 8 (bf16 rows of logits and weights stay
+    16-byte aligned for the tensor-core kernels). The reserved ids are never produced by encode, but
+    a model may still sample them: they decode to nothing."""
 
     name = "bytes"
     vocab_size = 264
@@ -211,21 +212,14 @@ class ByteTokenizer:
         return np.frombuffer(data, dtype=np.uint8).astype(np.uint32)
 
     def decode(self, ids) -> str:
-        names = {v: k for k, v in self.special_tokens.items()}
-        out, run = [], bytearray()
-        for i in (int(i) for i in ids):
-            if i < 256:
-                run.append(i)
-                continue
-            out.append(run.decode("utf-8", errors="replace"))
-            run = bytearray()
-            out.append(names.get(i, ""))
-        out.append(run.decode("utf-8", errors="replace"))
-        return "".join(out)
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, token: int) -> bytes:
-        names = {v: k for k, v in self.special_tokens.items()}
-        return bytes([token]) if token < 256 else names[int(token)].encode()
+        """A byte's own value, a special token's name, and nothing for a reserved id."""
+        token = int(token)
+        if token < 256:
+            return bytes([token])
+        return next((name.encode() for name, i in self.special_tokens.items() if i == token), b"")
 
 
 DEFAULT_TOKENIZER_PATH = Path("data") / "tokenizer" / "tokenizer.model"

@@ -12,6 +12,7 @@ and flat float32 parameters; save_hf_folder() writes one that transformers loads
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from fnmatch import fnmatch
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..config import PRESETS, LlamaConfig
 from ..cuda import BF16
+from ..memory import FLOAT32, host_available, require
 from ..params import ParameterLayout
 from .checkpoint import DONE, OPTIMIZER, STATE, all_finite
 from .run_dir import LOCK, LOG
@@ -66,13 +68,24 @@ def to_hf_state(views: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, 
     return {hf_name(k): (meta_to_hf(v, heads_of(k, config)) if heads_of(k, config) else v) for k, v in views.items()}
 
 
+def llama3_rope(config: LlamaConfig) -> dict:
+    """transformers' llama3 RoPE scaling of our config, with original_max_position_embeddings below
+    max_position_embeddings (transformers warns otherwise, as for small's 8192 against 512). The scaling
+    sees the original context and the two frequency factors only through their ratios (context / low,
+    context / high, (context / wavelength - low) / (high - low)), so halving all three leaves every
+    frequency the same, bit for bit; _rope_settings doubles them back."""
+    context, low, high = config.rope_original_context, config.rope_low_freq_factor, config.rope_high_freq_factor
+    while context >= config.max_seq_len and context % 2 == 0:
+        context, low, high = context // 2, low / 2, high / 2
+    return {"rope_type": "llama3", "factor": config.rope_scale_factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": context}
+
+
 def transformers_config(config: LlamaConfig, attn_implementation: str = "eager"):
     """A transformers.LlamaConfig with the same architecture (needs transformers)."""
     import transformers
 
-    rope = {"rope_type": "llama3", "factor": config.rope_scale_factor,
-            "low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor,
-            "original_max_position_embeddings": config.rope_original_context}
+    rope = llama3_rope(config)
     kwargs = dict(vocab_size=config.vocab_size, hidden_size=config.dim, intermediate_size=config.ffn_hidden_dim,
                   num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
                   num_key_value_heads=config.n_kv_heads, head_dim=config.head_dim, rms_norm_eps=config.norm_eps,
@@ -110,17 +123,22 @@ RUN_FILES = (LOG, LOCK, "ckpt_*", "old_run_*", DONE, STATE, OPTIMIZER)
 
 def _rope_settings(values: dict, where: str) -> dict:
     """Our RoPE fields from rope_scaling + rope_theta (transformers 4) or rope_parameters (5)."""
-    rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
+    key = "rope_parameters" if values.get("rope_parameters") else "rope_scaling"
+    rope = values.get(key) or {}
+    if not isinstance(rope, dict):
+        raise HFError(f"{where}: {key} = {rope!r} is not a JSON object")
     theta = rope.get("rope_theta", values.get("rope_theta", 10000.0))
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return {"rope_theta": float(theta), "use_scaled_rope": False}
     if kind != "llama3":
         raise HFError(f"{where}: rope type {kind!r} is not supported (only the default and llama3)")
+    context, low, high = (int(rope["original_max_position_embeddings"]), float(rope["low_freq_factor"]),
+                          float(rope["high_freq_factor"]))
+    while low < 1 and math.frexp(low)[0] == 0.5:  # an exported power-of-two form (llama3_rope): Meta's low is 1
+        context, low, high = context * 2, low * 2, high * 2
     return {"rope_theta": float(theta), "use_scaled_rope": True, "rope_scale_factor": float(rope["factor"]),
-            "rope_low_freq_factor": float(rope["low_freq_factor"]),
-            "rope_high_freq_factor": float(rope["high_freq_factor"]),
-            "rope_original_context": int(rope["original_max_position_embeddings"])}
+            "rope_low_freq_factor": low, "rope_high_freq_factor": high, "rope_original_context": context}
 
 
 def _ffn_settings(dim: int, hidden: int) -> dict:
@@ -135,6 +153,8 @@ def _ffn_settings(dim: int, hidden: int) -> dict:
 def config_from_hf(values: dict, where: str = "config.json") -> LlamaConfig:
     """Our config of an HF LlamaConfig dict; HFError, in one line, for what we cannot represent."""
     architectures = values.get("architectures") or ["LlamaForCausalLM"]
+    if isinstance(architectures, str):
+        architectures = [architectures]
     if values.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in architectures:
         raise HFError(f"{where}: {'/'.join(architectures)} ({values.get('model_type')}) is not supported; "
                       "only LlamaForCausalLM")
@@ -171,11 +191,7 @@ def config_from_hf(values: dict, where: str = "config.json") -> LlamaConfig:
 def config_to_hf(config: LlamaConfig, torch_dtype: str, bos_id: int | None = None,
                  eos_id: int | None = None) -> dict:
     """config.json of the same model for transformers (4.x reads rope_scaling, 5.x rope_parameters)."""
-    rope = None
-    if config.use_scaled_rope:
-        rope = {"rope_type": "llama3", "factor": config.rope_scale_factor,
-                "low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor,
-                "original_max_position_embeddings": config.rope_original_context}
+    rope = llama3_rope(config) if config.use_scaled_rope else None
     values = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
               "hidden_size": config.dim, "intermediate_size": config.ffn_hidden_dim,
               "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
@@ -248,6 +264,7 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
     config = config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
     files = _weight_files(folder)
     layout = ParameterLayout(config)
+    require(FLOAT32 * layout.size, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
     expected = {hf_name(name): name for name in layout.tensors}
     for name in files:
         if name not in expected and not name.endswith(IGNORED_TENSORS) and not (
@@ -298,6 +315,22 @@ def check_export_folder(out: str | Path) -> None:
             "choose a new or empty folder, or one that holds only an earlier export")
 
 
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], shown: Path) -> None:
+    """The safetensors library's save_file, with its write failures (a full disk) as one-line OSErrors
+    that name the file as `shown`, and the file's mode what the umask gives any other file (the library
+    writes 0600)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save_file
+
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except SafetensorError as e:
+        raise OSError(f"cannot write {shown}: {e}") from None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dtype: str = "bf16",
                    tokenizer=None, max_shard_bytes: int = 5 << 30) -> list[Path]:
     """Write config.json, generation_config.json, the weights (one model.safetensors, or shards
@@ -314,7 +347,7 @@ def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dty
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        written = _write_export(tmp, config, params, dtype, tokenizer, max_shard_bytes)
+        written = _write_export(tmp, Path(out), config, params, dtype, tokenizer, max_shard_bytes)
         if target.exists():
             os.replace(target, old)
         os.replace(tmp, target)
@@ -324,11 +357,9 @@ def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dty
     return [Path(out) / p.name for p in written]
 
 
-def _write_export(out: Path, config: LlamaConfig, params: np.ndarray, dtype: str, tokenizer,
+def _write_export(out: Path, shown: Path, config: LlamaConfig, params: np.ndarray, dtype: str, tokenizer,
                   max_shard_bytes: int) -> list[Path]:
-    """save_hf_folder's files, written into the folder `out`."""
-    from safetensors.numpy import save_file
-
+    """save_hf_folder's files, written into the folder `out`; errors name them in `shown`, where they go."""
     from ..data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
 
     np_dtype, torch_dtype = EXPORT_DTYPES[dtype]
@@ -346,8 +377,8 @@ def _write_export(out: Path, config: LlamaConfig, params: np.ndarray, dtype: str
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     written = []
     for file, shard in zip(names, shards):
-        save_file({name: np.ascontiguousarray(state[name].astype(np_dtype)) for name in shard}, out / file,
-                  metadata={"format": "pt"})
+        _write_safetensors(out / file, {name: np.ascontiguousarray(state[name].astype(np_dtype)) for name in shard},
+                           shown / file)
         written.append(out / file)
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(sizes.values())},

@@ -9,6 +9,8 @@
   continued (--resume) or replaced (--overwrite, which moves the old run into `old_run_<n>/`).
 - Leftovers of a crash (`.tmp_ckpt_*` folders of an unfinished checkpoint) are removed.
 - `open_log`: main.log, cut back to the length it had at the checkpoint a run resumes from.
+- `default_output_dir`: where a run goes when no folder is given: `out`, then `out_2`, `out_3`, ...,
+  so that the same command run again keeps the earlier runs.
 """
 
 from __future__ import annotations
@@ -215,3 +217,22 @@ class NoLog:
 
     def __exit__(self, *exc) -> None:
         pass
+
+
+def holds_run(path: Path) -> bool:
+    """Whether a folder holds a run: a non-empty main.log, a checkpoint, or the lock of a trainer."""
+    log = path / LOG
+    return (log.is_file() and log.stat().st_size > 0) or any(path.glob("ckpt_*")) or (path / LOCK).exists()
+
+
+def default_output_dir(continuing: bool, base: str = "out") -> Path:
+    """The run folder when none is given: base, base_2, base_3, ... numbered in the order the runs
+    began. A new run takes the number after the last that holds a run; a run continued or replaced
+    (continuing: --resume, --overwrite) is the last that holds one (base when none does)."""
+    numbered = {1: Path(base)} | {int(p.name.rsplit("_", 1)[1]): p for p in Path().glob(f"{base}_*")
+                                  if p.name.rsplit("_", 1)[1].isdigit()}
+    runs = [n for n in sorted(numbered) if holds_run(numbered[n])]
+    if not runs:
+        return Path(base)
+    last = runs[-1]
+    return numbered[last] if continuing else Path(f"{base}_{last + 1}")

@@ -247,7 +247,6 @@ class ReferenceModel(Model):
         self.decay_mask = self.layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.g = self.layout.views(self.grads)
-        self.rope_cos, self.rope_sin = rope_cos_sin(config, config.max_seq_len)
         self.acts = None
 
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
@@ -259,6 +258,8 @@ class ReferenceModel(Model):
         check_batch(tokens, targets, self.config.vocab_size, None, self.config.max_seq_len)
         c, p, L = self.config, self.p, self.layout
         B, T = tokens.shape
+        self.acts = None  # the last forward's activations go before this one's are made
+        rope = rope_cos_sin(c, T)  # for this batch's length only: max_seq_len may be 2^31
         x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
         layers = []
         for i in range(c.n_layers):
@@ -266,7 +267,7 @@ class ReferenceModel(Model):
             a = {"x": x}
             a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
             qkv = matmul_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
-            a["q"], a["k"], a["v"] = rope_forward(qkv, self.rope_cos, self.rope_sin, c.n_heads, c.n_kv_heads)
+            a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
             a["att"], a["lse"] = attention_forward(a["q"], a["k"], a["v"])
             a["h"] = residual_forward(x, matmul_forward(a["att"], p[pre + "attention.wo.weight"]))
             a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
@@ -276,7 +277,8 @@ class ReferenceModel(Model):
             layers.append(a)
         lnf, rstdf = rmsnorm_forward(x, p["norm.weight"], c.norm_eps)
         logits = matmul_forward(lnf, self._matrix(self.params, L.output())).reshape(B * T, -1)
-        self.acts = {"tokens": tokens, "layers": layers, "x": x, "lnf": lnf, "rstdf": rstdf, "logits": logits}
+        self.acts = {"tokens": tokens, "rope": rope, "layers": layers, "x": x, "lnf": lnf, "rstdf": rstdf,
+                     "logits": logits}
         if targets is None:
             return None
         losses, self.acts["dlogits"] = fused_classifier(logits, targets.ravel(), 1.0 / (B * T))
@@ -315,7 +317,7 @@ class ReferenceModel(Model):
             datt, dw = matmul_backward(dx, a["att"], p[pre + "attention.wo.weight"])
             g[pre + "attention.wo.weight"] += dw
             dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"])
-            dqkv = rope_backward(dq, dk, dv, self.rope_cos, self.rope_sin)
+            dqkv = rope_backward(dq, dk, dv, *acts["rope"])
             dln1, dw = matmul_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
             self._matrix(self.grads, L.wqkv(i))[...] += dw
             dxn, dw = rmsnorm_backward(dln1, a["x"], p[pre + "attention_norm.weight"], a["rstd1"])

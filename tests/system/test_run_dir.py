@@ -12,6 +12,7 @@ import pytest
 
 from llama import trainer
 from llama.io.checkpoint import load_checkpoint
+from llama.io.run_dir import default_output_dir
 from tests.faults import DiskFault
 from tests.runs import BASE, REPO, log_lines, run, signal_at, wait_for
 
@@ -38,6 +39,35 @@ def test_rerun_in_a_used_folder_is_refused(corpus, tmp_path, capsys):
     assert "out already holds a run (main.log and 2 checkpoint folder(s))" in err
     assert "--resume" in err and "--overwrite" in err
     assert files(tmp_path / "out") == before
+
+
+def test_default_run_folders_are_numbered_after_the_last_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert default_output_dir(continuing=False) == default_output_dir(continuing=True) == Path("out")
+    for folder, content in (("out", "main.log"), ("out_2", None), ("out_3", "ckpt_00000004"), ("out_x", "main.log")):
+        (tmp_path / folder).mkdir()
+        if content == "main.log":
+            (tmp_path / folder / "main.log").write_text("s:0 trl:5.0\n")
+        elif content:
+            (tmp_path / folder / content).mkdir()
+    assert default_output_dir(continuing=False) == Path("out_4")
+    assert default_output_dir(continuing=True) == Path("out_3")
+
+
+@pytest.mark.slow
+def test_the_same_command_without_o_twice_keeps_both_runs(corpus, tmp_path, capsys):
+    """The README's first command, run again: a new numbered folder, named at the start and in the
+    summary; --resume without -o continues the last."""
+    assert run(*BASE, *corpus, "-x", "2") == 0
+    assert "run folder: out (choose one with -o)" in capsys.readouterr().err
+    first = files(tmp_path / "out")
+    assert run(*BASE, *corpus, "-x", "2") == 0
+    captured = capsys.readouterr()
+    assert "run folder: out_2 (choose one with -o)" in captured.err and "log out_2/main.log" in captured.out
+    assert files(tmp_path / "out") == first and sorted(log_lines(tmp_path / "out_2")) == [0, 1]
+    assert run(*BASE, *corpus, "-x", "3", "--resume") == 0
+    assert "resuming from out_2/ckpt_00000002 (step 2)" in capsys.readouterr().err
+    assert sorted(log_lines(tmp_path / "out_2")) == [0, 1, 2] and files(tmp_path / "out") == first
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM: the step finishes, a checkpoint is written, the exit code says which signal;
 a resumed run prints and logs exactly what the uninterrupted run does."""
 
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,18 @@ from tests.runs import BASE, REPO, check_stop_and_resume_is_exact, log_lines, ru
 @pytest.mark.slow
 def test_sigint_finishes_the_step_saves_and_resume_matches_the_uninterrupted_run(corpus, tmp_path, capfd, monkeypatch):
     check_stop_and_resume_is_exact(tmp_path, corpus, capfd, monkeypatch, "cpu")
+
+
+def test_the_summary_after_ctrl_c_gives_each_loss_its_step(corpus, tmp_path, capsys, monkeypatch):
+    """Stopped in step 6 of 10, validating every 4: the train loss is step 6's, the val loss step 4's."""
+    signal_at(monkeypatch, 5)
+    assert run(*BASE, *corpus, "-v", "4", "-x", "10", "-o", "out") == 130
+    train = float(log_lines(tmp_path / "out")[5].split("trl:")[1].split()[0])
+    val = float(log_lines(tmp_path / "out", "tel")[4].split("tel:")[1])
+    assert re.search(rf"^stopped by SIGINT after step 6/10 \| 6 steps in [\d.]+ s, [\d,]+ tok/s on average \| "
+                     rf"train loss {train:.4f} at step 6 \| val loss {val:.4f} at step 4 \| "
+                     r"checkpoint out/ckpt_00000006",
+                     capsys.readouterr().out, re.M)
 
 
 def test_a_second_ctrl_c_stops_at_once_without_saving(corpus, tmp_path, capsys, monkeypatch):

@@ -111,3 +111,13 @@ def test_starter_pack_gets_the_tokenizer_from_the_wheel(index, tmp_path, monkeyp
     assert starter_pack.main([*args, "--dest", str(tmp_path / "data2"), "--tokenizer-wheel",
                               str(tmp_path / WHEEL_NAME)]) == 0
     assert (tmp_path / "data2" / "tokenizer" / "tokenizer.model").read_bytes() == MODEL
+
+
+def test_starter_pack_stops_on_an_unusable_wheel(tmp_path, capsys):
+    """A wheel given by hand that holds no usable tokenizer is an error, not a quiet fall back to bytes."""
+    (tmp_path / "garbage.whl").write_bytes(b"not a zip file")
+    assert starter_pack.main(["--dest", str(tmp_path / "data"), "--base-url", "http://127.0.0.1:9", "--retries", "0",
+                              "--tokenizer-wheel", str(tmp_path / "garbage.whl")]) == 1
+    wheel = tmp_path / "garbage.whl"
+    assert capsys.readouterr().err.strip() == f"error: cannot read wheel {wheel}: File is not a zip file"
+    assert not (tmp_path / "data" / "tinyshakespeare").exists()

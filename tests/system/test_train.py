@@ -2,13 +2,17 @@
 
 import math
 import re
+import resource
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from llama import trainer
 from llama.io.checkpoint import DONE, latest_checkpoint, load_checkpoint
-from tests.runs import BASE, check_resume_is_exact, log_lines, losses, run
+from tests.runs import BASE, REPO, check_resume_is_exact, log_lines, losses, run
 from tests.sample_files import ranks_file_bytes
 
 
@@ -101,3 +105,52 @@ def test_epochs_set_the_number_of_steps(corpus, tmp_path):
     batches = DataLoader(corpus[1], 4, 32).batches_per_epoch
     assert run(*BASE, *corpus, "--epochs", "0.1", "-d", "256", "-v", "0", "-o", "out") == 0
     assert len(log_lines(tmp_path / "out")) == math.ceil(0.1 * batches / 2)  # 2 micro-batches per step
+
+
+GIB = 2**30
+NO_MEMORY = r"the run needs about [\d,]+\.\d GiB of host memory, [\d,]+\.\d [GM]iB available; lower -b or -t, or " \
+            r"train a smaller model; -e d12 and the Llama presets are meant for a GPU"
+
+
+def test_the_readme_gpu_command_on_a_cpu_is_refused_in_one_line(corpus, tmp_path, monkeypatch, capsys):
+    """-e d12 -b 8 -t 1024 on a CPU: a note that it is sized for a GPU, then the memory check's refusal
+    (here of a machine with 4 GiB free) before anything large is allocated, and no lock left behind."""
+    monkeypatch.setattr(trainer, "host_available", lambda: 4 * GIB)
+    assert run(*corpus, "-e", "d12", "-b", "8", "-t", "1024", "-x", "2000", "-o", "out/d12") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any(line.startswith("note: this run computes") and "sized for a GPU" in line for line in err)
+    assert re.fullmatch("error: " + NO_MEMORY, err[-1]), err[-1]
+    assert not (tmp_path / "out" / "d12" / "train.lock").exists()
+
+
+def test_the_run_says_what_memory_it_needs(corpus, capsys):
+    assert run(*BASE, *corpus, "-x", "1", "-o", "out") == 0
+    assert re.search(r"^memory: the run needs about [\d.]+ MiB of host memory, [\d,.]+ [GM]iB available$",
+                     capsys.readouterr().err, re.M)
+
+
+@pytest.mark.slow
+def test_a_batch_too_big_for_a_memory_cap_is_one_line(corpus, tmp_path):
+    """-b 5000 -t 512 under ulimit -v 2 GiB: refused by the memory check, not a MemoryError."""
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (2 * GIB, 2 * GIB))
+    result = subprocess.run([sys.executable, str(REPO / "train_llama.py"), "-e", "small", "-b", "5000", "-t", "512",
+                             *corpus, "-x", "1", "--device", "cpu"], capture_output=True, text=True, cwd=tmp_path,
+                            preexec_fn=cap, env={"PYTHONPATH": str(REPO), "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch("error: " + NO_MEMORY, result.stderr.strip().splitlines()[-1]), result.stderr
+
+
+def test_running_out_of_memory_past_the_check_is_one_line(corpus, monkeypatch, capsys):
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 3.00 GiB for an array")
+    monkeypatch.setattr(trainer, "build_model", no_memory)
+    assert run(*BASE, *corpus, "-x", "1", "-o", "out") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: out of memory (Unable to allocate 3.00 GiB for an array); lower -b or -t, or train a smaller model")
+
+
+def test_meta_presets_need_the_llama3_tokenizer(corpus, capsys):
+    assert run(*BASE, *corpus, "-e", "llama3.2-1b", "-x", "1", "-o", "out") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: -e llama3.2-1b is Meta's model, made for the Llama 3 tokenizer (vocab 128256), but the tokenizer here "
+        "is bytes (vocab 264); get it with python scripts/download_starter_pack.py, or pass it with --tokenizer")

@@ -8,7 +8,7 @@ import pytest
 import train_llama
 from llama.data.shards import open_shard, write_shard
 from llama.data.tokenizer import ByteTokenizer
-from tests.runs import BASE, log_lines, run
+from tests.runs import BASE, REPO, log_lines, run
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -75,6 +75,13 @@ def test_help_shows_every_default(monkeypatch, capsys):
     assert "(default: 4 on the CPU, 8 on a GPU)" in text and "(default: 0.1)" in text
 
 
+def test_help_and_readme_agree_on_how_long_the_default_run_takes(capsys):
+    with pytest.raises(SystemExit):
+        train_llama.main(["--help"])
+    assert "the defaults: a few minutes on a CPU" in capsys.readouterr().out
+    assert "the run takes a few minutes on a CPU" in (REPO / "README.md").read_text()
+
+
 STEP_LINE = re.compile(r"^step +(\d+)/6 \| loss (\d+\.\d{6}) \| lr \d\.\d\de[-+]\d\d \| norm \d+\.\d{4} \| "
                        r"\d+\.\d ms \| [\d,]+ tok/s$", re.M)
 
@@ -87,8 +94,9 @@ def test_without_a_terminal_each_step_prints_a_line_and_the_run_ends_with_a_summ
     assert printed == logged and sorted(printed) == list(range(6))
     summary = out.strip().splitlines()[-1]
     train_loss, val_loss = float(logged[5]), float(log_lines(tmp_path / "out", "tel")[5].split("tel:")[1])
-    assert re.fullmatch(rf"done: step 6/6 \| 6 steps in \d+\.\d s, [\d,]+ tok/s \| train loss {train_loss:.4f} \| "
-                        rf"val loss {val_loss:.4f} \| checkpoint out/ckpt_00000006 \| log out/main.log", summary)
+    assert re.fullmatch(rf"done: step 6/6 \| 6 steps in \d+\.\d s, [\d,]+ tok/s on average \| train loss "
+                        rf"{train_loss:.4f} at step 6 \| val loss {val_loss:.4f} at step 5 \| checkpoint "
+                        rf"out/ckpt_00000006 \| log out/main.log", summary)
 
 
 def test_print_every_thins_the_lines(corpus, capsys):

@@ -2,8 +2,11 @@
 --init hf:PATH (its tokenizer.json included), sampling through the KV-cache decoder, and
 scripts/export_hf.py."""
 
+import json
 import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 
@@ -20,7 +23,7 @@ from llama.model.reference import ReferenceDecoder
 from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
-from tests.runs import REPO, TEXT
+from tests.runs import BASE, REPO, TEXT, run
 from tests.sample_files import ranks_file_bytes
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # the scripts import this checkout's llama package
@@ -84,10 +87,38 @@ def test_hf_weights_that_are_not_finite_are_refused(hf_folder, capsys, bad):
         "error: model.safetensors: model.layers.1.mlp.up_proj.weight holds NaN or infinite values")
 
 
+def test_a_2_to_the_31_context_fine_tunes(hf_folder, capsys):
+    """max_position_embeddings 2^31: nothing is allocated for positions the run never reaches."""
+    folder, _, data = hf_folder
+    values = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**values, "max_position_embeddings": 2**31}))
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-v", "0", "-s", "0", "-o", "out"]) == 0
+    assert "done: step 1/1" in capsys.readouterr().out
+
+
 def test_export_of_a_missing_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), str(tmp_path), "x"],
                             capture_output=True, text=True, env=ENV)
     assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
+
+
+def no_bigger_files_than(limit: int):
+    """A child's preexec_fn: writes past `limit` bytes fail with EFBIG, as on a full disk."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.slow
+def test_export_onto_a_full_disk_is_one_line(corpus, tmp_path):
+    assert run(*BASE, *corpus, "-x", "1", "-v", "0", "-o", "out") == 0
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), "out", "exported"],
+                            capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                            preexec_fn=no_bigger_files_than(20_000))
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(r"error: cannot write exported/model.safetensors: .*File too large.*",
+                        result.stderr.splitlines()[-1]), result.stderr
 
 
 def run_generate(*args, cwd, stdin=None):
@@ -121,8 +152,9 @@ def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path):
     assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-v", "0", "-s", "0", "-o", "out"]) == 0
     result = run_generate("out", "--prompt", "the", "-n", "5", cwd=tmp_path)  # the run's tokenizer: the HF folder's
     assert result.returncode == 0 and result.stdout.startswith("the"), result.stderr
-    result = run_generate("nowhere", "--prompt", "x", cwd=tmp_path)
-    assert result.returncode == 1 and result.stderr.strip() == "error: nowhere holds no complete checkpoint"
+    result = run_generate(str(tmp_path / "data"), "--prompt", "x", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: {tmp_path / 'data'} holds no complete checkpoint"
     (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
     result = run_generate(str(folder), "--prompt", "x", cwd=tmp_path)
     assert result.returncode == 1 and "config.json: missing num_attention_heads" in result.stderr

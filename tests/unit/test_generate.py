@@ -76,6 +76,7 @@ def test_sampling_is_seeded_and_follows_top_k_and_top_p():
     assert set(draw(np.random.default_rng(0), top_k=2)) == {1, 3}
     assert set(draw(np.random.default_rng(0), top_p=0.5)) == {1, 3}  # 0.4 < 0.5 <= 0.4 + 0.3
     assert set(draw(np.random.default_rng(0), top_p=0.4)) == {1}
+    assert set(draw(np.random.default_rng(0), top_p=0)) == {1}  # the likeliest id always stays: greedy
     assert set(draw(np.random.default_rng(0), top_k=3, top_p=0.9)) == {1, 3, 4}
     assert sample_token(logits, np.random.default_rng(0), temperature=0) == 1
     low = draw(np.random.default_rng(0), temperature=0.05)  # sharp: nearly always the best

@@ -2,6 +2,8 @@
 with the safetensors library, export -> import round trips, and one-line errors for bad folders."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -10,6 +12,8 @@ from safetensors.numpy import save_file
 from llama.config import get_preset
 from llama.cuda import BF16
 from llama.io.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
+from llama.memory import NotEnoughMemory
+from llama.model.base import apply_rope_scaling, rope_frequencies
 from llama.params import ParameterLayout, init_parameters
 from llama.data.tokenizer import Llama3Tokenizer
 from tests.sample_files import ranks_file_bytes
@@ -146,10 +150,42 @@ def test_export_then_import_is_the_identity(tmp_path, tied):
     assert got_config == config and np.array_equal(got, params.astype(BF16).astype(np.float32))
 
 
-@pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.1-8b", "d12", "small"])
+def test_exported_weights_have_the_mode_of_the_other_files(tmp_path):
+    """The safetensors library writes 0600; the export's weights are as readable as its config (0644
+    under the usual umask)."""
+    old_umask = os.umask(0o022)
+    try:
+        written = save_hf_folder(tmp_path / "out", CONFIG, random_params(CONFIG), "bf16", max_shard_bytes=20_000)
+    finally:
+        os.umask(old_umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o644}
+    assert sum(p.suffix == ".safetensors" for p in written) > 1
+
+
+@pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.1-8b", "d12", "small", "tiny"])
 def test_preset_configs_survive_export(name):
     config = get_preset(name)
     assert config_from_hf(config_to_hf(config, "bfloat16")) == config
+
+
+@pytest.mark.parametrize("name", ["d12", "small", "tiny"])
+def test_exported_rope_context_is_below_the_model_context_with_the_same_frequencies(name):
+    """transformers warns when original_max_position_embeddings >= max_position_embeddings (8192 against
+    small's 512): the export writes the same scaling with the context and both factors halved."""
+    config = get_preset(name)
+    values = config_to_hf(config, "bfloat16")
+    for rope in (values["rope_scaling"], values["rope_parameters"]):
+        assert rope["original_max_position_embeddings"] < values["max_position_embeddings"] == config.max_seq_len
+    rope = values["rope_scaling"]
+    written = config.replace(rope_original_context=rope["original_max_position_embeddings"],
+                             rope_low_freq_factor=rope["low_freq_factor"],
+                             rope_high_freq_factor=rope["high_freq_factor"])
+    assert written != config and np.array_equal(rope_frequencies(written), rope_frequencies(config))
+    for dtype in (np.float32, np.float64):  # transformers computes them in float32
+        theta = config.rope_theta ** -(np.arange(0, config.head_dim, 2, dtype=dtype) / dtype(config.head_dim))
+        args = [(c.rope_scale_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_context)
+                for c in (written, config)]
+        assert np.array_equal(apply_rope_scaling(theta, *args[0]), apply_rope_scaling(theta, *args[1]))
 
 
 def break_config(folder, **changes):
@@ -165,6 +201,9 @@ def break_config(folder, **changes):
     (lambda f: break_config(f, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn' is not supported"),
     (lambda f: break_config(f, architectures=["MistralForCausalLM"], model_type="mistral"),
      "MistralForCausalLM \\(mistral\\) is not supported; only LlamaForCausalLM"),
+    (lambda f: break_config(f, rope_scaling="llama3", rope_parameters=None), "rope_scaling = 'llama3' is not a JSON"),
+    (lambda f: break_config(f, architectures="GPT2LMHeadModel", model_type="gpt2"),
+     "GPT2LMHeadModel \\(gpt2\\) is not supported"),
     (lambda f: break_config(f, attention_bias=True), "attention_bias = True is not supported"),
     (lambda f: break_config(f, head_dim=64), "head_dim 64 differs"),
     (lambda f: break_config(f, num_hidden_layers=4), "missing tensor model.layers.3.input_layernorm.weight"),
@@ -180,6 +219,15 @@ def test_bad_folders_fail_in_one_line(tmp_path, damage, message):
     with pytest.raises(HFError, match=message) as e:
         load_hf_folder(tmp_path / "hf")
     assert "\n" not in str(e.value)
+
+
+def test_a_config_too_big_for_this_machine_is_refused_before_allocating(tmp_path):
+    write_fixture(tmp_path / "hf", CONFIG, random_params(CONFIG), np.float32)
+    break_config(tmp_path / "hf", hidden_size=2**20, intermediate_size=2**22, num_hidden_layers=1000,
+                 num_attention_heads=2**16, num_key_value_heads=2**16, head_dim=None)
+    with pytest.raises(NotEnoughMemory, match=r"^the [\d,]+ parameters of .*hf needs about [\d,.]+ PiB of host memory, "
+                                              r"[\d,.]+ [GMT]iB available$"):
+        load_hf_folder(tmp_path / "hf")
 
 
 def test_bad_shards_and_dtypes(tmp_path):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from llama.data.dataloader import DataLoader
-from llama.data.datasets import prepare_builtin_corpus, prepare_tinyshakespeare, prepare_tinystories, stdlib_sources
+from llama.data.datasets import CorpusError, prepare_builtin_corpus, prepare_tinyshakespeare, prepare_tinystories, stdlib_sources
 from llama.data.shards import HEADER_INTS, ShardError, open_shard, read_header, write_shard
 from llama.data.tokenizer import ByteTokenizer
 
@@ -127,6 +127,18 @@ def test_prepare_tinyshakespeare(tmp_path):
     assert len(v) == 32768 and v[0] == 256
     assert len(v) + len(t) == len(text.encode()) + 5000  # one begin_of_text per section
     assert ByteTokenizer().decode(np.concatenate([v, t])) == text.replace("Speaker", "<|begin_of_text|>Speaker")
+
+
+def test_prepare_tinyshakespeare_splits_a_short_text(tmp_path):
+    """A text under 2 x 32,768 tokens gives half of it to val, the rest to train (never an empty shard)."""
+    text = "\n\n".join(f"Speaker {i}:\nLine {i}." for i in range(50)) + "\n"
+    (tmp_path / "input.txt").write_text(text)
+    train, val = prepare_tinyshakespeare(tmp_path / "input.txt", tmp_path, ByteTokenizer())
+    v, t = open_shard(val, ByteTokenizer.vocab_size), open_shard(train, ByteTokenizer.vocab_size)
+    assert len(v) == (len(text.encode()) + 50) // 2 and len(v) + len(t) == len(text.encode()) + 50
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(CorpusError, match="empty.txt is too short to split"):
+        prepare_tinyshakespeare(tmp_path / "empty.txt", tmp_path, ByteTokenizer())
 
 
 def test_prepare_tinystories(tmp_path):

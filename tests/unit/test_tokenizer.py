@@ -1,8 +1,10 @@
+import io
 import json
 
 import pytest
 
 from llama.data import tokenizer as tok
+from llama.generate import TextStream
 from tests.runs import REPO
 from tests.sample_files import ranks_file_bytes
 
@@ -113,6 +115,18 @@ def test_token_bytes_for_streaming(llama3):
     assert llama3.token_bytes(llama3.eot_id) == b"<|eot_id|>"
     b = tok.ByteTokenizer()
     assert b.token_bytes(0xe6) == b"\xe6" and b.token_bytes(257) == b"<|end_of_text|>"
+
+
+def test_reserved_byte_ids_decode_to_nothing():
+    """A byte-level model can sample the reserved ids 258..263: streaming and decoding skip them."""
+    b = tok.ByteTokenizer()
+    reserved = list(range(258, b.vocab_size))
+    out = io.StringIO()
+    stream = TextStream(b, out)
+    for i in [104, *reserved, 105]:
+        stream(i)
+    assert out.getvalue() == "hi" and b.decode([104, *reserved, 105]) == "hi"
+    assert all(b.token_bytes(i) == b"" for i in reserved)
 
 
 def test_hf_tokenizer_json_round_trip(llama3, tmp_path):

@@ -1,0 +1,83 @@
+"""The scripts' command lines: values that make no sense are usage errors (exit code 2, one line, as
+in train_llama.py), so is a model or checkpoint that does not exist, bad inputs end in one line, and
+--help works everywhere, even where torch is not installed."""
+
+import re
+import runpy
+import subprocess
+import sys
+
+import pytest
+
+from llama.data import starter_pack
+from tests.runs import REPO
+
+
+def script(name: str, folder: str = "scripts"):
+    """main() of <folder>/<name>.py."""
+    return runpy.run_path(str(REPO / folder / f"{name}.py"))["main"]
+
+
+@pytest.mark.parametrize("name, extra, message", [
+    ("generate", ["--top-p", "nan"], "--top-p: expected a fraction in \\[0, 1\\], got 'nan'"),
+    ("generate", ["--top-p", "1.5"], "--top-p: expected a fraction in \\[0, 1\\]"),
+    ("generate", ["--temperature", "-1"], "--temperature: expected a finite number >= 0, got '-1'"),
+    ("generate", ["-n", "0"], "-n/--max-new-tokens: expected a positive integer, got '0'"),
+    ("generate", ["--top-k", "-1"], "--top-k: expected an integer >= 0"),
+    ("generate", ["--seed", "-1"], "--seed: expected an integer >= 0"),
+    ("export_hf", ["exported", "--max-shard-gb", "nan"], "--max-shard-gb: expected a finite number > 0, got 'nan'"),
+    ("export_hf", ["exported", "--max-shard-gb", "0"], "--max-shard-gb: expected a finite number > 0, got '0'"),
+])
+def test_bad_values_are_usage_errors(tmp_path, name, extra, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        script(name)([str(tmp_path), *extra])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(f"error: argument {message}", err), err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--timeout", "0"], "--timeout: expected a finite number > 0, got '0'"),
+    (["--timeout", "nan"], "--timeout: expected a finite number > 0, got 'nan'"),
+    (["--retries", "-1"], "--retries: expected an integer >= 0, got '-1'"),
+])
+def test_starter_pack_bad_values_are_usage_errors(tmp_path, extra, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        starter_pack.main(["--dest", str(tmp_path), *extra])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(message)
+
+
+@pytest.mark.parametrize("name, argv", [("generate", ["nowhere", "--prompt", "x"]), ("generate", ["hf:nowhere"]),
+                                        ("export_hf", ["nowhere", "exported"])])
+def test_a_model_that_does_not_exist_is_a_usage_error(tmp_path, monkeypatch, name, argv, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        script(name)(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"expected a file or folder that exists, got '{argv[0]}'")
+    assert not (tmp_path / "exported").exists()
+
+
+PROGRAMS = sorted(str(p.relative_to(REPO)) for p in [*REPO.glob("scripts/*.py"), *REPO.glob("data/*.py")]
+                  if 'if __name__ == "__main__":' in p.read_text())
+
+
+def test_tinyshakespeare_script_on_latin1_text_is_one_line(tmp_path, capsys):
+    (tmp_path / "input.txt").write_bytes("Ça va, Roméo?\n".encode("latin-1"))
+    assert script("tinyshakespeare", "data")(["--input", str(tmp_path / "input.txt"), "--out-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: {tmp_path / 'input.txt'} is not UTF-8 text (byte 0xc7 at offset 0); convert it "
+                       f"first, e.g. iconv -f latin1 -t utf-8 {tmp_path / 'input.txt'}")
+    assert not list(tmp_path.glob("*.bin"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PROGRAMS)
+def test_help_works_without_torch(path, tmp_path):
+    """Each script's --help, with torch hidden (an import of it fails as where it is not installed)."""
+    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, str(REPO / path), "--help"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr

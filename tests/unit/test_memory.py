@@ -1,0 +1,87 @@
+"""The memory check: the reference's estimate against what it allocates, what the host has (cgroup
+limits included), the GPU branch through a stand-in for the driver, and models that allocate only
+what they use."""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from llama import memory, trainer
+from llama.config import get_preset
+from llama.memory import NotEnoughMemory, reference_training_bytes, require
+from llama.model.reference import ReferenceModel
+from llama.optim import AdamWConfig
+from llama.params import count_parameters, init_parameters
+from llama.plan import Plan
+
+GIB = 2**30
+
+
+def peak_of_two_steps(config, B, T) -> int:
+    """tracemalloc's peak (numpy's allocations included) over building a model and two steps."""
+    rng = np.random.default_rng(0)
+    batch = [(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
+    tracemalloc.start()
+    try:
+        model = ReferenceModel(config)
+        for step in (1, 2):
+            model.train_step(batch, 1e-3, step, AdamWConfig())
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("name, vocab, B, T", [
+    ("small", 264, 4, 64),  # AdamW-bound
+    pytest.param("small", 264, 32, 64, marks=pytest.mark.slow),  # activations
+    pytest.param("small", 264, 2, 512, marks=pytest.mark.slow),  # attention
+    ("tiny", 4096, 8, 64),  # logits
+])
+def test_reference_estimate_is_what_the_model_allocates(name, vocab, B, T):
+    config = get_preset(name).replace(vocab_size=vocab)
+    measured, estimated = peak_of_two_steps(config, B, T), reference_training_bytes(config, B, T)
+    assert 0.95 < estimated / measured < 1.2, (estimated, measured)
+
+
+def test_require_says_what_is_needed_and_refuses_what_does_not_fit():
+    assert require(GIB, 3 * GIB, "the run", "host") == "the run needs about 1.0 GiB of host memory, 3.0 GiB available"
+    with pytest.raises(NotEnoughMemory, match="^the run needs at least 2.0 GiB of GPU memory, 1.0 GiB available; "
+                                              "use less$"):
+        require(2 * GIB, GIB, "the run", "GPU", advice="use less", lower_bound=True)
+    assert require(2 * GIB, None, "x", "host").endswith("availability unknown")
+
+
+def test_host_memory_counts_a_container_limit(tmp_path, monkeypatch):
+    (tmp_path / "max").write_text(f"{GIB}\n")
+    (tmp_path / "current").write_text(f"{GIB // 4}\n")
+    monkeypatch.setattr(memory, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current")),))
+    assert memory._cgroup_room() == 3 * GIB // 4 and memory.host_available() <= 3 * GIB // 4
+    (tmp_path / "max").write_text("max\n")  # no limit
+    assert memory._cgroup_room() is None
+
+
+def test_gpu_check_refuses_the_8b_model_on_80_gb_at_once(monkeypatch):
+    """-e llama3.1-8b -b 1 -t 2048 on an 80 GB GPU: refused before 8B parameters are built on the host."""
+    monkeypatch.setattr(trainer, "gpu_free", lambda: 79 * GIB)
+    plan = Plan("cuda", "bf16", "GPU stand-in")
+    with pytest.raises(NotEnoughMemory, match=r"the run needs at least 1\d\d\.\d GiB of GPU memory, 79.0 GiB avail"):
+        trainer.check_memory(plan, get_preset("llama3.1-8b"), 1, 2048, gpus=1)
+    line = trainer.check_memory(plan, get_preset("d12"), 16, 1024, gpus=1)  # measured: 9.6 GB
+    assert line.startswith("memory: the run needs at least 8.") and line.endswith("79.0 GiB available")
+
+
+def test_reference_model_allocates_for_the_batch_not_the_context():
+    """A 2^31-token context (an HF config's max_position_embeddings) costs nothing until it is used."""
+    config = get_preset("tiny").replace(max_seq_len=2**31)
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (2, 9))
+    model = ReferenceModel(config)
+    loss, norm = model.train_step([(tokens, tokens)], 1e-3, 1, AdamWConfig())
+    assert np.isfinite(loss) and np.isfinite(norm)
+
+
+def test_initialization_reports_its_progress():
+    config = get_preset("tiny")
+    done = []
+    params = init_parameters(config, seed=3, on_tensor=done.append)
+    assert sum(done) == count_parameters(config) and np.array_equal(params, init_parameters(config, seed=3))
