@@ -11,6 +11,7 @@
 //                      columns = heads of head_dim, pairs (2i, 2i + 1) rotated by cos/sin (T, D/2).
 #pragma once
 #include <cuda_bf16.h>
+#include <stdint.h>
 
 #define EPILOGUE_BF16 0
 #define EPILOGUE_F32 1
@@ -61,6 +62,33 @@ __device__ __forceinline__ void epilogue_pair(const Epilogue& e, int batch, int 
         c[0] = __float2bfloat16_rn(v0);
         if (both) c[1] = __float2bfloat16_rn(v1);
     }
+}
+
+// The same for four adjacent columns col .. col + 3 (col % 4 == 0) as one vector access: the staged
+// epilogue's row writes. Needs N, ldc and stride_c multiples of 4 and C 16-byte aligned (ops.gemm checks
+// 8 and 16 bytes) and, for RoPE, a head_dim multiple of 4 (the two pairs share a head).
+template <int MODE>
+__device__ __forceinline__ void epilogue_quad(const Epilogue& e, int batch, int row, int col, float4 v) {
+    if (row >= e.M || col >= e.N) return;
+    v = make_float4(v.x * e.alpha, v.y * e.alpha, v.z * e.alpha, v.w * e.alpha);
+    const long long offset = batch * e.stride_c + (long long)row * e.ldc + col;
+    if (MODE == EPILOGUE_F32 || MODE == EPILOGUE_ACC_F32) {
+        float4* c = (float4*)((float*)e.C + offset);
+        if (MODE == EPILOGUE_ACC_F32) {
+            const float4 old = *c;
+            v = make_float4(old.x + v.x, old.y + v.y, old.z + v.z, old.w + v.w);
+        }
+        *c = v;
+        return;
+    }
+    if (MODE == EPILOGUE_ROPE_BF16 && col < e.rope_cols) {
+        const int half = e.head_dim >> 1, i = (col % e.head_dim) >> 1, t = row % e.rope_T;
+        const float c0 = e.cos[t * half + i], s0 = e.sin[t * half + i];
+        const float c1 = e.cos[t * half + i + 1], s1 = e.sin[t * half + i + 1];
+        v = make_float4(v.x * c0 - v.y * s0, v.x * s0 + v.y * c0, v.z * c1 - v.w * s1, v.z * s1 + v.w * c1);
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    *(uint2*)((__nv_bfloat16*)e.C + offset) = make_uint2(*(uint32_t*)&lo, *(uint32_t*)&hi);
 }
 
 // Runs STORE<MODE>(args...) with the epilogue mode as a compile-time constant, so that each mode's

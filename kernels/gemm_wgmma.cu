@@ -52,13 +52,59 @@ __device__ __forceinline__ void store_accumulators(const Epilogue& e, const floa
     }
 }
 
-template <int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR>
+// The staged epilogue (versions 5 and 6): the registers' layout writes 16 bytes per row per store instruction
+// (a warp's store touches 8 rows), so v2's and v3's epilogues are bound by the number of memory requests,
+// not bytes. Here
+// each consumer warp passes its 16 rows of an m64 half through its own 8 x 132 fp32 staging rows, eight
+// rows at a time (the fragment's rows r, then r + 8): float2 writes (each bank twice, the least 256 bytes
+// take), then each staged row leaves as one coalesced segment, a float4 per lane (epilogue_quad).
+#define STAGING_LD 132
+#define STAGING_BYTES (2 * 4 * 8 * STAGING_LD * 4)  // two consumer warpgroups of four warps
+
+template <int MODE>
+__device__ __forceinline__ void store_half_staged(const Epilogue& e, const float (&d)[64], int batch, int row0,
+                                                  int col0, float* staging) {
+    const int lane = threadIdx.x % 32;
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        #pragma unroll
+        for (int j = 0; j < 16; j++)
+            *(float2*)&staging[(lane / 4) * STAGING_LD + 8 * j + 2 * (lane % 4)] =
+                make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        __syncwarp();
+        #pragma unroll
+        for (int r = 0; r < 8; r++)
+            epilogue_quad<MODE>(e, batch, row0 + 8 * h + r, col0 + 4 * lane,
+                                *(const float4*)&staging[r * STAGING_LD + 4 * lane]);
+        __syncwarp();
+    }
+}
+
+// row0: the warp's first row of the tile (m0 + 16 * warp), col0: the tile's first column
+template <int MODE>
+__device__ __forceinline__ void store_tile_staged(const Epilogue& e, const float (&d0)[64], const float (&d1)[64],
+                                                  int batch, int row0, int col0, float* staging) {
+    store_half_staged<MODE>(e, d0, batch, row0, col0, staging);
+    store_half_staged<MODE>(e, d1, batch, row0 + 64, col0, staging);
+}
+
+// version 6: a warp's 16 rows of an m64nBN accumulator, 128 columns at a time
+template <int MODE, int R>
+__device__ __forceinline__ void store_accumulators_staged(const Epilogue& e, const float (&d)[R], int batch, int row0,
+                                                          int col0, float* staging) {
+    #pragma unroll
+    for (int h = 0; h < R / 64; h++)
+        store_half_staged<MODE>(e, *(const float(*)[64])(d + 64 * h), batch, row0, col0 + 128 * h, staging);
+}
+
+template <int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
 __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
                                            int batches) {
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
-    const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
+    const uint32_t staging = base + STAGES * STAGE_BYTES;  // version 6: the warps' epilogue rows
+    const uint32_t full = staging + (STAGED ? STAGING_BYTES : 0), empty = full + STAGES * 8;
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n, total = tiles * batches, KT = (K + WG_BK - 1) / WG_BK;
     const int warpgroup = threadIdx.x / 128;
@@ -130,8 +176,13 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
             }
             wgmma_wait<0>();
             if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
-            const int row = m0 + half * 64 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
-            EPILOGUE_DISPATCH(e.mode, store_accumulators, e, d, batch, row, col)
+            if (STAGED) {
+                float* rows = (float*)(smem_raw + (staging - smem_addr(smem_raw))) + (4 * half + warp) * 8 * STAGING_LD;
+                EPILOGUE_DISPATCH(e.mode, store_accumulators_staged, e, d, batch, m0 + half * 64 + warp * 16, n0, rows)
+            } else {
+                const int row = m0 + half * 64 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
+                EPILOGUE_DISPATCH(e.mode, store_accumulators, e, d, batch, row, col)
+            }
         }
     }
 }
@@ -156,13 +207,14 @@ __device__ __forceinline__ void store_tile(const Epilogue& e, const float (&d0)[
     store_accumulators<MODE>(e, d1, batch, row + 64, col);
 }
 
-template <int STAGES, bool A_KMAJOR, bool B_KMAJOR>
+template <int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
 __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
                                               int batches, int splits, int split_kb) {
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
-    const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8, order = empty + STAGES * 8;
+    const uint32_t staging = base + STAGES * STAGE_BYTES;  // version 5: the warps' epilogue rows
+    const uint32_t full = staging + (STAGED ? STAGING_BYTES : 0), empty = full + STAGES * 8, order = empty + STAGES * 8;
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + PP_BN - 1) / PP_BN;
     const int tiles = tiles_m * tiles_n, units = tiles * batches * splits, KT = (K + WG_BK - 1) / WG_BK;
     const int warpgroup = threadIdx.x / 128;
@@ -254,10 +306,121 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
             accumulator_fence(d0);
             accumulator_fence(d1);
             if (lane == 0) mbarrier_arrive(empty + 8 * previous);
-            const int row = m0 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
-            EPILOGUE_DISPATCH(e.mode, store_tile, e, d0, d1, out_batch, row, col)
+            if (STAGED) {
+                float* rows = (float*)(smem_raw + (staging - smem_addr(smem_raw))) + (4 * c + warp) * 8 * STAGING_LD;
+                EPILOGUE_DISPATCH(e.mode, store_tile_staged, e, d0, d1, out_batch, m0 + warp * 16, n0, rows)
+            } else {
+                const int row = m0 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
+                EPILOGUE_DISPATCH(e.mode, store_tile, e, d0, d1, out_batch, row, col)
+            }
         }
     }
+}
+
+// Version 4: clusters of two CTAs along N with the shared A tile multicast. The pair covers 256 x 256 of C:
+// both CTAs take the same 256 rows of A, each its own 128 columns of B (CTA rank r: columns n0 + 128 r).
+// Each CTA loads half of A's 256 x 64 slice (rows 128 r ..) and multicasts it into both CTAs' stage, so a
+// CTA reads 32 KB from L2 per k-block for a 256 x 128 x 64 product where version 3 reads 32 KB for
+// 128 x 128 x 64. Consumers cooperate: warpgroup w takes rows 128 w .. 128 w + 127 of the CTA's tile
+// (2 x m64n128k16 per k16, as version 3). A stage is written by both CTAs' producers, so it is free only
+// once the consumers of both CTAs released it: every consumer warp arrives on its own CTA's empty[s] and
+// on its partner's (16 arrivals).
+#define CL_BM 256
+
+template <int STAGES, bool A_KMAJOR, bool B_KMAJOR>
+__device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
+                                             int batches) {
+    constexpr int A_BYTES = CL_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
+    const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
+    const uint32_t rank = cluster_ctarank(), partner = rank ^ 1;
+    const int tiles_m = (e.M + CL_BM - 1) / CL_BM, pairs_n = (e.N + 2 * PP_BN - 1) / (2 * PP_BN);
+    const int tiles = tiles_m * pairs_n, units = tiles * batches, KT = (K + WG_BK - 1) / WG_BK;
+    const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
+    const int warpgroup = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbarrier_init(full + 8 * s, 1);
+            mbarrier_init(empty + 8 * s, 16);  // one arrival per consumer warp of both CTAs
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_sync();  // the partner's barriers exist before anything arrives on them
+
+    if (warpgroup == 0) {  // producer: the pair's units in the same order in both CTAs
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            int stage = 0, phase = 0;
+            for (int unit = cluster; unit < units; unit += clusters) {
+                int tm, tp;
+                tile_coords(unit % tiles, tiles_m, pairs_n, &tm, &tp);
+                const int batch = unit / tiles, m0 = tm * CL_BM, n0 = (2 * tp + rank) * PP_BN;
+                for (int kt = 0; kt < KT; kt++) {
+                    mbarrier_wait(empty + 8 * stage, phase ^ 1);
+                    const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES, bar = full + 8 * stage;
+                    mbarrier_expect_tx(bar, STAGE_BYTES);  // our half of A, the partner's half, our B
+                    const int k0 = kt * WG_BK, rows = m0 + rank * 128;
+                    if (A_KMAJOR) {
+                        tma_load_multicast(a + rank * 16384, map_a, k0, rows, batch, bar, 3);
+                    } else {
+                        tma_load_multicast(a + rank * 16384, map_a, rows, k0, batch, bar, 3);
+                        tma_load_multicast(a + rank * 16384 + 8192, map_a, rows + 64, k0, batch, bar, 3);
+                    }
+                    if (B_KMAJOR) {
+                        tma_load(b, map_b, k0, n0, batch, bar);
+                    } else {
+                        tma_load(b, map_b, n0, k0, batch, bar);
+                        tma_load(b + 8192, map_b, n0 + 64, k0, batch, bar);
+                    }
+                    if (++stage == STAGES) { stage = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {  // consumers: warpgroup 1 takes rows 0-127 of the CTA's 256 x 128 tile, warpgroup 2 rows 128-255
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int half = warpgroup - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+        int stage = 0, phase = 0;
+        float d0[64], d1[64];
+        for (int unit = cluster; unit < units; unit += clusters) {
+            int tm, tp;
+            tile_coords(unit % tiles, tiles_m, pairs_n, &tm, &tp);
+            const int batch = unit / tiles, m0 = tm * CL_BM, n0 = (2 * tp + rank) * PP_BN;
+            int previous = -1;
+            for (int kt = 0; kt < KT; kt++) {
+                mbarrier_wait(full + 8 * stage, phase);
+                const uint32_t a = base + stage * STAGE_BYTES + half * 16384, b = base + stage * STAGE_BYTES + A_BYTES;
+                wgmma_fence();
+                #pragma unroll
+                for (int k = 0; k < WG_BK / 16; k++) {
+                    const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
+                    const uint64_t da0 = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
+                    const uint64_t da1 = smem_descriptor<A_KMAJOR>(a + 8192 + k * k16_step<A_KMAJOR>());
+                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d0, da0, db, kt > 0 || k > 0);
+                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d1, da1, db, kt > 0 || k > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage in both CTAs
+                if (previous >= 0 && lane == 0) {
+                    mbarrier_arrive(empty + 8 * previous);
+                    mbarrier_arrive_cluster(empty + 8 * previous, partner);
+                }
+                previous = stage;
+                if (++stage == STAGES) { stage = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            accumulator_fence(d0);
+            accumulator_fence(d1);
+            if (lane == 0) {
+                mbarrier_arrive(empty + 8 * previous);
+                mbarrier_arrive_cluster(empty + 8 * previous, partner);
+            }
+            const int row = m0 + half * 128 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
+            EPILOGUE_DISPATCH(e.mode, store_tile, e, d0, d1, batch, row, col)
+        }
+    }
+    cluster_sync();  // no CTA leaves while its partner may still arrive on its barriers
 }
 
 #endif  // WGMMA_ENABLED
@@ -265,26 +428,35 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
 // Entry points gemm_wgmma_<layout>_128x<BN>; shared memory STAGES * (128 + BN) * 64 * 2 + 1024 + 16 * STAGES.
 // On anything but sm_90a they compile to nothing and the launcher never selects them.
 #ifdef WGMMA_ENABLED
-#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                                 \
+#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                        \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_wgmma<BN_, STAGES_, A_KMAJOR, B_KMAJOR>(maps, maps + 1, e, K, batches);
+    gemm_wgmma<BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_>(maps, maps + 1, e, K, batches);
 #else
-#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR)
+#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)
 #endif
-#define GEMM_WGMMA_ENTRY(name, BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                              \
+#define GEMM_WGMMA_ENTRY(name, BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                     \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
         const CUtensorMap* maps, void* C,                                                                     \
         const float* cos, const float* sin, long long stride_c, int M, int N, int K, int batches, int ldc,    \
         int mode, int rope_T, int rope_cols, int head_dim, float alpha) {                                     \
-        GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                                     \
+        GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                            \
     }
 
-GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x256, 256, 4, true, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x256, 256, 4, true, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x256, 256, 4, true, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x256, 256, 4, true, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false, false)
+
+// Version 6 entry points gemm_wgmma6_<layout>_128x<BN>: version 2 with the staged epilogue (the same stage
+// counts; the staging rows fit beside them). Shared memory as version 2's + STAGING_BYTES.
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x256, 256, 4, true, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x256, 256, 4, true, false, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x256, 256, 4, false, false, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x128, 128, 6, true, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x128, 128, 6, true, false, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x128, 128, 6, false, false, true)
 
 // Version 3 entry points gemm_wgmma3_<layout>: 128 x 128 tiles, ping-pong consumers, split-K in the kernel
 // (splits = 1: plain batches). Shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16.
@@ -292,7 +464,7 @@ GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false)
 #ifdef WGMMA_ENABLED
 #define GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)                                                              \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_pingpong<PP_STAGES, A_KMAJOR, B_KMAJOR>(maps, maps + 1, e, K, batches, splits, split_kb);
+    gemm_pingpong<PP_STAGES, A_KMAJOR, B_KMAJOR, false>(maps, maps + 1, e, K, batches, splits, split_kb);
 #else
 #define GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)
 #endif
@@ -307,3 +479,50 @@ GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false)
 GEMM_WGMMA3_ENTRY(gemm_wgmma3_nt, true, true)
 GEMM_WGMMA3_ENTRY(gemm_wgmma3_nn, true, false)
 GEMM_WGMMA3_ENTRY(gemm_wgmma3_tn, false, false)
+
+// Version 5 entry points gemm_wgmma5_<layout>: version 3 with the staged epilogue (coalesced row stores),
+// one stage fewer for the staging rows. Shared memory PP5_STAGES * 32 KB + STAGING_BYTES + 1024
+// + 16 * PP5_STAGES + 16.
+#define PP5_STAGES 6
+#ifdef WGMMA_ENABLED
+#define GEMM_WGMMA5_BODY(A_KMAJOR, B_KMAJOR)                                                              \
+    const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
+    gemm_pingpong<PP5_STAGES, A_KMAJOR, B_KMAJOR, true>(maps, maps + 1, e, K, batches, splits, split_kb);
+#else
+#define GEMM_WGMMA5_BODY(A_KMAJOR, B_KMAJOR)
+#endif
+#define GEMM_WGMMA5_ENTRY(name, A_KMAJOR, B_KMAJOR)                                                           \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
+        const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
+        int K, int batches, int splits, int split_kb, int ldc, int mode, int rope_T, int rope_cols,             \
+        int head_dim, float alpha) {                                                                          \
+        GEMM_WGMMA5_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
+    }
+
+GEMM_WGMMA5_ENTRY(gemm_wgmma5_nt, true, true)
+GEMM_WGMMA5_ENTRY(gemm_wgmma5_nn, true, false)
+GEMM_WGMMA5_ENTRY(gemm_wgmma5_tn, false, false)
+
+
+// Version 4 entry points gemm_wgmma4_<layout>: clusters of 2 CTAs (launch an even grid), each CTA a 256 x 128
+// tile, A multicast. Shared memory CL_STAGES * 48 KB + 1024 + 16 * CL_STAGES.
+#define CL_STAGES 4
+#ifdef WGMMA_ENABLED
+#define CLUSTER_PAIR __cluster_dims__(2, 1, 1)
+#define GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)                                                              \
+    const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
+    gemm_cluster<CL_STAGES, A_KMAJOR, B_KMAJOR>(maps, maps + 1, e, K, batches);
+#else
+#define GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)
+#define CLUSTER_PAIR
+#endif
+#define GEMM_WGMMA4_ENTRY(name, A_KMAJOR, B_KMAJOR)                                                           \
+    extern "C" __global__ void CLUSTER_PAIR __launch_bounds__(WG_THREADS, 1) name(               \
+        const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
+        int K, int batches, int ldc, int mode, int rope_T, int rope_cols, int head_dim, float alpha) {        \
+        GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
+    }
+
+GEMM_WGMMA4_ENTRY(gemm_wgmma4_nt, true, true)
+GEMM_WGMMA4_ENTRY(gemm_wgmma4_nn, true, false)
+GEMM_WGMMA4_ENTRY(gemm_wgmma4_tn, false, false)

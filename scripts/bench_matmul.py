@@ -2,11 +2,12 @@
 
 For each projection of d12 (dim 768) and llama3.2-1b (dim 2048) at 16,384 tokens, in the three
 layouts a training step runs (forward y = x @ W^T, dX = dY @ W, dW += dY^T @ x), plus 8192^3,
-it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, and their ratios. Timing: CUDA
+it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, their ratios, the worst ratio and the
+geometric mean of the ratios per version. Timing: CUDA
 events, median of many batches after warm-up, on random data, rotating input buffers so that L2
 does not flatter small shapes. Our dW accumulates into fp32 (as training does); the others store bf16.
 
-    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3]
+    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3 wgmma4 wgmma5 wgmma6]
 """
 
 import argparse
@@ -85,11 +86,13 @@ def bench(layout, M, N, K, versions):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the table here")
-    parser.add_argument("--versions", nargs="+", default=None, help="GEMM versions to time; 'auto' is the production choice of llama/plan.py (default: all)")
+    parser.add_argument("--versions", nargs="+", default=None,
+                        help="GEMM versions to time; 'auto' is the production choice of llama/plan.py (default: all)")
     parser.add_argument("--only", default=None, help="only problems whose label contains this")
     args = parser.parse_args()
     hopper = runtime().device.compute_capability() == (9, 0)
-    versions = args.versions or (["mma", "wgmma", "wgmma3", "auto"] if hopper else ["mma"])
+    versions = args.versions or (["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "auto"] if hopper
+                                 else ["mma"])
     print(f"device: {runtime().name}; TFLOP/s, bf16 operands, fp32 accumulation; ratio = ours / cuBLAS")
     rows = []
     for label, layout, M, N, K in problems():
@@ -106,6 +109,8 @@ def main():
         print(line)
     worst = {v: min(row[v] / row["cublas"] for row in rows) for v in versions}
     print("worst ratio: " + ", ".join(f"{v} {w:.2f}" for v, w in worst.items()))
+    mean = {v: math.exp(np.mean([math.log(row[v] / row["cublas"]) for row in rows])) for v in versions}
+    print("geometric mean of the ratios: " + ", ".join(f"{v} {m:.2f}" for v, m in mean.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -22,7 +22,7 @@ from .common import (BLOCK, CLASSIFIER_BLOCK, F32, F64, I32, NORM_BLOCKS, U8, bl
                      multiprocessors)
 from .gemm_mma import gemm_mma, splitk_reduce, splitk_splits
 from .gemm_problem import GemmProblem
-from .gemm_wgmma import gemm_wgmma, gemm_wgmma3, splitk_splits3
+from .gemm_wgmma import gemm_wgmma, gemm_wgmma3, gemm_wgmma4, gemm_wgmma5, gemm_wgmma6, splitk_splits3
 
 EMBEDDING_SEGMENT = 16  # positions per segment, as in kernels/embedding.cu
 EMBEDDING_FORWARD_VECTORS = 4  # 16-byte vectors per thread of embedding_forward_bf16, as in kernels/embedding.cu
@@ -48,7 +48,9 @@ def _row_block(C: int, threads: int) -> tuple[int, int]:
 
 # ---- the GEMM (its versions: llama/ops/gemm_mma.py, llama/ops/gemm_wgmma.py)
 
-GEMM_VERSIONS = {"mma": gemm_mma, "wgmma": gemm_wgmma, "wgmma3": gemm_wgmma3}  # the ladder's rungs
+GEMM_VERSIONS = {"mma": gemm_mma, "wgmma": gemm_wgmma, "wgmma3": gemm_wgmma3, "wgmma4": gemm_wgmma4,
+                 "wgmma5": gemm_wgmma5, "wgmma6": gemm_wgmma6}  # the ladder's rungs
+SPLIT_IN_KERNEL = ("wgmma3", "wgmma5")  # versions that split K inside the kernel (any count)
 
 
 def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, trans_b: bool = False,
@@ -59,7 +61,7 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     c is bf16 or fp32; accumulate (fp32 c only) adds onto c instead of overwriting it, and alpha = 0
     then leaves c untouched. rope = (cos, sin, T, rotated_columns) rotates the first columns of a
     (tokens, heads * D) bf16 output by RoPE at position row % T (the QKV projection).
-    version: 'mma', 'wgmma' or 'wgmma3' (GEMM_VERSIONS), or a chooser called with (M, N, K) that names
+    version: 'mma' or 'wgmma' .. 'wgmma6' (GEMM_VERSIONS), or a chooser called with (M, N, K) that names
     one (the plan's: llama.plan.GemmChooser)."""
     batched = len(c.shape) == 3
     batch = c.shape[0] if batched else 1
@@ -85,8 +87,10 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     if rope is not None:
         cos, sin, rope_T, rope_cols = rope
         head_dim = 2 * cos.shape[1]
-        if cos.shape[0] < rope_T or sin.shape != cos.shape or cos.dtype != F32 or rope_cols % head_dim or M % rope_T:
-            raise ValueError("gemm: rope needs fp32 cos/sin (>= T, D/2), rows = batches of T tokens, whole heads")
+        if (cos.shape[0] < rope_T or sin.shape != cos.shape or cos.dtype != F32 or rope_cols % head_dim or M % rope_T
+                or head_dim % 4):
+            raise ValueError("gemm: rope needs fp32 cos/sin (>= T, D/2), rows = batches of T tokens, whole heads "
+                             "of a multiple of 4")
         rope_args = dict(cos=cos.ptr, sin=sin.ptr, rope_T=rope_T, rope_cols=rope_cols, head_dim=head_dim)
     layout = "tn" if trans_a else "nt" if trans_b else "nn"
     problem = GemmProblem(layout, batch, M, N, K, a.ptr, a.shape[-1], M * K, b.ptr, b.shape[-1], K * N, c.ptr, M * N,
@@ -96,16 +100,16 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     if version not in GEMM_VERSIONS:
         raise ValueError(f"gemm: unknown version {version!r} ({', '.join(GEMM_VERSIONS)})")
     launch = GEMM_VERSIONS[version]
-    splits = splitk_splits3(problem, multiprocessors()) if version == "wgmma3" else splitk_splits(problem)
+    splits = splitk_splits3(problem, multiprocessors()) if version in SPLIT_IN_KERNEL else splitk_splits(problem)
     if splits == 1:
         launch(problem)
         return
     # Split-K for weight gradients with few output tiles: partial products over ranges of K, summed in
-    # a fixed order (deterministic, no atomics). Version 3 splits K inside the kernel (any count);
+    # a fixed order (deterministic, no atomics). Versions 3 and 5 split K inside the kernel (any count);
     # the others run the splits as a batch over K / splits rows each.
     partial = _workspace(splits * M * N)
     partials = replace(problem, c=partial.ptr, mode="f32", alpha=1.0)
-    if version == "wgmma3":
+    if version in SPLIT_IN_KERNEL:
         launch(partials, splits=splits)
     else:
         part_k = K // splits

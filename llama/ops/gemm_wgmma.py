@@ -1,4 +1,4 @@
-"""Launchers of the GEMM ladder's versions 2 and 3 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor
+"""Launchers of the GEMM ladder's versions 2 to 6 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor
 maps encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled).
 
 Maps depend only on pointers and shapes, so they are cached, on the host and in device memory
@@ -21,6 +21,8 @@ from .gemm_problem import GemmProblem
 BM, BK = 128, 64
 STAGES = {256: 4, 128: 6}
 PINGPONG_STAGES = 7  # version 3: 128 x 128 tiles, kernels/gemm_wgmma.cu PP_STAGES
+CLUSTER_BM, CLUSTER_STAGES = 256, 4  # version 4: 256 x 128 tiles per CTA, CL_BM and CL_STAGES
+PINGPONG_STAGED_STAGES, STAGING_BYTES = 6, 2 * 4 * 8 * 132 * 4  # version 5: PP5_STAGES; versions 5, 6: STAGING_BYTES
 # version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
 # 132 SMs; the reduce pass's bandwidth and its launch
 KBLOCK_SECONDS, REDUCE_BYTES_PER_SECOND, REDUCE_LAUNCH_SECONDS, MAX_SPLITS = 0.43e-6, 3e12, 3e-6, 32
@@ -71,13 +73,24 @@ def operand_maps(p: GemmProblem, bn: int) -> tuple[bytes, bytes]:
 
 def gemm_wgmma(p: GemmProblem, bn: int | None = None) -> None:
     """Version 2: wgmma + TMA, warp-specialized, persistent (one CTA per multiprocessor at most)."""
+    _cooperative(p, bn, "gemm_wgmma", staging=0)
+
+
+def gemm_wgmma6(p: GemmProblem, bn: int | None = None) -> None:
+    """Version 6: version 2 whose epilogue sends each warp's rows through shared memory and writes them
+    as whole row segments (version 5's epilogue)."""
+    _cooperative(p, bn, "gemm_wgmma6", staging=STAGING_BYTES)
+
+
+def _cooperative(p: GemmProblem, bn: int | None, entry: str, staging: int) -> None:
+    """Launch a cooperative version's kernel `entry`_<layout>_128x<bn> (versions 2 and 6)."""
     sms = multiprocessors()
     if bn is None:  # the wide tile once it alone fills the GPU
         bn = 256 if math.ceil(p.M / BM) * math.ceil(p.N / 256) * p.batch >= sms else 128
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
     maps = device_maps(b"".join(operand_maps(p, bn)))
-    shared = STAGES[bn] * (BM + bn) * BK * 2 + 1024 + 16 * STAGES[bn]
-    kernel("gemm_wgmma", f"gemm_wgmma_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
+    shared = STAGES[bn] * (BM + bn) * BK * 2 + staging + 1024 + 16 * STAGES[bn]
+    kernel("gemm_wgmma", f"{entry}_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
         (min(tiles, sms),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
 
@@ -86,21 +99,44 @@ def gemm_wgmma3(p: GemmProblem, splits: int = 1) -> None:
     """Version 3: ping-pong consumer warpgroups on 128 x 128 tiles, persistent. splits > 1 (one batch,
     fp32 c): split s multiplies k-blocks [s * split_kb, (s + 1) * split_kb) and writes its partial
     product to batch s of c (splits, M, N); splits is a count that splitk_splits3 returns."""
+    _pingpong(p, splits, "gemm_wgmma3", PINGPONG_STAGES, staging=0)
+
+
+def gemm_wgmma5(p: GemmProblem, splits: int = 1) -> None:
+    """Version 5: version 3 whose epilogue sends each warp's rows through shared memory and writes them
+    as whole row segments; one pipeline stage fewer. splits as version 3's."""
+    _pingpong(p, splits, "gemm_wgmma5", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES)
+
+
+def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int) -> None:
+    """Launch a ping-pong version's kernel `entry`_<layout> (versions 3 and 5)."""
     k_blocks = math.ceil(p.K / BK)
     split_kb = math.ceil(k_blocks / splits)
     if splits > 1 and (p.batch != 1 or p.mode != "f32" or math.ceil(k_blocks / split_kb) != splits):
-        raise ValueError(f"gemm_wgmma3: {splits} splits of {k_blocks} k-blocks (fp32 partials of one batch, "
+        raise ValueError(f"{entry}: {splits} splits of {k_blocks} k-blocks (fp32 partials of one batch, "
                          "every split non-empty) are not a valid split")
     units = math.ceil(p.M / BM) * math.ceil(p.N / 128) * p.batch * splits
     maps = device_maps(b"".join(operand_maps(p, 128)))
-    shared = PINGPONG_STAGES * (BM + 128) * BK * 2 + 1024 + 16 * PINGPONG_STAGES + 16
-    kernel("gemm_wgmma", f"gemm_wgmma3_{p.layout}", "PPPPqiiiiiiiiiiif")(
+    shared = stages * (BM + 128) * BK * 2 + staging + 1024 + 16 * stages + 16
+    kernel("gemm_wgmma", f"{entry}_{p.layout}", "PPPPqiiiiiiiiiiif")(
         (min(units, multiprocessors()),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         splits, split_kb, *p.epilogue_args(), shared=shared)
 
 
+def gemm_wgmma4(p: GemmProblem) -> None:
+    """Version 4: clusters of two CTAs, each a 256 x 128 tile of C with cooperative consumers; the pair
+    shares its 256 rows of A, each CTA loading half and multicasting it to both. Persistent (one pair of
+    multiprocessors per cluster at most)."""
+    pairs = math.ceil(p.M / CLUSTER_BM) * math.ceil(p.N / 256) * p.batch
+    maps = device_maps(b"".join(operand_maps(p, 128)))
+    shared = CLUSTER_STAGES * (CLUSTER_BM + 128) * BK * 2 + 1024 + 16 * CLUSTER_STAGES
+    kernel("gemm_wgmma", f"gemm_wgmma4_{p.layout}", "PPPPqiiiiiiiiif")(
+        (2 * min(pairs, multiprocessors() // 2),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K,
+        p.batch, *p.epilogue_args(), shared=shared)
+
+
 def splitk_splits3(p: GemmProblem, sms: int) -> int:
-    """Version 3's split-K count for a weight gradient (tn, fp32 out, one batch) on sms multiprocessors:
+    """Version 3's (and 5's) split-K count for a weight gradient (tn, fp32 out, one batch) on sms multiprocessors:
     the one that minimizes a model of the time, rounds of 128 x 128 work units over the multiprocessors
     times k-blocks per split, plus the reduce pass (reads the partials and c, writes c). Any count of
     non-empty splits."""

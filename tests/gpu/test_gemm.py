@@ -23,10 +23,11 @@ def ops():
 
 def versions():
     from llama.cuda import runtime
-    return ["mma", "wgmma", "wgmma3"] if runtime().device.compute_capability() == (9, 0) else ["mma"]
+    hopper = runtime().device.compute_capability() == (9, 0)
+    return ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6"] if hopper else ["mma"]
 
 
-@pytest.fixture(params=["mma", "wgmma", "wgmma3"])
+@pytest.fixture(params=["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6"])
 def version(request):
     if request.param not in versions():
         pytest.skip(f"{request.param} needs sm_90a")
@@ -42,9 +43,10 @@ def operands(layout, M, N, K, batch):
 
 
 SHAPES = {  # (M, N, K, batch) per layout: M and N of an M- or N-major operand are multiples of 8
-    # (2000, 2056, 776): 272 tiles of 128 x 128, two or more per persistent CTA, a partial last k-block
+    # (2000, 2056, 776): 272 tiles of 128 x 128, two or more per persistent CTA, a partial last k-block;
+    # (4000, 1032, 136): 80 cluster units of 256 x 256 (version 4), more than the 66 clusters of an H100
     "nt": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 8, 8192, 1), (17, 128256, 72, 1),
-           (128, 256, 64, 1), (70, 48, 40, 3), (2000, 2056, 776, 1)],
+           (128, 256, 64, 1), (70, 48, 40, 3), (2000, 2056, 776, 1), (4000, 1032, 136, 1)],
     "nn": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 136, 72, 1), (17, 128256, 72, 1),
            (128, 256, 64, 1), (70, 48, 40, 3)],
     "tn": [(8, 8, 8, 1), (1000, 136, 72, 1), (136, 1000, 768, 1), (1000, 8, 16384, 1), (16, 128256, 8, 1),
@@ -98,22 +100,23 @@ def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
 
 
+@pytest.mark.parametrize("version", ["wgmma3", "wgmma5"])
 @pytest.mark.parametrize("splits", [2, 3, 16])
-def test_gemm_wgmma3_splits(ops, monkeypatch, splits):
-    """Version 3's split-K over uneven K ranges (K = 1000: 16 k-blocks in splits of 8, 6 + 6 + 4 or 1,
-    the last one partial), overwriting and accumulating."""
-    if "wgmma3" not in versions():
-        pytest.skip("wgmma3 needs sm_90a")
+def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
+    """Versions 3 and 5 split K inside the kernel over uneven K ranges (K = 1000: 16 k-blocks in splits
+    of 8, 6 + 6 + 4 or 1, the last one partial), overwriting and accumulating."""
+    if version not in versions():
+        pytest.skip(f"{version} needs sm_90a")
     from llama.ops import bf16
     monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
     a, b, opa, opb = operands("tn", 200, 136, 1000, 1)
     c = poisoned((200, 136))
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version="wgmma3")
-    check(f"gemm_wgmma3_split{splits}", c, 0.5 * opa @ opb, TOL["f32"])
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version=version)
+    check(f"gemm_{version}_split{splits}", c, 0.5 * opa @ opb, TOL["f32"])
     c0 = rng.standard_normal((200, 136)).astype(np.float32)
     c = dev(c0)
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=-2.0, accumulate=True, version="wgmma3")
-    check(f"gemm_wgmma3_split{splits}_accumulate", c, c0 - 2.0 * opa @ opb, TOL["f32"])
+    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=-2.0, accumulate=True, version=version)
+    check(f"gemm_{version}_split{splits}_accumulate", c, c0 - 2.0 * opa @ opb, TOL["f32"])
 
 
 def test_gemm_deterministic(ops, version):
