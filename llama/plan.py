@@ -32,20 +32,21 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class GemmChooser:
-    """The bf16 GEMM version of each (M, N, K) problem. Hopper: version 3 ('wgmma3', ping-pong
-    consumers, split-K in the kernel) where it measured faster than version 2 ('wgmma', cooperative
-    128x256 tiles): short K with N up to 16384, or few output tiles; version 2 for long K over many
-    tiles and for the vocabulary-wide head (scripts/bench_matmul.py, H200). From sm_80: 'mma' (v1)."""
+    """The bf16 GEMM version of each (M, N, K) problem. Hopper: version 5 ('wgmma5', ping-pong
+    consumers on 128x128 tiles, split-K in the kernel, staged epilogue) for short K and N below 16384,
+    and for few output tiles (split-K); version 6 ('wgmma6', cooperative 128x256 tiles, staged epilogue)
+    for long K over many tiles and for wide outputs (the vocabulary-wide head, the 1B's gate+up): each
+    where it measured faster (scripts/bench_matmul.py, H100). From sm_80: 'mma' (v1)."""
     hopper: bool
 
     def __call__(self, M: int, N: int, K: int) -> str:
         if not self.hopper:
             return "mma"
-        return "wgmma3" if (K <= 4096 and N <= 16384) or M * N <= 8 * 2**20 else "wgmma"
+        return "wgmma5" if (K <= 4096 and N < 16384) or M * N <= 8 * 2**20 else "wgmma6"
 
     @property
     def name(self) -> str:
-        return "wgmma/wgmma3" if self.hopper else "mma"
+        return "wgmma5/wgmma6" if self.hopper else "mma"
 
 
 def gemm_chooser() -> GemmChooser:

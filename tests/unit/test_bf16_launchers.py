@@ -134,3 +134,15 @@ def test_wgmma3_splits(M, N, K):
             assert splits == 1
         for other in (dict(layout="nt"), dict(layout="nn"), dict(batch=2), dict(mode="bf16")):
             assert splitk_splits3(replace(problem, **other), sms) == 1
+
+
+@pytest.mark.parametrize("M, N, K, version", [
+    (16384, 1280, 768, "wgmma5"), (16384, 768, 4096, "wgmma5"), (768, 768, 16384, "wgmma5"),  # short K, few tiles
+    (16384, 16384, 2048, "wgmma6"), (16384, 128256, 768, "wgmma6"), (16384, 2048, 128256, "wgmma6"),  # wide, long K
+    (8192, 8192, 8192, "wgmma6"), (128256, 2048, 16384, "wgmma6")])
+def test_the_hopper_gemm_chooser(M, N, K, version):
+    """Production on Hopper: the ping-pong version 5 for short K and few output tiles, the cooperative
+    128x256 version 6 for long K over many tiles and wide outputs; version 1 before Hopper."""
+    from llama.plan import GemmChooser
+    assert GemmChooser(hopper=True)(M, N, K) == version
+    assert GemmChooser(hopper=False)(M, N, K) == "mma"
