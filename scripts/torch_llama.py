@@ -1,7 +1,8 @@
 """The PyTorch side of scripts/bench_step.py: our architecture written in PyTorch (RMSNorm, RoPE, SDPA
-with GQA, SwiGLU, untied head), and one training step of it timed with bf16 autocast, fused AdamW,
-global-norm clipping and torch.compile. bench_step.py imports it once its arguments are parsed, so
-that --help works where torch is not installed."""
+with GQA, SwiGLU, the head tied to the embedding where the preset ties it), and one training step of
+it timed with bf16 autocast (or in fp32), fused AdamW, global-norm clipping and torch.compile.
+bench_step.py imports it once its arguments are parsed, so that --help works where torch is not
+installed."""
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,8 @@ class TorchLlama(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = torch.nn.Parameter(torch.ones(c.dim))
         self.output = torch.nn.Linear(c.dim, c.vocab_size, bias=False)
+        if c.tie_embeddings:  # as Meta's Llama 3.2 and our presets: one (vocab, dim) matrix for both
+            self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_cos_sin(c, T)
         self.register_buffer("cos", torch.tensor(cos, dtype=torch.float32))
         self.register_buffer("sin", torch.tensor(sin, dtype=torch.float32))
@@ -63,7 +66,8 @@ class TorchLlama(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def bench_torch(c, B, T, steps):
+def bench_torch(c, B, T, steps, dtype="bf16"):
+    """ms per step and peak allocated bytes; dtype 'bf16' (autocast over fp32 weights) or 'fp32'."""
     torch.manual_seed(0)
     model = TorchLlama(c, T).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
@@ -73,7 +77,7 @@ def bench_torch(c, B, T, steps):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
             loss = compiled(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
