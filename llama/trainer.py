@@ -23,7 +23,7 @@ from .data.tokenizer import load_tokenizer
 from .generate import decoder_for, generate
 from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
-from .io.hf import hf_tokenizer_path, load_hf_folder
+from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
 from .io.run_dir import RunDir
 from .memory import gpu_free, gpu_training_bytes, host_available, reference_training_bytes, require
 from .model.reference import ReferenceModel
@@ -66,14 +66,6 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     print(f"data: the built-in corpus (this Python's standard library sources, {train}). For real text, run "
           "python scripts/download_starter_pack.py", file=sys.stderr)
     return str(train), str(val)
-
-
-def load_source(path: str) -> dict:
-    """{'config', 'params', ...} of a checkpoint folder, or of a Hugging Face folder given as hf:PATH."""
-    if path.startswith("hf:"):
-        config, params = load_hf_folder(path[3:])
-        return {"config": config, "params": params}
-    return load_checkpoint(path)
 
 
 def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
@@ -146,8 +138,11 @@ class Trainer:
         hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
         self.tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
         resume = find_resume_checkpoint(self.out) if args.resume else None
-        source = resume or (load_source(args.init) if args.init else None)
-        self.config = self._model_config(source)
+        checkpoint = resume or (load_checkpoint(args.init) if args.init and hf_folder is None else None)
+        hf_folder = hf_folder if checkpoint is None else None  # a resume reads its checkpoint, not the folder
+        # an HF folder's weights are read once the memory check passed, its config.json alone before
+        self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
+                                         read_hf_config(hf_folder) if hf_folder else None)
         self.plan = make_plan(self.config, args.device, args.dtype)
         print(self.plan.summary(), file=sys.stderr)
         self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
@@ -159,7 +154,8 @@ class Trainer:
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
-        params = source["params"] if source is not None else self._initialize()
+        params = (checkpoint["params"] if checkpoint is not None else self._load_hf(hf_folder) if hf_folder
+                  else self._initialize())
         self.model = build_model(self.plan, self.config, self.B, self.T, params, comm)
         self.sample_rng = np.random.default_rng(args.seed)
         # each checkpoint's weights are checked on this fixed batch before they are saved (io/guard.py)
@@ -174,7 +170,8 @@ class Trainer:
         self.guard = CheckpointGuard(params, best) if self.rank == 0 else None  # rank 0 judges the weights
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
-        self._announce("from checkpoint" if source is not None else args.model or self.defaults["model"])
+        self._announce("from checkpoint" if checkpoint is not None or hf_folder
+                       else args.model or self.defaults["model"])
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
         self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
                         else None)
@@ -198,11 +195,12 @@ class Trainer:
         self.grad_accum = self.tokens_per_step // (self.B * self.T * self.world)
         self.lr = args.lr if args.lr is not None else self.defaults["lr"]
 
-    def _model_config(self, source: dict | None) -> LlamaConfig:
-        """The checkpoint's config, or the preset's with the tokenizer's vocab; checked against both."""
+    def _model_config(self, loaded: LlamaConfig | None) -> LlamaConfig:
+        """The config of the checkpoint or HF folder (loaded), or the preset's with the tokenizer's vocab;
+        checked against both."""
         args, tokenizer = self.args, self.tokenizer
-        if source is not None:
-            config = source["config"]
+        if loaded is not None:
+            config = loaded
             if args.model and resolve_config(args.model).replace(vocab_size=config.vocab_size) != config:
                 raise UserError(f"the checkpoint's model config does not match --model {args.model}")
         else:
@@ -227,6 +225,12 @@ class Trainer:
         with bar(total=count_parameters(self.config), desc="initializing the weights", unit="param",
                  unit_scale=True, leave=False, delay=1.0) as progress:
             return init_parameters(self.config, self.args.seed, on_tensor=progress.update)
+
+    def _load_hf(self, folder: str) -> np.ndarray:
+        """The weights of a Hugging Face folder, with a progress bar where reading them takes a while."""
+        with bar(total=count_parameters(self.config), desc=f"reading {folder}", unit="param", unit_scale=True,
+                 leave=False, delay=1.0) as progress:
+            return load_hf_folder(folder, on_tensor=progress.update)[1]
 
     def _data(self) -> None:
         """The loaders and the step count. A loader batch is this rank's rows of one step (B * grad_accum

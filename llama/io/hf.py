@@ -254,14 +254,21 @@ def hf_tokenizer_path(folder: str | Path) -> Path | None:
     return None
 
 
-def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
-    """(config, flat float32 parameters in our layout) of a local HF Llama folder."""
-    from safetensors import safe_open
-
+def read_hf_config(folder: str | Path) -> LlamaConfig:
+    """Our config of a local HF Llama folder, from its config.json alone (no weight is read)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise HFError(f"{folder} is not a folder")
-    config = config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
+    return config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
+
+
+def load_hf_folder(folder: str | Path, on_tensor=None) -> tuple[LlamaConfig, np.ndarray]:
+    """(config, flat float32 parameters in our layout) of a local HF Llama folder; on_tensor(n), when
+    given, is called after each tensor with its number of values (a progress bar's update)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    config = read_hf_config(folder)
     files = _weight_files(folder)
     layout = ParameterLayout(config)
     require(FLOAT32 * layout.size, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
@@ -292,6 +299,8 @@ def load_hf_folder(folder: str | Path) -> tuple[LlamaConfig, np.ndarray]:
                     view[...] = hf_to_meta(w, heads_of(meta, config)) if heads_of(meta, config) else w
                     if not all_finite(view):
                         raise HFError(f"{path.name}: {hf} holds NaN or infinite values")
+                    if on_tensor is not None:
+                        on_tensor(view.size)
         except HFError:
             raise
         except Exception as e:

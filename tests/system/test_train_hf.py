@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import train_llama
+from llama import trainer
 from llama.io.checkpoint import latest_checkpoint, load_checkpoint
 from llama.config import get_preset
 from llama.data.datasets import prepare_tinyshakespeare
@@ -85,6 +86,19 @@ def test_hf_weights_that_are_not_finite_are_refused(hf_folder, capsys, bad):
     assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-o", "out"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: model.safetensors: model.layers.1.mlp.up_proj.weight holds NaN or infinite values")
+
+
+def test_an_hf_model_too_big_for_the_memory_is_refused_before_its_weights_are_read(hf_folder, monkeypatch, capsys):
+    """--init hf: reads config.json, then the memory check refuses in one line; no weight is read."""
+    folder, _, data = hf_folder
+
+    def read_weights(*args, **kwargs):
+        raise AssertionError("the weights were read before the memory check")
+    monkeypatch.setattr(trainer, "load_hf_folder", read_weights)
+    monkeypatch.setattr(trainer, "host_available", lambda: 1 << 20)
+    assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-o", "out"]) == 2
+    assert re.fullmatch(r"error: the run needs about [\d.]+ MiB of host memory, 1\.0 MiB available; .*",
+                        capsys.readouterr().err.strip().splitlines()[-1])
 
 
 def test_a_2_to_the_31_context_fine_tunes(hf_folder, capsys):

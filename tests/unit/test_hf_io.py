@@ -120,7 +120,9 @@ def test_hf_fixture_imports_to_the_right_config_and_weights(tmp_path, tied, dtyp
     config = CONFIG.replace(tie_embeddings=tied)
     params = random_params(config)
     write_fixture(tmp_path / "hf", config, params, dtype, shards)
-    got_config, got = load_hf_folder(tmp_path / "hf")
+    read = []
+    got_config, got = load_hf_folder(tmp_path / "hf", on_tensor=read.append)
+    assert sum(read) == got.size and len(read) == len(ParameterLayout(config).tensors)  # the progress it reports
     # the FFN width is what HF stores; multiple_of and the multiplier are ours to choose
     assert got_config.ffn_hidden_dim == config.ffn_hidden_dim
     assert got_config.replace(multiple_of=config.multiple_of, ffn_dim_multiplier=config.ffn_dim_multiplier) == config
