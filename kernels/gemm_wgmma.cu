@@ -458,50 +458,33 @@ GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x128, 128, 6, true, true, true)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x128, 128, 6, true, false, true)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x128, 128, 6, false, false, true)
 
-// Version 3 entry points gemm_wgmma3_<layout>: 128 x 128 tiles, ping-pong consumers, split-K in the kernel
-// (splits = 1: plain batches). Shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16.
+// Ping-pong entry points: version 3 gemm_wgmma3_<layout> (128 x 128 tiles, ping-pong consumers, split-K in
+// the kernel; splits = 1: plain batches), shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16; version 5
+// gemm_wgmma5_<layout>, the same with the staged epilogue and one stage fewer for its rows, shared memory
+// PP5_STAGES * 32 KB + STAGING_BYTES + 1024 + 16 * PP5_STAGES + 16.
 #define PP_STAGES 7
-#ifdef WGMMA_ENABLED
-#define GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)                                                              \
-    const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_pingpong<PP_STAGES, A_KMAJOR, B_KMAJOR, false>(maps, maps + 1, e, K, batches, splits, split_kb);
-#else
-#define GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)
-#endif
-#define GEMM_WGMMA3_ENTRY(name, A_KMAJOR, B_KMAJOR)                                                           \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
-        const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
-        int K, int batches, int splits, int split_kb, int ldc, int mode, int rope_T, int rope_cols,             \
-        int head_dim, float alpha) {                                                                          \
-        GEMM_WGMMA3_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
-    }
-
-GEMM_WGMMA3_ENTRY(gemm_wgmma3_nt, true, true)
-GEMM_WGMMA3_ENTRY(gemm_wgmma3_nn, true, false)
-GEMM_WGMMA3_ENTRY(gemm_wgmma3_tn, false, false)
-
-// Version 5 entry points gemm_wgmma5_<layout>: version 3 with the staged epilogue (coalesced row stores),
-// one stage fewer for the staging rows. Shared memory PP5_STAGES * 32 KB + STAGING_BYTES + 1024
-// + 16 * PP5_STAGES + 16.
 #define PP5_STAGES 6
 #ifdef WGMMA_ENABLED
-#define GEMM_WGMMA5_BODY(A_KMAJOR, B_KMAJOR)                                                              \
+#define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                          \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_pingpong<PP5_STAGES, A_KMAJOR, B_KMAJOR, true>(maps, maps + 1, e, K, batches, splits, split_kb);
+    gemm_pingpong<STAGES_, A_KMAJOR, B_KMAJOR, STAGED_>(maps, maps + 1, e, K, batches, splits, split_kb);
 #else
-#define GEMM_WGMMA5_BODY(A_KMAJOR, B_KMAJOR)
+#define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)
 #endif
-#define GEMM_WGMMA5_ENTRY(name, A_KMAJOR, B_KMAJOR)                                                           \
+#define GEMM_PINGPONG_ENTRY(name, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                        \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
         const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
         int K, int batches, int splits, int split_kb, int ldc, int mode, int rope_T, int rope_cols,             \
         int head_dim, float alpha) {                                                                          \
-        GEMM_WGMMA5_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
+        GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                              \
     }
 
-GEMM_WGMMA5_ENTRY(gemm_wgmma5_nt, true, true)
-GEMM_WGMMA5_ENTRY(gemm_wgmma5_nn, true, false)
-GEMM_WGMMA5_ENTRY(gemm_wgmma5_tn, false, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma3_nt, PP_STAGES, true, true, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma3_nn, PP_STAGES, true, false, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma3_tn, PP_STAGES, false, false, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma5_nt, PP5_STAGES, true, true, true)
+GEMM_PINGPONG_ENTRY(gemm_wgmma5_nn, PP5_STAGES, true, false, true)
+GEMM_PINGPONG_ENTRY(gemm_wgmma5_tn, PP5_STAGES, false, false, true)
 
 
 // Version 4 entry points gemm_wgmma4_<layout>: clusters of 2 CTAs (launch an even grid), each CTA a 256 x 128
