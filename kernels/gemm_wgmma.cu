@@ -207,6 +207,22 @@ __device__ __forceinline__ void store_tile(const Epilogue& e, const float (&d0)[
     store_accumulators<MODE>(e, d1, batch, row + 64, col);
 }
 
+// One 64-deep k-block into a warpgroup's 128 x 128 accumulators (versions 3-5): rows 0-63 of A at a, rows 64-127
+// at a + 8192 (one 64-row slab further, K- or M-major alike), B at b; the first k16 step overwrites unless
+// accumulate.
+template <bool A_KMAJOR, bool B_KMAJOR>
+__device__ __forceinline__ void mma_kblock_128x128(float (&d0)[64], float (&d1)[64], uint32_t a, uint32_t b,
+                                                   bool accumulate) {
+    #pragma unroll
+    for (int k = 0; k < WG_BK / 16; k++) {
+        const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
+        const uint64_t da0 = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
+        const uint64_t da1 = smem_descriptor<A_KMAJOR>(a + 8192 + k * k16_step<A_KMAJOR>());
+        wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d0, da0, db, accumulate || k > 0);
+        wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d1, da1, db, accumulate || k > 0);
+    }
+}
+
 template <int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
 __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
                                               int batches, int splits, int split_kb) {
@@ -287,14 +303,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
                 mbarrier_wait(full + 8 * stage, phase);
                 const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES;
                 wgmma_fence();
-                #pragma unroll
-                for (int k = 0; k < WG_BK / 16; k++) {
-                    const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
-                    const uint64_t da0 = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
-                    const uint64_t da1 = smem_descriptor<A_KMAJOR>(a + 8192 + k * k16_step<A_KMAJOR>());
-                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d0, da0, db, kt > 0 || k > 0);
-                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d1, da1, db, kt > 0 || k > 0);
-                }
+                mma_kblock_128x128<A_KMAJOR, B_KMAJOR>(d0, d1, a, b, kt > 0);
                 wgmma_commit();
                 wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage
                 if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
@@ -392,14 +401,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
                 mbarrier_wait(full + 8 * stage, phase);
                 const uint32_t a = base + stage * STAGE_BYTES + half * 16384, b = base + stage * STAGE_BYTES + A_BYTES;
                 wgmma_fence();
-                #pragma unroll
-                for (int k = 0; k < WG_BK / 16; k++) {
-                    const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
-                    const uint64_t da0 = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
-                    const uint64_t da1 = smem_descriptor<A_KMAJOR>(a + 8192 + k * k16_step<A_KMAJOR>());
-                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d0, da0, db, kt > 0 || k > 0);
-                    wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d1, da1, db, kt > 0 || k > 0);
-                }
+                mma_kblock_128x128<A_KMAJOR, B_KMAJOR>(d0, d1, a, b, kt > 0);
                 wgmma_commit();
                 wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage in both CTAs
                 if (previous >= 0 && lane == 0) {
