@@ -207,6 +207,18 @@ __device__ __forceinline__ void store_tile(const Epilogue& e, const float (&d0)[
     store_accumulators<MODE>(e, d1, batch, row + 64, col);
 }
 
+// B's 128 columns n0.. of the k-block at k0 (versions 3-5): one K-major box, or two N-major 64 x 64 slabs 8 KB apart
+template <bool B_KMAJOR>
+__device__ __forceinline__ void load_b_kblock_128(uint32_t b, const CUtensorMap* map_b, int k0, int n0, int batch,
+                                                  uint32_t bar) {
+    if (B_KMAJOR) {
+        tma_load(b, map_b, k0, n0, batch, bar);
+    } else {
+        tma_load(b, map_b, n0, k0, batch, bar);
+        tma_load(b + 8192, map_b, n0 + 64, k0, batch, bar);
+    }
+}
+
 // One 64-deep k-block into a warpgroup's 128 x 128 accumulators (versions 3-5): rows 0-63 of A at a, rows 64-127
 // at a + 8192 (one 64-row slab further, K- or M-major alike), B at b; the first k16 step overwrites unless
 // accumulate.
@@ -267,12 +279,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
                         tma_load(a, map_a, m0, k0, batch, bar);
                         tma_load(a + 8192, map_a, m0 + 64, k0, batch, bar);
                     }
-                    if (B_KMAJOR) {
-                        tma_load(b, map_b, k0, n0, batch, bar);
-                    } else {
-                        tma_load(b, map_b, n0, k0, batch, bar);
-                        tma_load(b + 8192, map_b, n0 + 64, k0, batch, bar);
-                    }
+                    load_b_kblock_128<B_KMAJOR>(b, map_b, k0, n0, batch, bar);
                     if (++stage == STAGES) { stage = 0; phase ^= 1; }
                 }
             }
@@ -377,12 +384,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
                         tma_load_multicast(a + rank * 16384, map_a, rows, k0, batch, bar, 3);
                         tma_load_multicast(a + rank * 16384 + 8192, map_a, rows + 64, k0, batch, bar, 3);
                     }
-                    if (B_KMAJOR) {
-                        tma_load(b, map_b, k0, n0, batch, bar);
-                    } else {
-                        tma_load(b, map_b, n0, k0, batch, bar);
-                        tma_load(b + 8192, map_b, n0 + 64, k0, batch, bar);
-                    }
+                    load_b_kblock_128<B_KMAJOR>(b, map_b, k0, n0, batch, bar);
                     if (++stage == STAGES) { stage = 0; phase ^= 1; }
                 }
             }
