@@ -1,4 +1,5 @@
-// bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's version 2, production on H100/H200.
+// bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's versions 2 to 6 (dev/cuda/README.md);
+// production on H100/H200 is version 5 or 6 per shape (llama/plan.py GemmChooser).
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
 // (gemm_epilogue.cuh), strided-batched, layouts nt (forward), nn (dX), tn (dW), no transposes.
