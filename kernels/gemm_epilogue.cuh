@@ -28,6 +28,18 @@ struct Epilogue {
     int rope_T, rope_cols, head_dim;
 };
 
+// RoPE in the epilogue: the cos/sin table entry of the pair (col, col + 1) of token row (position row % rope_T,
+// col even), and the rotation of a pair by it
+__device__ __forceinline__ int rope_entry(const Epilogue& e, int row, int col) {
+    return (row % e.rope_T) * (e.head_dim >> 1) + ((col % e.head_dim) >> 1);
+}
+__device__ __forceinline__ void rotate_pair(const Epilogue& e, int entry, float& v0, float& v1) {
+    const float c = e.cos[entry], s = e.sin[entry];
+    const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
+    v0 = r0;
+    v1 = r1;
+}
+
 template <int MODE>
 __device__ __forceinline__ void epilogue_pair(const Epilogue& e, int batch, int row, int col, float v0, float v1) {
     if (row >= e.M || col >= e.N) return;
@@ -48,13 +60,7 @@ __device__ __forceinline__ void epilogue_pair(const Epilogue& e, int batch, int 
         }
         return;
     }
-    if (MODE == EPILOGUE_ROPE_BF16 && col < e.rope_cols) {
-        const int half = e.head_dim >> 1, i = (col % e.head_dim) >> 1, t = row % e.rope_T;
-        const float c = e.cos[t * half + i], s = e.sin[t * half + i];
-        const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
-        v0 = r0;
-        v1 = r1;
-    }
+    if (MODE == EPILOGUE_ROPE_BF16 && col < e.rope_cols) rotate_pair(e, rope_entry(e, row, col), v0, v1);
     __nv_bfloat16* c = (__nv_bfloat16*)e.C + offset;
     if (paired) {
         *(__nv_bfloat162*)c = __floats2bfloat162_rn(v0, v1);
@@ -82,10 +88,9 @@ __device__ __forceinline__ void epilogue_quad(const Epilogue& e, int batch, int 
         return;
     }
     if (MODE == EPILOGUE_ROPE_BF16 && col < e.rope_cols) {
-        const int half = e.head_dim >> 1, i = (col % e.head_dim) >> 1, t = row % e.rope_T;
-        const float c0 = e.cos[t * half + i], s0 = e.sin[t * half + i];
-        const float c1 = e.cos[t * half + i + 1], s1 = e.sin[t * half + i + 1];
-        v = make_float4(v.x * c0 - v.y * s0, v.x * s0 + v.y * c0, v.z * c1 - v.w * s1, v.z * s1 + v.w * c1);
+        const int entry = rope_entry(e, row, col);  // the second pair is the next entry: same head
+        rotate_pair(e, entry, v.x, v.y);
+        rotate_pair(e, entry + 1, v.z, v.w);
     }
     __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
     *(uint2*)((__nv_bfloat16*)e.C + offset) = make_uint2(*(uint32_t*)&lo, *(uint32_t*)&hi);
