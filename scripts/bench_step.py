@@ -77,7 +77,8 @@ def kernel_breakdown(model, batches, opt) -> dict:
     for name in names:
         setattr(ops, name, timed(name, originals[name]))
     try:
-        if hasattr(model, "graphs"):  # the bf16 model replays CUDA graphs: run its launches eagerly
+        from llama.model.gpu_bf16 import GPUModelBF16
+        if isinstance(model, GPUModelBF16):  # its step replays CUDA graphs: run its launches eagerly
             model.zero_grad()
             model.loss_total.fill_zero()
             for i, (tokens, targets) in enumerate(batches):
