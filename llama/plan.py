@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cuda import BF16, cuda_unavailable, runtime
+from .cuda import cuda_unavailable, runtime
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
@@ -62,7 +62,6 @@ class Plan:
     gemm: GemmChooser | None = None  # bf16 GEMM version per problem shape (GPU)
     attention: FlashSource | None = None  # the flash attention build (GPU)
     attention_name: str = ""
-    decode_cache_dtype: np.dtype | None = None  # the GPU decoder's KV cache
     peak_flops: float | None = None  # datasheet peak of dtype on this GPU, for MFU; None when unknown
     note: str = ""  # why not bf16, or why the CPU
 
@@ -119,6 +118,6 @@ def make_plan(config, device: str | None = None, dtype: str | None = None) -> Pl
     rt = runtime()
     peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
-                *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION), BF16,
+                *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "")

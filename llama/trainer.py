@@ -20,7 +20,7 @@ from .config import META_MODELS, LlamaConfig, get_preset
 from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
-from .generate import decoder_for, generate
+from .generate import Sampling, decoder_for, generate
 from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
@@ -328,8 +328,8 @@ class Trainer:
         decoder = self.decoder or decoder_for(self.model, self.plan, max_len=self.T)
         if self.rank != 0:
             return
-        result = generate(decoder, [self.tokenizer.bos_id], self.args.gen_tokens, self.sample_rng,
-                          self.args.temperature, self.args.top_k)
+        sampling = Sampling(self.args.temperature, self.args.top_k, seed=int(self.sample_rng.integers(1 << 63)))
+        result = generate(decoder, [self.tokenizer.bos_id], self.args.gen_tokens, sampling)
         self.progress.write(f"--- sample at step {step} ---\n{self.tokenizer.decode(result.tokens)}\n---")
 
     # ---- the run

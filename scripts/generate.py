@@ -1,5 +1,6 @@
 """Generate text from a checkpoint or a Hugging Face Llama folder, streaming it as it comes, with a
-KV cache: on the GPU with our kernels (bf16 cache), else on the CPU with the numpy reference.
+KV cache: on the GPU with our kernels (bf16 weights and cache, sampling on the GPU, one CUDA graph per
+token), else on the CPU with the numpy reference.
 
     python scripts/generate.py out/d12 --prompt "To be, or not to be"
     python scripts/generate.py Llama-3.2-1B-Instruct --chat --prompt "Name three rivers." -n 200
@@ -18,8 +19,7 @@ import numpy as np
 
 from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
-from llama.cuda import BF16
-from llama.generate import TextStream, generate
+from llama.generate import Sampling, TextStream, generate
 from llama.model.reference import ReferenceDecoder
 from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
 from llama.plan import Plan, make_plan
@@ -45,14 +45,14 @@ def load_model(name: str, tokenizer_path: str | None):
     return config, params, tokenizer
 
 
-def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int, cache: str | None):
+def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):
     if plan.device == "cpu":
         return ReferenceDecoder(config, params, max_len=max_len)
     from llama.cuda import to_device
     from llama.model.gpu_decoder import GPUDecoder
-    cache_dtype = plan.decode_cache_dtype if cache is None else {"bf16": BF16, "fp32": np.float32}[cache]
-    decoder = GPUDecoder(config, to_device(params), cache_dtype, max_len=max_len)
-    decoder.forward(np.zeros((1, 1), dtype=np.int64))  # loads the kernels, so that the timings leave that out
+    decoder = GPUDecoder(config, to_device(params), max_len=max_len, plan=plan)
+    decoder.forward(np.zeros((1, 2), dtype=np.int64))  # loads the kernels, so that the timings leave that out
+    decoder.forward(np.zeros((1, 1), dtype=np.int64))
     decoder.reset()
     return decoder
 
@@ -71,7 +71,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
-    p.add_argument("--cache", choices=("bf16", "fp32"), default=None, help="GPU KV cache format (default: bf16)")
     args = p.parse_args(argv)
     try:
         config, params, tokenizer = load_model(args.model, args.tokenizer)
@@ -87,13 +86,14 @@ def main(argv=None) -> int:
         max_len = min(config.max_seq_len, len(ids) + args.max_new_tokens)
         if len(ids) >= max_len:
             raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room in the model's {config.max_seq_len}")
-        plan = make_plan(config, args.device, "fp32")  # the decoder computes in fp32 over fp32 weights
-        decoder = make_decoder(plan, config, params, max_len, args.cache)
+        plan = make_plan(config, args.device)
+        decoder = make_decoder(plan, config, params, max_len)
         if not args.chat:
             sys.stdout.write(prompt)
         stream = TextStream(tokenizer)
-        result = generate(decoder, ids, args.max_new_tokens, np.random.default_rng(args.seed), args.temperature,
-                          args.top_k, args.top_p, stop_ids, lambda token: token in stop_ids or stream(token))
+        sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+        result = generate(decoder, ids, args.max_new_tokens, sampling, stop_ids,
+                          lambda token: token in stop_ids or stream(token))
     except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

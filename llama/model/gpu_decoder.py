@@ -1,12 +1,20 @@
 """Generation on the GPU with a KV cache: the decoder interface of llama/generate.py on our kernels.
 
-The weights are the fp32 master weights in a model's flat parameter buffer (GPUModelFP32.params, or
-any device array in the llama/params.py layout), read in place. Each forward step runs the
-training kernels of llama/ops/fp32.py (embedding, RMSNorm, matmuls, SwiGLU, residual) on the new
-positions only, and kernels/decode.cu (llama/ops/decode.py) for RoPE at the absolute positions with the cache write and
-for attention over the cache. The caches, (B, KV, max_len, D) per layer and for k and v, are bf16
-(the plan's decode_cache_dtype) or fp32. Prefill is the same step over the prompt, in chunks of `chunk`
-positions; decode is a step of one position.
+Weights: the bf16 copy of every matrix (a bf16 training model's own, read in place, or one made here
+from fp32 weights and remade by reset()); the RMSNorm weights are read in fp32 from the flat fp32
+parameters (llama/params.py layout). The caches, (B, KV, max_len, D) bf16 per layer for k and v.
+
+Prefill (the prompt, or any new positions) runs the bf16 training forward's kernels over them: the
+GEMMs with RoPE in the QKV epilogue, flash attention when the chunk starts the sequence (else
+attention over the cache), fused residual+RMSNorm, SwiGLU; then the k, v of each layer go to the cache.
+A decode step is one token per sequence through kernels/gemv.cu and kernels/decode.cu, which read
+the position from device memory; with the sampler (kernels/sample.cu) and the step's end it is
+captured once as a CUDA graph (per batch and sampling settings) and replayed per token:
+  embed_tokens -> per layer: gemv_qkv_rope (RMSNorm in, RoPE and the cache write out) ->
+  decode_attention (flash-decoding) -> gemv_residual (wo, + residual, next RMSNorm's rstd) ->
+  gemv_swiglu (RMSNorm in, w13, SwiGLU out) -> gemv_residual (w2) -> gemv_logits (final RMSNorm, head)
+  -> sample_tokens -> advance (the id into the history, position + 1).
+Only token ids cross to the host, once per burst of steps.
 """
 
 from __future__ import annotations
@@ -15,90 +23,223 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, empty, to_device, zeros
+from ..cuda import BF16, DeviceArray, Graph, empty, to_device, zeros
+from ..ops.flash_attention import HEAD_DIMS
+from ..ops.decode import MAX_GROUP, MAX_HEAD_DIM
+from ..ops.gemv import MAX_BATCH, DecodeScratch
 from ..params import ParameterLayout
+from ..plan import Plan, make_plan
 from .base import rope_cos_sin
+
+PREFILL_TOKENS = 4096  # positions of all sequences that one prefill chunk takes
 
 
 class GPUDecoder:
     """The decoder interface of llama/generate.py with our kernels; see the module docstring."""
 
-    def __init__(self, config: LlamaConfig, params: DeviceArray, cache_dtype, batch: int = 1,
-                 max_len: int | None = None, chunk: int = 256):
-        """cache_dtype: the KV caches' (llama.cuda.BF16, the plan's choice, or np.float32)."""
+    def __init__(self, config: LlamaConfig, params: DeviceArray, batch: int = 1, max_len: int | None = None,
+                 weights: DeviceArray | None = None, plan: Plan | None = None):
+        """params: the flat fp32 weights; weights: their bf16 copy to read in place (None: made here);
+        plan: which GEMM and flash attention builds the prefill runs (None: this GPU's)."""
+        c = config
         self.config, self.batch = config, batch
-        self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
+        self.max_len = min(max_len or c.max_seq_len, c.max_seq_len)
         self.layout = ParameterLayout(config)
-        if not isinstance(params, DeviceArray) or params.dtype != np.float32 or params.size != self.layout.size:
+        if not isinstance(params, DeviceArray) or params.dtype != np.float32 or params.size < self.layout.size:
             raise ValueError(f"params must be a float32 device array of {self.layout.size} values")
+        if weights is not None and (weights.dtype != BF16 or weights.size < self.layout.size):
+            raise ValueError(f"weights must be a bfloat16 device array of {self.layout.size} values")
+        if not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"the GPU decoder takes 1 to {MAX_BATCH} sequences, not {batch}")
+        if c.dim % 8 or c.head_dim % 8 or c.ffn_hidden_dim % 8 or c.head_dim > MAX_HEAD_DIM \
+                or c.n_heads // c.n_kv_heads > MAX_GROUP:
+            raise ValueError(f"the GPU decoder needs dim, head_dim and the FFN width in multiples of 8, head_dim "
+                             f"<= {MAX_HEAD_DIM} and <= {MAX_GROUP} query heads per kv head: {c}")
+        self.plan = plan or make_plan(config, "cuda")
         self.params = params
-        self.chunk = min(chunk, self.max_len)
-        c, B = config, batch
-        cache = (B, c.n_kv_heads, self.max_len, c.head_dim)
-        self.k_cache = [zeros(cache, cache_dtype) for _ in range(c.n_layers)]
-        self.v_cache = [zeros(cache, cache_dtype) for _ in range(c.n_layers)]
+        self.owns_weights = weights is None
+        self.weights = empty(self.layout.size, BF16) if weights is None else weights
+        self.chunk = max(1, min(self.max_len, PREFILL_TOKENS // batch))
+        B, H, KV, D, C, F = batch, c.n_heads, c.n_kv_heads, c.head_dim, c.dim, c.ffn_hidden_dim
+        cache = (B, KV, self.max_len, D)
+        self.k_cache = [zeros(cache, BF16) for _ in range(c.n_layers)]
+        self.v_cache = [zeros(cache, BF16) for _ in range(c.n_layers)]
         cos, sin = rope_cos_sin(config, self.max_len)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
-        self.buffers = {name: empty(shape) for name, shape in self._shapes(self.chunk).items()}
-        self.tokens = empty(B * self.chunk, np.int32)
+        N = B * self.chunk
+        attention_records = max(ops.attention_scratch_size(s, H, KV, D, self.max_len) for s in range(1, N + 1))
+        self.scratch = DecodeScratch(C, attention_records)
+        # a decode step's state: the fed ids, their position, the sampled ids so far, the fp32 stream
+        self.tokens, self.position_d = zeros(B, np.int32), zeros(1, np.int32)
+        self.history = zeros((B, self.max_len), np.int32)
+        self.step = {"x": empty((B, C)), "rstd": empty(B), "q": empty((B, 1, H, D)), "att": empty((B, 1, H * D), BF16),
+                     "ffn": empty((B, F), BF16), "logits": empty((B, c.vocab_size))}
+        # a prefill chunk's activations (bf16, as in training), for up to `chunk` positions per sequence
+        self.prefill_buffers = {"tokens": empty(N, np.int32), "x": empty((N, C), BF16), "ln": empty((N, C), BF16),
+                                "rstd": empty(N), "qkv": empty(N * (H + 2 * KV) * D, BF16),
+                                "att": empty(N * H * D, BF16), "lse": empty(B * H * self.chunk),
+                                "h": empty((N, C), BF16), "branch": empty((N, C), BF16),
+                                "gate_up": empty((N, 2 * F), BF16), "ffn": empty((N, F), BF16)}
+        self.graph = None  # (sampling settings, the captured decode step): the last settings' only
+        self.drawn = False  # whether self.tokens holds ids drawn by prefill() or decode(), for decode() to feed
         self.position = 0
+        self.reset()
 
-    def _shapes(self, n: int) -> dict:
-        """Activation shapes of a step of n positions per sequence (allocated for n = chunk; a shorter
-        step uses a prefix of each buffer)."""
-        c, B = self.config, self.batch
-        N, H, KV, D, F = B * n, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_hidden_dim
-        return {"x": (N, c.dim), "ln": (N, c.dim), "rstd": (N,), "qkv": (N, (H + 2 * KV) * D), "q": (B, H, n, D),
-                "att": (N, H * D), "h": (N, c.dim), "branch": (N, c.dim), "gate_up": (N, 2 * F), "ffn": (N, F),
-                "last": (B, c.dim), "lnf": (B, c.dim), "rstdf": (B,), "logits": (B, c.vocab_size)}
-
-    def reset(self) -> None:
-        self.position = 0
+    # ---- weights
 
     def _matrix(self, tensor) -> DeviceArray:
-        return self.params.view(tensor.offset, tensor.shape)
+        return self.weights.view(tensor.offset, tensor.shape)
 
-    def _param(self, name: str) -> DeviceArray:
+    def _weight(self, name: str) -> DeviceArray:
         return self._matrix(self.layout.tensors[name])
 
+    def _norm(self, name: str) -> DeviceArray:
+        tensor = self.layout.tensors[name]
+        return self.params.view(tensor.offset, tensor.shape)
+
+    def reset(self) -> None:
+        """Forget the cache (position 0); a decoder with its own bf16 copy remakes it from params."""
+        if self.owns_weights:
+            ops.to_bf16(self.weights.prefix(self.layout.size), self.params.prefix(self.layout.size))
+        self.position, self.drawn = 0, False
+
+    # ---- the decoder interface
+
     def forward(self, tokens: np.ndarray) -> np.ndarray:
+        """(B, V) fp32 logits of the last of n new positions (tokens (B, n)); one position after the
+        first runs the decode step's kernels, more run the prefill's."""
+        n = self._check(tokens)
+        if n == 1 and self.position > 0:
+            self.tokens.upload(np.asarray(tokens, np.int32).ravel())
+            self.position_d.upload(np.array([self.position], np.int32))
+            self._decode_layers()
+        else:
+            self._prefill(tokens)
+        self._logits()
+        self.position += n
+        self.drawn = False
+        return self.step["logits"].download()
+
+    def prefill(self, tokens: np.ndarray, sampling) -> np.ndarray:
+        """Run tokens (B, n), the next n positions, and draw each sequence's next id (B,)."""
+        n = self._check(tokens)
+        self._prefill(tokens)
+        self.position_d.upload(np.array([self.position + n - 1], np.int32))
+        self._logits()
+        self._sample(sampling)
+        self.position += n
+        self.drawn = True
+        return self.tokens.download()
+
+    def decode(self, count: int, sampling) -> np.ndarray:
+        """count decode steps, each feeding the last drawn ids: (B, count) the ids drawn."""
+        if count < 1 or self.position + count > self.max_len:
+            raise ValueError(f"{count} decode steps do not fit: {self.position} of {self.max_len} positions used")
+        if not self.drawn:
+            raise ValueError("decode() continues from prefill() or decode(), which draw the ids it feeds")
+        start, key = self.position, (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
+        for _ in range(count):
+            if self.graph is not None and self.graph[0] == key:
+                self.graph[1].replay()
+            else:  # the first step runs eagerly (the kernels compile and load), the graph is captured after
+                self._decode_step(sampling)
+                self.graph = None  # the old graph's memory goes before the new one is made
+                self.graph = (key, Graph(lambda: self._decode_step(sampling)))
+        self.position += count
+        return self.history.download()[:, start + 1:start + count + 1]
+
+    def _check(self, tokens: np.ndarray) -> int:
         tokens = np.asarray(tokens)
-        B, n = tokens.shape
-        if B != self.batch or n == 0 or self.position + n > self.max_len:
+        if tokens.ndim != 2 or tokens.shape[0] != self.batch or tokens.shape[1] == 0 \
+                or self.position + tokens.shape[1] > self.max_len:
             raise ValueError(f"tokens {tokens.shape} do not fit: batch {self.batch}, {self.position} of "
                              f"{self.max_len} positions used")
         if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
             raise ValueError(f"tokens hold ids outside [0, {self.config.vocab_size})")
-        for start in range(0, n, self.chunk):
-            self._step(tokens[:, start:start + self.chunk])
-        s, c = self.buffers, self.config
-        ops.rmsnorm_forward(s["lnf"], s["rstdf"], s["last"], self._param("norm.weight"), c.norm_eps)
-        ops.matmul_forward(s["logits"], s["lnf"], self._matrix(self.layout.output()))
-        return s["logits"].download()
+        return tokens.shape[1]
 
-    def _step(self, tokens: np.ndarray) -> None:
-        """n <= chunk new positions through every layer; leaves their last hidden state in 'last'."""
-        c, L, B, p0 = self.config, self.layout, self.batch, self.position
-        n = tokens.shape[1]
-        N, H, D = B * n, c.n_heads, c.head_dim
-        s = {name: self.buffers[name].prefix(*shape) for name, shape in self._shapes(n).items()}
-        tokens_d = self.tokens.prefix(N)
-        tokens_d.upload(tokens.astype(np.int32).ravel())
-        x = s["x"]
-        ops.embedding_forward(x, tokens_d, self._param("tok_embeddings.weight"))
+    # ---- the launches
+
+    def _decode_step(self, sampling) -> None:
+        self._decode_layers()
+        self._logits()
+        self._sample(sampling)
+
+    def _decode_layers(self) -> None:
+        """One position per sequence (ids in self.tokens, at position_d) through every layer."""
+        c, L, s, scratch = self.config, self.layout, self.step, self.scratch
+        ops.embed_tokens(s["x"], s["rstd"], self.tokens, self._weight("tok_embeddings.weight"), c.norm_eps)
         for i in range(c.n_layers):
             pre = f"layers.{i}."
-            ops.rmsnorm_forward(s["ln"], s["rstd"], x, self._param(pre + "attention_norm.weight"), c.norm_eps)
-            ops.matmul_forward(s["qkv"], s["ln"], self._matrix(L.wqkv(i)))
-            ops.rope_kv_write(s["q"], self.k_cache[i], self.v_cache[i], s["qkv"].reshape(B, n, -1), self.rope_cos,
-                          self.rope_sin, p0)
-            ops.decode_attention(s["att"].reshape(B, n, H * D), s["q"], self.k_cache[i], self.v_cache[i], p0)
-            ops.matmul_forward(s["h"], s["att"], self._param(pre + "attention.wo.weight"))
-            ops.residual_forward(s["h"], x, s["h"])
-            ops.rmsnorm_forward(s["ln"], s["rstd"], s["h"], self._param(pre + "ffn_norm.weight"), c.norm_eps)
-            ops.matmul_forward(s["gate_up"], s["ln"], self._matrix(L.w13(i)))
-            ops.swiglu_forward(s["ffn"], s["gate_up"])
-            ops.matmul_forward(s["branch"], s["ffn"], self._param(pre + "feed_forward.w2.weight"))
-            ops.residual_forward(x, s["h"], s["branch"])
-        ops.last_positions(s["last"], x.reshape(B, n, c.dim))
-        self.position += n
+            ops.gemv_qkv_rope(s["q"].reshape(self.batch, c.n_heads, c.head_dim), self.k_cache[i], self.v_cache[i],
+                              s["x"], self._matrix(L.wqkv(i)), self._norm(pre + "attention_norm.weight"), s["rstd"],
+                              self.rope_cos, self.rope_sin, self.position_d, scratch)
+            ops.decode_attention(s["att"], s["q"], self.k_cache[i], self.v_cache[i], self.position_d, scratch)
+            ops.gemv_residual(s["x"], s["rstd"], s["att"].reshape(self.batch, -1),
+                              self._weight(pre + "attention.wo.weight"), c.norm_eps, scratch)
+            ops.gemv_swiglu(s["ffn"], s["x"], self._matrix(L.w13(i)), self._norm(pre + "ffn_norm.weight"), s["rstd"],
+                            scratch)
+            ops.gemv_residual(s["x"], s["rstd"], s["ffn"], self._weight(pre + "feed_forward.w2.weight"), c.norm_eps,
+                              scratch)
+
+    def _logits(self) -> None:
+        s = self.step
+        ops.gemv_logits(s["logits"], s["x"], self._matrix(self.layout.output()), self._norm("norm.weight"), s["rstd"],
+                        self.scratch)
+
+    def _sample(self, sampling) -> None:
+        """Draw the next ids into self.tokens (the RNG counter: the position of the last fed token),
+        write them to the history and advance the position."""
+        ops.sample_tokens(self.tokens, self.step["logits"], sampling.temperature, sampling.top_k, sampling.top_p,
+                          sampling.seed, self.position_d)
+        ops.advance(self.history, self.position_d, self.tokens)
+
+    def _prefill(self, tokens: np.ndarray) -> None:
+        """tokens (B, n) at positions self.position.. through every layer, in chunks: their k and v go
+        to the caches, and the stream of the last position (with its final RMSNorm's rstd) to the step's
+        x and rstd; position_d is left at the last chunk's first position."""
+        tokens = np.asarray(tokens)
+        for start in range(0, tokens.shape[1], self.chunk):
+            self._prefill_chunk(tokens[:, start:start + self.chunk], self.position + start)
+
+    def _prefill_chunk(self, tokens: np.ndarray, p0: int) -> None:
+        c, L, B = self.config, self.layout, self.batch
+        n = tokens.shape[1]
+        N, H, KV, D, C, F = B * n, c.n_heads, c.n_kv_heads, c.head_dim, c.dim, c.ffn_hidden_dim
+        buffers = self.prefill_buffers
+        shapes = {"tokens": (N,), "x": (N, C), "ln": (N, C), "rstd": (N,), "qkv": (B, n, (H + 2 * KV) * D),
+                  "att": (B, n, H * D), "lse": (B, H, n), "h": (N, C), "branch": (N, C), "gate_up": (N, 2 * F),
+                  "ffn": (N, F)}
+        a = {name: buffers[name].prefix(*shape) for name, shape in shapes.items()}
+        a["tokens"].upload(tokens.astype(np.int32).ravel())
+        self.position_d.upload(np.array([p0], np.int32))
+        rope = (self.rope_cos.view(p0 * (D // 2), (self.max_len - p0, D // 2)),
+                self.rope_sin.view(p0 * (D // 2), (self.max_len - p0, D // 2)), n, (H + KV) * D)
+        flash = p0 == 0 and D in HEAD_DIMS
+        ops.embedding_forward_bf16(a["x"], a["tokens"], self._weight("tok_embeddings.weight"))
+        for i in range(c.n_layers):
+            pre = f"layers.{i}."
+            if i == 0:
+                ops.rmsnorm_forward_bf16(a["ln"], a["rstd"], a["x"], self._norm(pre + "attention_norm.weight"),
+                                         c.norm_eps)
+            else:  # x = h + ffn branch of the layer before, then its norm
+                ops.rmsnorm_residual_forward_bf16(a["x"], a["ln"], a["rstd"], a["h"], a["branch"],
+                                                  self._norm(pre + "attention_norm.weight"), c.norm_eps)
+            self._gemm(a["qkv"].reshape(N, -1), a["ln"], self._matrix(L.wqkv(i)), rope=rope)
+            ops.cache_write(self.k_cache[i], self.v_cache[i], a["qkv"], H, self.position_d)
+            if flash:
+                ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV, source=self.plan.attention)
+            else:
+                ops.decode_attention(a["att"], a["qkv"], self.k_cache[i], self.v_cache[i], self.position_d,
+                                     self.scratch)
+            self._gemm(a["branch"], a["att"].reshape(N, -1), self._weight(pre + "attention.wo.weight"))
+            ops.rmsnorm_residual_forward_bf16(a["h"], a["ln"], a["rstd"], a["x"], a["branch"],
+                                              self._norm(pre + "ffn_norm.weight"), c.norm_eps)
+            self._gemm(a["gate_up"], a["ln"], self._matrix(L.w13(i)))
+            ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
+            self._gemm(a["branch"], a["ffn"], self._weight(pre + "feed_forward.w2.weight"))
+        ops.last_residual(self.step["x"], self.step["rstd"], a["h"].reshape(B, n, C), a["branch"].reshape(B, n, C),
+                          c.norm_eps)
+
+    def _gemm(self, c: DeviceArray, a: DeviceArray, w: DeviceArray, rope: tuple | None = None) -> None:
+        ops.gemm(c, a, w, trans_b=True, rope=rope, version=self.plan.gemm)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import LlamaConfig
+from ..generate import HostSampling
 from ..optim import AdamWConfig, adamw_update, clip_scale, global_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
@@ -365,7 +366,7 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np
     return out.transpose(0, 2, 1, 3).reshape(B, n, H * D)
 
 
-class ReferenceDecoder:
+class ReferenceDecoder(HostSampling):
     """The model on the CPU with a KV cache: reference.py's layers on the new positions only.
     params is a flat array in the parameter layout (a ReferenceModel's .params: shared, not copied)."""
 

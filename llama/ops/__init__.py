@@ -7,7 +7,9 @@ gemm_problem     one GEMM as its versions receive it
 gemm_mma         GEMM version 1 (mma.sync, from sm_80) and the split-K reduce
 gemm_wgmma       GEMM versions 2 and 3 (Hopper: wgmma fed by TMA)
 flash_attention  bf16 causal GQA flash attention reading the packed qkv projection
-decode           the KV-cache decoder's RoPE-and-cache-write and attention over the cache
+gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch
+decode           the decoder's embedding, cache write, flash-decoding attention and step end
+sample           token sampling on the GPU (greedy, temperature, top-k, top-p; seeded)
 """
 # flake8: noqa: F401  (the package re-exports every launcher)
 
@@ -16,10 +18,13 @@ from .bf16 import (ADAMW_SCALARS, adamw_scalars, adamw_update_bf16, embedding_ba
                    loss_accumulate_bf16, rmsnorm_backward_bf16, rmsnorm_bf16_scratch_size, rmsnorm_forward_bf16,
                    rmsnorm_residual_forward_bf16, swiglu_backward_bf16, swiglu_forward_bf16, token_segments)
 from .common import NORM_BLOCKS
-from .decode import decode_attention, last_positions, rope_kv_write
+from .decode import (MAX_GROUP, MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,
+                     embed_tokens, last_residual, to_bf16)
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,
                               flash_attention_backward_atomic_dq, flash_attention_forward,
                               flash_attention_scratch_size)
+from .gemv import DecodeScratch, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
+from .sample import sample_tokens
 from .fp32 import (RMSNORM_PARTS, adamw_update, attention_backward, attention_forward, embedding_backward,
                    embedding_forward, fused_classifier, global_norm_squared, matmul, matmul_backward, matmul_forward,
                    residual_forward, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, sort_tokens,

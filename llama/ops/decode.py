@@ -1,63 +1,123 @@
-"""Launchers of the decoder's own kernels (kernels/decode.cu): RoPE at absolute positions with the
-KV-cache write, attention of new positions over the cache, and the last position of each sequence.
-The caches are (B, KV, max_len, D) per layer, bf16 or fp32."""
+"""Launchers of the decoder's own kernels (kernels/decode.cu): the token embedding and the last
+residual add into the fp32 stream with its RMSNorm statistics, the prefill's KV-cache write,
+flash-decoding attention over the cache, and the step's end (the sampled ids into the history, the
+position advanced). The caches are (B, KV, T_max, D) bf16 per layer; the position, p, lives on the
+device (int32 (1,)) so that a captured decode step serves every token."""
 
 from __future__ import annotations
 
+import math
+
 from ..cuda import BF16, DeviceArray
-from .common import BLOCK, F32, blocks, check, kernel
+from .common import BLOCK, F32, I32, blocks, check, check_aligned, kernel, multiprocessors
+from .gemv import DecodeScratch
 
-CACHE_KERNELS = {F32: "f32", BF16: "bf16"}
-ATTENTION_BLOCK = 256
-
-
-def _cache_suffix(k_cache: DeviceArray, v_cache: DeviceArray) -> str:
-    if k_cache.dtype not in CACHE_KERNELS or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"caches must both be float32 or bfloat16, got {k_cache.dtype} and {v_cache.dtype}")
-    return CACHE_KERNELS[k_cache.dtype]
+ATTENTION_THREADS = 128
+MAX_GROUP = 8  # query heads per kv head
+MAX_HEAD_DIM = 128
+ATTENTION_TILE = 128  # keys scored at once
+MAX_SPLITS = 64
 
 
-def rope_kv_write(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, qkv: DeviceArray, cos: DeviceArray,
-                  sin: DeviceArray, p0: int) -> None:
-    """qkv (B, n, (H + 2KV) * D) -> q (B, H, n, D) rotated at positions p0.., and k (rotated), v
-    written into the caches (B, KV, T_max, D) at p0 .. p0 + n - 1."""
-    B, H, n, D = q.shape
-    _check_cache(k_cache, v_cache, B, D)
-    KV, T_max = k_cache.shape[1], k_cache.shape[2]
-    check("q", q, (B, H, n, D))
-    check("qkv", qkv, (B, n, (H + 2 * KV) * D))
-    if not 0 <= p0 <= T_max - n or cos.shape[0] < p0 + n or cos.shape[1:] != (D // 2,) or sin.shape != cos.shape:
-        raise ValueError(f"positions {p0}..{p0 + n - 1} do not fit the cache ({T_max}) or cos/sin {cos.shape}")
-    suffix = _cache_suffix(k_cache, v_cache)
-    kernel("decode", f"rope_kv_write_{suffix}", "PPPPPPiiiiiii")(
-        blocks(qkv.size // 2), BLOCK, q.ptr, k_cache.ptr, v_cache.ptr, qkv.ptr, cos.ptr, sin.ptr,
-        B, n, H, KV, D, p0, T_max)
+def embed_tokens(x: DeviceArray, rstd: DeviceArray, tokens: DeviceArray, wte: DeviceArray, eps: float) -> None:
+    """x (B, C) fp32 = wte[tokens] (wte (V, C) bf16), rstd (B,) its RMSNorm's 1 / sqrt(mean(x^2) + eps)."""
+    B, (V, C) = tokens.size, wte.shape
+    check("tokens", tokens, (B,), I32)
+    check("wte", wte, (V, C), BF16)
+    check("x", x, (B, C), F32)
+    check("rstd", rstd, (B,), F32)
+    kernel("decode", "embed_tokens", "PPPPif")((B,), BLOCK, x.ptr, rstd.ptr, tokens.ptr, wte.ptr, C, eps)
 
 
-def decode_attention(out: DeviceArray, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, p0: int) -> None:
-    """out (B, n, H * D): query i of q (B, H, n, D), at position p0 + i, attends to cached keys 0 .. p0 + i."""
-    B, H, n, D = q.shape
-    _check_cache(k_cache, v_cache, B, D)
-    KV, T_max = k_cache.shape[1], k_cache.shape[2]
-    if KV == 0 or H % KV:
-        raise ValueError(f"attention: {H} query heads cannot share {KV} kv heads")
-    if D > ATTENTION_BLOCK or D % 2:
-        raise ValueError(f"head_dim {D} must be even and at most {ATTENTION_BLOCK}")
-    if not 0 <= p0 <= T_max - n:
-        raise ValueError(f"positions {p0}..{p0 + n - 1} do not fit the cache ({T_max})")
-    check("out", out, (B, n, H * D))
-    shared = 4 * (D + ATTENTION_BLOCK + ATTENTION_BLOCK // D * D)
-    kernel("decode", f"decode_attention_{_cache_suffix(k_cache, v_cache)}", "PPPPiiiiii")(
-        (n, H, B), ATTENTION_BLOCK, out.ptr, q.ptr, k_cache.ptr, v_cache.ptr, n, H, KV, D, p0, T_max, shared=shared)
+def last_residual(x: DeviceArray, rstd: DeviceArray, h: DeviceArray, branch: DeviceArray, eps: float) -> None:
+    """x (B, C) fp32 = h + branch at the last position of h, branch (B, n, C) bf16; rstd (B,) of x."""
+    B, n, C = h.shape
+    check("h", h, (B, n, C), BF16)
+    check("branch", branch, (B, n, C), BF16)
+    check("x", x, (B, C), F32)
+    check("rstd", rstd, (B,), F32)
+    kernel("decode", "last_residual", "PPPPiif")((B,), BLOCK, x.ptr, rstd.ptr, h.ptr, branch.ptr, n, C, eps)
 
 
-def last_positions(out: DeviceArray, x: DeviceArray) -> None:
-    """out (B, C) = x (B, n, C)[:, n - 1]."""
-    B, n, C = x.shape
-    check("out", out, (B, C))
-    kernel("decode", "last_positions", "PPiii")(blocks(B * C), BLOCK, out.ptr, x.ptr, B, n, C)
+def _check_caches(k_cache: DeviceArray, v_cache: DeviceArray, B: int, D: int) -> tuple[int, int]:
+    """(KV, T_max) of the bf16 caches (B, KV, T_max, D)."""
+    if len(k_cache.shape) != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D or v_cache.shape != k_cache.shape \
+            or k_cache.dtype != BF16 or v_cache.dtype != BF16:
+        raise ValueError(f"caches must be bf16 (B={B}, KV, T_max, D={D}), got {k_cache.dtype} {k_cache.shape} and "
+                         f"{v_cache.dtype} {v_cache.shape}")
+    return k_cache.shape[1], k_cache.shape[2]
 
 
-def _check_cache(k_cache: DeviceArray, v_cache: DeviceArray, B: int, D: int) -> None:
-    if len(k_cache.shape) != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
-        raise ValueError(f"caches must be (B={B}, KV, T_max, D={D}), got {k_cache.shape} and {v_cache.shape}")
+def cache_write(k_cache: DeviceArray, v_cache: DeviceArray, qkv: DeviceArray, n_heads: int,
+                position: DeviceArray) -> None:
+    """k (rotated) and v of the packed projection qkv (B, n, (H + 2KV) * D) bf16 -> the caches at
+    positions p .. p + n - 1, p = position[0] (the caller makes sure they fit)."""
+    B, n, width = qkv.shape
+    D = k_cache.shape[3] if len(k_cache.shape) == 4 else 0
+    KV, T_max = _check_caches(k_cache, v_cache, B, D)
+    check("qkv", qkv, (B, n, (n_heads + 2 * KV) * D), BF16)
+    check("position", position, (1,), I32)
+    if D % 8:
+        raise ValueError(f"cache_write: head_dim {D} must be a multiple of 8")
+    check_aligned(qkv=qkv, k_cache=k_cache, v_cache=v_cache)
+    kernel("decode", "cache_write", "PPPPiiiiii")(blocks(B * n * 2 * KV * D // 8), BLOCK, k_cache.ptr, v_cache.ptr,
+                                                  qkv.ptr, position.ptr, B, n, n_heads, KV, D, T_max)
+
+
+def attention_splits(sequences: int, n_kv_heads: int, max_len: int) -> int:
+    """Ranges of the keys per (sequence, query position, kv head): two blocks per multiprocessor in all,
+    each range at least ATTENTION_TILE keys long when the cache is full, at most MAX_SPLITS."""
+    return max(1, min(math.ceil(2 * multiprocessors() / (sequences * n_kv_heads)), math.ceil(max_len / ATTENTION_TILE),
+                      MAX_SPLITS))
+
+
+def attention_scratch_size(sequences: int, n_heads: int, n_kv_heads: int, head_dim: int, max_len: int) -> int:
+    """fp32 values of decode_attention's partial results for `sequences` (batch x query positions)."""
+    splits = attention_splits(sequences, n_kv_heads, max_len)
+    return 0 if splits == 1 else sequences * splits * n_heads * (head_dim + 2)
+
+
+def decode_attention(out: DeviceArray, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
+                     position: DeviceArray, scratch: DecodeScratch) -> None:
+    """out (B, n, H * D) bf16: query i of q (B, n, H, D) at position p + i (p = position[0]) attends to
+    the cached keys 0 .. p + i. q is fp32, or bf16 as a view of the packed projection (B, n, (H + 2KV) D)
+    (pass that array whole with q=qkv: its first H * D columns are the queries)."""
+    B, n = q.shape[:2]
+    D = k_cache.shape[3] if len(k_cache.shape) == 4 else 0
+    KV, T_max = _check_caches(k_cache, v_cache, B, D)
+    H = out.shape[-1] // D if D else 0
+    if KV == 0 or H % KV or H // KV > MAX_GROUP or D > MAX_HEAD_DIM or D % 8:
+        raise ValueError(f"decode_attention: {H} query heads over {KV} kv heads (at most {MAX_GROUP} each), "
+                         f"head_dim {D} (a multiple of 8, at most {MAX_HEAD_DIM})")
+    check("out", out, (B, n, H * D), BF16)
+    check("position", position, (1,), I32)
+    if q.dtype == F32:
+        check("q", q, (B, n, H, D), F32)
+        name, stride = "decode_attention_f32q", H * D
+    else:
+        check("q", q, (B, n, (H + 2 * KV) * D), BF16)
+        name, stride = "decode_attention_bf16q", (H + 2 * KV) * D
+    splits = attention_splits(B * n, KV, T_max)
+    if splits > 1 and (attention_scratch_size(B * n, H, KV, D, T_max) > scratch.partial.size
+                       or B * n * KV > scratch.counters.size):
+        raise ValueError("decode_attention: the scratch is too small for this batch")
+    kernel("decode", name, "PPPPiPPPiiiii")((splits, KV, B * n), ATTENTION_THREADS, out.ptr, scratch.partial.ptr,
+                                            scratch.counters.ptr, q.ptr, stride, k_cache.ptr, v_cache.ptr,
+                                            position.ptr, n, H, KV, D, T_max)
+
+
+def advance(history: DeviceArray, position: DeviceArray, ids: DeviceArray) -> None:
+    """The end of a decode step: history (B, T_max) int32 at p + 1 = ids (B,), then p += 1."""
+    B, T_max = history.shape
+    check("history", history, (B, T_max), I32)
+    check("ids", ids, (B,), I32)
+    check("position", position, (1,), I32)
+    kernel("decode", "advance", "PPPii")((1,), 32, history.ptr, position.ptr, ids.ptr, B, T_max)
+
+
+def to_bf16(out: DeviceArray, x: DeviceArray) -> None:
+    """out = x (fp32) rounded to bf16, any shape."""
+    check("x", x, x.shape, F32)
+    check("out", out, x.shape, BF16)
+    kernel("decode", "to_bf16", "PPq")((min(blocks(x.size)[0], 32 * multiprocessors()),), BLOCK, out.ptr, x.ptr,
+                                       x.size)

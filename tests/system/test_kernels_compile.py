@@ -34,3 +34,20 @@ def test_compiles(source, arch, tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr.lower(), result.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_the_gemv_arguments_match_their_numpy_layout(tmp_path):
+    """The GEMV launcher packs kernels/gemv.cu's GemvArgs struct by hand (llama/ops/gemv.py's GEMV_ARGS):
+    every field's offset and the size must be the C compiler's."""
+    from llama.ops.gemv import GEMV_ARGS
+    fields = "".join(f'    printf("{name} %zu\\n", offsetof(GemvArgs, {name}));\n' for name in GEMV_ARGS.names)
+    program = tmp_path / "layout.cu"
+    program.write_text(f'#include <cstdio>\n#include <cstddef>\n#include "gemv.cu"\nint main() {{\n{fields}'
+                       '    printf("sizeof %zu\\n", sizeof(GemvArgs));\n}\n')
+    build = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I", str(kernel_dir()), "-o", str(tmp_path / "layout"),
+                            str(program)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    printed = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
+    layout = dict(zip(printed[::2], map(int, printed[1::2])))
+    assert layout == {name: GEMV_ARGS.fields[name][1] for name in GEMV_ARGS.names} | {"sizeof": GEMV_ARGS.itemsize}

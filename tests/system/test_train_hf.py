@@ -19,7 +19,7 @@ from llama import trainer
 from llama.io.checkpoint import latest_checkpoint, load_checkpoint
 from llama.config import get_preset
 from llama.data.datasets import prepare_tinyshakespeare
-from llama.generate import generate
+from llama.generate import Sampling, generate
 from llama.model.reference import ReferenceDecoder
 from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters
@@ -145,8 +145,8 @@ def test_generate_script_streams_what_generate_produces(hf_folder, tmp_path):
     tokenizer = Llama3Tokenizer(folder / "tokenizer.json")
     decoder = ReferenceDecoder(CONFIG, params, max_len=64)
     prompt = "the thin line"
-    expected = generate(decoder, tokenizer.encode(prompt, bos=True), 12, np.random.default_rng(3), temperature=0.9,
-                        top_p=0.8, stop_ids=(tokenizer.eos_id,))
+    expected = generate(decoder, tokenizer.encode(prompt, bos=True), 12, Sampling(0.9, top_p=0.8, seed=3),
+                        stop_ids=(tokenizer.eos_id,))
     result = run_generate("hf", "--prompt", prompt, "-n", "12", "--temperature", "0.9", "--top-p", "0.8",
                           "--seed", "3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -155,7 +155,7 @@ def test_generate_script_streams_what_generate_produces(hf_folder, tmp_path):
     assert re.search(r"\[cpu\] prefill 9 tokens: .* tokens/s \| decode \d+ tokens: .* tokens/s", result.stderr)
 
     chat = tokenizer.encode_chat([{"role": "user", "content": "hi"}])
-    expected = generate(decoder, chat, 10, np.random.default_rng(0), temperature=0, stop_ids=tokenizer.stop_ids)
+    expected = generate(decoder, chat, 10, Sampling(temperature=0), stop_ids=tokenizer.stop_ids)
     result = run_generate(f"hf:{folder}", "--chat", "-n", "10", "--temperature", "0", cwd=tmp_path, stdin="hi")
     assert result.returncode == 0, result.stderr
     assert result.stdout == tokenizer.decode([t for t in expected.tokens if t not in tokenizer.stop_ids]) + "\n"

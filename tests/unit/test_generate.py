@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.generate import TextStream, decoder_for, generate, sample_token
+from llama.generate import Sampling, TextStream, decoder_for, generate, sample_token
 from llama.plan import make_plan
 from llama.model.reference import ReferenceDecoder
 from llama.model.reference import ReferenceModel
@@ -44,8 +44,7 @@ def test_cached_logits_equal_the_full_forward_at_every_position(dtype, tol, chun
 def test_greedy_generation_is_the_same_with_and_without_the_cache():
     model = random_model(np.float32, seed=2)
     prompt = [3, 14, 15, 92, 65]
-    result = generate(ReferenceDecoder(CONFIG, model.params, max_len=40), prompt, 20, np.random.default_rng(0),
-                      temperature=0)
+    result = generate(ReferenceDecoder(CONFIG, model.params, max_len=40), prompt, 20, Sampling(temperature=0))
     ids = list(prompt)
     for _ in range(20):  # no cache: the whole sequence again for every token
         model.forward(np.array([ids]))
@@ -57,13 +56,13 @@ def test_greedy_generation_is_the_same_with_and_without_the_cache():
 def test_generation_stops_at_a_stop_id_or_a_full_cache():
     model = random_model(np.float32, seed=3)
     decoder = decoder_for(model, make_plan(CONFIG, "cpu"), max_len=12)
-    free = generate(decoder, [1, 2, 3], 50, np.random.default_rng(0), temperature=0)
+    free = generate(decoder, [1, 2, 3], 50, Sampling(temperature=0))
     assert len(free.tokens) == 10 and decoder.position == 12  # 12 positions: 3 prompt + 9 decoded, 1 more drawn
     stop = free.tokens[4]
-    stopped = generate(decoder, [1, 2, 3], 50, np.random.default_rng(0), temperature=0, stop_ids=(stop,))
+    stopped = generate(decoder, [1, 2, 3], 50, Sampling(temperature=0), stop_ids=(stop,))
     assert stopped.tokens == free.tokens[:free.tokens.index(stop) + 1]
     with pytest.raises(ValueError, match="the prompt must hold 1 to 12 tokens"):
-        generate(decoder, list(range(13)), 5, np.random.default_rng(0))
+        generate(decoder, list(range(13)), 5, Sampling())
     with pytest.raises(ValueError, match="do not fit: batch 1"):
         decoder.forward(np.zeros((2, 1), dtype=np.int64))
 

@@ -1,0 +1,258 @@
+// Skinny GEMMs for decoding: out (B, N) = x (B, K) @ W^T for a batch of 1 to 16 sequences, W (N, K) bf16
+// (Meta's (out, in) layout, the bf16 weights read once per token), fp32 accumulation on tensor cores.
+// Decode is bound by reading W, so the kernel is built around that stream:
+// - A tile is 32 rows of W, two m16 tiles of mma.sync m16n8k16 with the batch as the n8 (n16) side. Its
+//   two halves are rows [r, r + 16) and [r + second, r + second + 16): second = 16 for contiguous rows,
+//   F for gate+up (gate rows n.., up rows F + n..), so that SwiGLU's two operands meet in one tile.
+// - Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes (8 consecutive k) of rows g and g + 8 of each
+//   half, and 16 bytes of x for batch rows g (and g + 8): the k order inside the mma's 16-wide
+//   reduction is permuted (lane t's slots {2t, 2t+1, 2t+8, 2t+9} hold k = 8t + {0..3} in the first
+//   mma and 8t + {4..7} in the second), the same for W and x, so no shuffles are needed.
+// - Every block takes one tile and one of `splits` equal ranges of K; its 4 warps take UNROLL k-steps
+//   of 32 each in turn (UNROLL * 2 * 2 16-byte weight loads in flight per lane), and add their results
+//   in warp order through shared memory. With splits > 1 the block that arrives last at the tile's
+//   counter adds the splits' partial tiles (partial, fp32) in split order and runs the epilogue: the
+//   sums' order is fixed, so results are deterministic.
+// - x is bf16 (B, K), or with NORM the fp32 residual stream (B, K) with its RMSNorm applied on the way
+//   in: bf16(x * rstd[b] * weight[k]), rstd (B,) from the kernel that wrote x.
+// Epilogues (one entry point each):
+//   gemv_store:    out (B, N) fp32 = x @ W^T                              (the head's logits)
+//   gemv_residual: x_out (B, N) fp32 += x @ W^T, then rstd_out (B,) = 1 / sqrt(mean(x_out^2) + eps), the
+//                  next RMSNorm's; the last tile to finish adds the tiles' sums of squares (in a fixed order)
+//   gemv_swiglu:   out (B, F) bf16 = silu(gate) * up, [gate | up] = x @ W^T, W = w13 (2F, K)
+//   gemv_qkv_rope: qkv = x @ W^T, W = wqkv ((H + 2KV) D, K); q and k rotated at position *position
+//                  (RoPE, Meta's interleaved pairs, cos/sin (T_max, D/2)); q -> q_out (B, H, D) fp32,
+//                  k and v -> k_cache, v_cache (B, KV, T_max, D) bf16 at position *position
+// Requirements: K % 8 == 0, W, x 16-byte aligned rows; B <= 16; D even.
+#include <cstdint>
+#include "bf16.cuh"
+
+#define GEMV_WARPS 4
+#define GEMV_THREADS (GEMV_WARPS * 32)
+#define GEMV_ROWS 32     // rows of W per tile
+#define GEMV_MAX_BATCH 16
+#define GEMV_UNROLL 4    // k-steps of 32 loaded before they are multiplied
+
+enum GemvEpilogue { GEMV_STORE, GEMV_RESIDUAL, GEMV_SWIGLU, GEMV_QKV_ROPE };
+
+struct GemvArgs {
+    const bf16* w;          // (N_w, K): the weight rows
+    const void* x;          // (B, K): bf16, or fp32 with norm_weight (the residual stream, normalized here)
+    const float* norm_weight;  // (K,) or null
+    const float* rstd;      // (B,) with norm_weight
+    int B, N, K, second;    // N: output rows (features); second: row offset of a tile's second half
+    int splits;
+    float* partial;         // (tiles, splits, GEMV_ROWS, GEMV_MAX_BATCH) fp32 scratch, when splits > 1
+    unsigned int* counters; // (tiles + 1,) zeroed: per tile, then one for the RMSNorm statistics
+    // epilogue outputs
+    float* out_f32;         // store: (B, N); residual: the stream x_out (B, N)
+    bf16* out_bf16;         // swiglu: (B, F)
+    float* rstd_out;        // residual: (B,)
+    float* squares;         // residual: (tiles, B) sums of squares per tile
+    float eps;
+    float* q_out;           // qkv_rope: (B, H, D)
+    bf16* k_cache;
+    bf16* v_cache;          // (B, KV, T_max, D)
+    const float* cos_table;
+    const float* sin_table; // (T_max, D/2)
+    const int* position;
+    int H, KV, D, T_max;
+};
+
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes of weights, streamed past L1 (read once per token)
+__device__ __forceinline__ uint4 load_weights(const bf16* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+
+// 8 values of x's row b from k, as bf16: the input as stored, or normalized from the fp32 stream
+template <bool NORM>
+__device__ __forceinline__ uint4 load_x(const GemvArgs& a, int b, int k) {
+    if constexpr (NORM) {
+        float v[8], w[8];
+        load_f32x8(v, static_cast<const float*>(a.x) + (long long)b * a.K + k);
+        load_f32x8(w, a.norm_weight + k);
+        const float r = a.rstd[b];
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = v[j] * r * w[j];
+        return pack_bf16x8(v);
+    } else {
+        return *reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) + (long long)b * a.K + k);
+    }
+}
+
+// The block's tile (GEMV_ROWS, GEMV_MAX_BATCH) fp32 over its K range, into `tile` (shared), rows in the
+// order [first half | second half].
+template <int NT, bool NORM>
+__device__ void tile_product(float (*tile)[GEMV_MAX_BATCH], const GemvArgs& a, int row0, int k_begin, int k_end) {
+    __shared__ float warp_tiles[GEMV_WARPS][GEMV_ROWS][GEMV_MAX_BATCH];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const bf16* rows[2][2];  // [half][g, g + 8]
+    bool row_ok[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;  // row inside the half
+            row_ok[m][h] = row0 + r + (a.second == 16 ? 16 * m : 0) < a.N;  // its output feature exists
+            rows[m][h] = a.w + (long long)(row0 + r + m * a.second) * a.K;
+        }
+    float acc[2][NT][4] = {};
+    for (int k0 = k_begin + warp * 32 * GEMV_UNROLL; k0 < k_end; k0 += GEMV_WARPS * 32 * GEMV_UNROLL) {
+        uint4 w[GEMV_UNROLL][2][2], x[GEMV_UNROLL][NT];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int k = k0 + 32 * u + 8 * t;
+            const bool k_ok = k < k_end;
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    w[u][m][h] = k_ok && row_ok[m][h] ? load_weights(rows[m][h] + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                x[u][n] = k_ok && g + 8 * n < a.B ? load_x<NORM>(a, g + 8 * n, k) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    mma_m16n8k16(acc[m][n], w[u][m][0].x, w[u][m][1].x, w[u][m][0].y, w[u][m][1].y, x[u][n].x,
+                                 x[u][n].y);
+                    mma_m16n8k16(acc[m][n], w[u][m][0].z, w[u][m][1].z, w[u][m][0].w, w[u][m][1].w, x[u][n].z,
+                                 x[u][n].w);
+                }
+    }
+    // accumulators: acc[m][n][i] is row 16m + g + 8 (i / 2), batch 8n + 2t + i % 2
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) warp_tiles[warp][16 * m + g + 8 * (i / 2)][8 * n + 2 * t + i % 2] = acc[m][n][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < GEMV_ROWS * GEMV_MAX_BATCH; e += GEMV_THREADS) {
+        const int r = e / GEMV_MAX_BATCH, b = e % GEMV_MAX_BATCH;
+        if (b >= 8 * NT) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; w++) sum += warp_tiles[w][r][b];
+        tile[r][b] = sum;
+    }
+    __syncthreads();
+}
+
+// The whole tile in `tile` for the block that finishes it (true), after the splits' partial tiles are
+// added in split order; false in the other blocks, which are done.
+template <int NT, bool NORM>
+__device__ bool finished_tile(float (*tile)[GEMV_MAX_BATCH], const GemvArgs& a, int tile_index, int row0) {
+    const int split = blockIdx.y;
+    const int chunk = ((a.K + a.splits - 1) / a.splits + 31) / 32 * 32;
+    const int k_begin = split * chunk, k_end = min(a.K, k_begin + chunk);
+    tile_product<NT, NORM>(tile, a, row0, k_begin, k_end);
+    if (a.splits == 1) return true;
+    constexpr int ELEMS = GEMV_ROWS * GEMV_MAX_BATCH;
+    float* mine = a.partial + ((long long)tile_index * a.splits + split) * ELEMS;
+    for (int e = threadIdx.x; e < ELEMS; e += GEMV_THREADS) mine[e] = tile[e / GEMV_MAX_BATCH][e % GEMV_MAX_BATCH];
+    if (!arrive_last(a.counters + tile_index, a.splits)) return false;
+    const float* all = a.partial + (long long)tile_index * a.splits * ELEMS;
+    for (int e = threadIdx.x; e < ELEMS; e += GEMV_THREADS) {
+        float sum = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < a.splits; s++) sum += __ldcg(all + (long long)s * ELEMS + e);
+        tile[e / GEMV_MAX_BATCH][e % GEMV_MAX_BATCH] = sum;
+    }
+    __syncthreads();
+    return true;
+}
+
+template <int NT, bool NORM, int EPILOGUE>
+__device__ void gemv(const GemvArgs& a) {
+    __shared__ float tile[GEMV_ROWS][GEMV_MAX_BATCH];
+    const int tile_index = blockIdx.x;
+    const int row0 = tile_index * (a.second == 16 ? GEMV_ROWS : 16);  // swiglu tiles cover 16 features
+    if (!finished_tile<NT, NORM>(tile, a, tile_index, row0)) return;
+    if constexpr (EPILOGUE == GEMV_STORE || EPILOGUE == GEMV_RESIDUAL) {
+        float squares = 0.0f;  // residual: this thread's part of the tile's sum of squares of batch row b
+        const int b = threadIdx.x % GEMV_MAX_BATCH;
+        for (int e = threadIdx.x; e < GEMV_ROWS * GEMV_MAX_BATCH; e += GEMV_THREADS) {
+            const int r = e / GEMV_MAX_BATCH, n = row0 + r;
+            if (b >= a.B || n >= a.N) continue;
+            float* out = a.out_f32 + (long long)b * a.N + n;
+            const float v = EPILOGUE == GEMV_RESIDUAL ? *out + tile[r][b] : tile[r][b];
+            *out = v;
+            squares += v * v;
+        }
+        if constexpr (EPILOGUE == GEMV_RESIDUAL) {
+            // threads b, b + 16, ... hold batch row b's parts: add them in thread order
+            __shared__ float parts[GEMV_THREADS];
+            parts[threadIdx.x] = squares;
+            __syncthreads();
+            if (threadIdx.x < a.B) {
+                float sum = 0.0f;
+                for (int i = threadIdx.x; i < GEMV_THREADS; i += GEMV_MAX_BATCH) sum += parts[i];
+                a.squares[(long long)tile_index * a.B + threadIdx.x] = sum;
+            }
+            if (!arrive_last(a.counters + gridDim.x, gridDim.x)) return;
+            // a warp per batch row: lane l adds tiles l, l + 32, ..., then the lanes' sums in a fixed tree
+            const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+            for (int row = warp; row < a.B; row += GEMV_WARPS) {
+                float sum = 0.0f;
+                for (int i = lane; i < gridDim.x; i += 32) sum += __ldcg(a.squares + (long long)i * a.B + row);
+                sum = warp_sum(sum);
+                if (lane == 0) a.rstd_out[row] = rsqrtf(sum / a.N + a.eps);
+            }
+        }
+    } else if constexpr (EPILOGUE == GEMV_SWIGLU) {
+        for (int e = threadIdx.x; e < 16 * GEMV_MAX_BATCH; e += GEMV_THREADS) {
+            const int r = e / GEMV_MAX_BATCH, b = e % GEMV_MAX_BATCH, n = row0 + r;
+            if (b >= a.B || n >= a.N) continue;
+            const float gate = tile[r][b], up = tile[16 + r][b];
+            a.out_bf16[(long long)b * a.N + n] = __float2bfloat16(gate / (1.0f + expf(-gate)) * up);
+        }
+    } else {  // GEMV_QKV_ROPE: rows (2j, 2j + 1) of a head are a pair
+        const int p = *a.position, half = a.D / 2;
+        for (int e = threadIdx.x; e < GEMV_ROWS / 2 * GEMV_MAX_BATCH; e += GEMV_THREADS) {
+            const int r = 2 * (e / GEMV_MAX_BATCH), b = e % GEMV_MAX_BATCH, n = row0 + r;
+            if (b >= a.B || n >= a.N) continue;
+            const int slot = n / a.D, d = n % a.D;  // slot: query heads, then key heads, then value heads
+            float y0 = tile[r][b], y1 = tile[r + 1][b];
+            if (slot < a.H + a.KV) {
+                const float c = a.cos_table[(long long)p * half + d / 2], s = a.sin_table[(long long)p * half + d / 2];
+                const float x0 = y0, x1 = y1;
+                y0 = x0 * c - x1 * s;
+                y1 = x0 * s + x1 * c;
+            }
+            if (slot < a.H) {
+                float* q = a.q_out + ((long long)b * a.H + slot) * a.D + d;
+                q[0] = y0;
+                q[1] = y1;
+            } else {
+                const bool is_key = slot < a.H + a.KV;
+                const int head = slot - a.H - (is_key ? 0 : a.KV);
+                bf16* cache = (is_key ? a.k_cache : a.v_cache) + (((long long)b * a.KV + head) * a.T_max + p) * a.D + d;
+                *reinterpret_cast<__nv_bfloat162*>(cache) = __floats2bfloat162_rn(y0, y1);
+            }
+        }
+    }
+}
+
+// One entry point per (batch tiles, input, epilogue); the launcher picks by name.
+#define GEMV_ENTRY(NAME, NT, NORM, EPILOGUE) \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(GemvArgs a) { gemv<NT, NORM, EPILOGUE>(a); }
+
+GEMV_ENTRY(gemv_store_norm_b8, 1, true, GEMV_STORE)
+GEMV_ENTRY(gemv_store_norm_b16, 2, true, GEMV_STORE)
+GEMV_ENTRY(gemv_residual_b8, 1, false, GEMV_RESIDUAL)
+GEMV_ENTRY(gemv_residual_b16, 2, false, GEMV_RESIDUAL)
+GEMV_ENTRY(gemv_swiglu_norm_b8, 1, true, GEMV_SWIGLU)
+GEMV_ENTRY(gemv_swiglu_norm_b16, 2, true, GEMV_SWIGLU)
+GEMV_ENTRY(gemv_qkv_rope_norm_b8, 1, true, GEMV_QKV_ROPE)
+GEMV_ENTRY(gemv_qkv_rope_norm_b16, 2, true, GEMV_QKV_ROPE)
