@@ -219,8 +219,9 @@ __device__ T block_exclusive_scan(T v, T& total) {
     return before + inclusive - v;
 }
 
-// The radix descent shared by top-k and top-p. Each logit x that takes part (element(x, key, amount)
-// returns true) holds `amount` at a 32-bit `key`; A(k) is the amount held by the keys > k. Returns
+// The radix descent shared by top-k and top-p. Each logit x that takes part (key_of(x, key) returns
+// true) holds amount_of(x) at a 32-bit `key` (the amount is only computed for the keys that match the
+// digits chosen so far); A(k) is the amount held by the keys > k. Returns
 // the smallest key k with a positive amount and A(k) < budget, where budget = budget_of(the amount
 // of all). With amounts 1 and budget k that is the k-th largest key; with masses and budget
 // top_p * total it is the nucleus threshold. Each pass histograms the keys that match the digits
@@ -228,8 +229,9 @@ __device__ T block_exclusive_scan(T v, T& total) {
 // included) is below the budget holds the answer. Such a bucket always exists when the budget is
 // positive: the highest nonempty one has nothing more above it. Thread t scans the buckets
 // t * per .. t * per + per - 1 counted from the top digit down.
-template <typename Histogram, typename Element, typename BudgetOf>
-__device__ unsigned radix_select(const float* row, int V, Histogram hist, Element element, BudgetOf budget_of) {
+template <typename Histogram, typename KeyOf, typename AmountOf, typename BudgetOf>
+__device__ unsigned radix_select(const float* row, int V, Histogram hist, KeyOf key_of, AmountOf amount_of,
+                                 BudgetOf budget_of) {
     using Amount = typename Histogram::Amount;
     __shared__ int chosen_digit;
     __shared__ Amount chosen_above;
@@ -245,9 +247,10 @@ __device__ unsigned radix_select(const float* row, int V, Histogram hist, Elemen
         __syncthreads();
         for_each_logit(row, 0, V, threadIdx.x, blockDim.x, [&](int, float x) {
             unsigned key = 0;
-            Amount amount = 0;
-            if (element(x, key, amount) && amount > 0 && (key & prefix_mask) == prefix)
-                hist.add((key >> shift) & (buckets - 1), amount);
+            if (key_of(x, key) && (key & prefix_mask) == prefix) {
+                const Amount amount = amount_of(x);
+                if (amount > 0) hist.add((key >> shift) & (buckets - 1), amount);
+            }
         });
         __syncthreads();
         const int per = buckets / blockDim.x, top = buckets - 1 - threadIdx.x * per;  // digits top .. top - per + 1
@@ -342,12 +345,11 @@ sample_tokens(int* ids, const float* __restrict__ logits, int V, float temperatu
     if (top_k > 0 && top_k < V) {
         cutoff = radix_select(
             row, V, CountHistogram{scratch},
-            [&](float x, unsigned& key, unsigned& amount) {
+            [&](float x, unsigned& key) {
                 key = ordered_key(x);
-                amount = 1;
                 return true;
             },
-            [&](unsigned) { return (unsigned)top_k; });
+            [&](float) { return 1u; }, [&](unsigned) { return (unsigned)top_k; });
     }
 
     // top-p: the bits of the kept weights are >= threshold (0 keeps every id)
@@ -355,13 +357,11 @@ sample_tokens(int* ids, const float* __restrict__ logits, int V, float temperatu
     if (top_p < 1.0f) {
         threshold = radix_select(
             row, V, MassHistogram{scratch, scratch + MAX_BUCKETS},
-            [&](float x, unsigned& key, unsigned long long& amount) {
-                if (ordered_key(x) < cutoff) return false;
-                const float weight = softmax_weight(x, max_logit, scale);
-                key = __float_as_uint(weight);
-                amount = fixed_point_mass(weight);
-                return true;
+            [&](float x, unsigned& key) {
+                key = __float_as_uint(softmax_weight(x, max_logit, scale));
+                return ordered_key(x) >= cutoff;
             },
+            [&](float x) { return fixed_point_mass(softmax_weight(x, max_logit, scale)); },
             [&](unsigned long long total) {  // A < top_p * total  <=>  A < ceil(top_p * total) for integer A
                 return (unsigned long long)ceil((double)top_p * (double)total);
             });
