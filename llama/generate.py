@@ -82,6 +82,8 @@ class HostSampling:
     def decode(self, count: int, sampling: Sampling) -> np.ndarray:
         if count < 1 or self.position + count > self.max_len:
             raise ValueError(f"{count} decode steps do not fit: {self.position} of {self.max_len} positions used")
+        if getattr(self, "_drawn", None) is None:
+            raise ValueError("decode() continues from prefill() or decode(), which draw the ids it feeds")
         steps = []
         for _ in range(count):
             self._drawn = self._draw(self.forward(self._drawn[:, None]), sampling)

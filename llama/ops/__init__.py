@@ -23,9 +23,9 @@ from .decode import (MAX_GROUP, MAX_HEAD_DIM, advance, attention_scratch_size, c
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,
                               flash_attention_backward_atomic_dq, flash_attention_forward,
                               flash_attention_scratch_size)
-from .gemv import DecodeScratch, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
-from .sample import sample_tokens
 from .fp32 import (RMSNORM_PARTS, adamw_update, attention_backward, attention_forward, embedding_backward,
                    embedding_forward, fused_classifier, global_norm_squared, matmul, matmul_backward, matmul_forward,
                    residual_forward, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, sort_tokens,
                    swiglu_backward, swiglu_forward)
+from .gemv import DecodeScratch, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
+from .sample import sample_tokens
