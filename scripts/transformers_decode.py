@@ -20,8 +20,6 @@ import statistics
 import sys
 import time
 
-import torch
-
 from llama.config import LlamaConfig, get_preset
 from llama.io.hf import hf_name, transformers_config
 from llama.params import ParameterLayout, parameter_shapes
@@ -38,6 +36,7 @@ def _note(message: str) -> None:
 def _build_model(config: LlamaConfig):
     """LlamaForCausalLM of config's shape on the GPU: bf16 parameters drawn N(0, 0.02) (norms 1) from a
     seeded generator, as our training init; eval mode."""
+    import torch
     import transformers
 
     hf_config = transformers_config(config, "sdpa")
@@ -116,6 +115,8 @@ def _set_eager(model, auto_compile: bool) -> None:
 
 def _generate(model, ids, mask, new_tokens: int) -> float:
     """Wall seconds of one generate() of exactly new_tokens ids per sequence, synchronized on both sides."""
+    import torch
+
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
@@ -134,6 +135,8 @@ def _warm_up(model, ids, mask, steps: int) -> None:
 
 
 def _reset_compiled() -> None:
+    import torch
+
     torch._dynamo.reset()
     try:  # the CUDA graphs' memory pools (reduce-overhead)
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
@@ -152,6 +155,7 @@ def transformers_decode_speed(config: LlamaConfig, batch: int, prompt: int, step
     prefill tok/s = batch * prompt / TTFT, decode tok/s = batch * (steps - 1) / (full - TTFT)."""
     if steps < 2:
         raise ValueError(f"steps must be at least 2 (decode speed is the steps after the first), got {steps}")
+    import torch  # here, so that --help works without torch
     import transformers
 
     _reset_compiled()  # a fresh compile cache per model: several presets and batches run in one process
