@@ -2,6 +2,14 @@
 
 The reference for kernels/adamw.cu and kernels/global_norm.cu: the same formulas on the same flat
 buffers (parameters, gradients, first and second moments, a uint8 weight-decay mask).
+
+AdamW with 8-bit moments (`--optimizer adamw8bit`, after Dettmers et al. 2021, as bitsandbytes and
+torchao do it): the flat moment buffers are cut into blocks of QUANT_BLOCK values, each stored as one
+fp32 scale (the block's largest magnitude) and a uint8 code per value, the index of the nearest level
+of a dynamic map (DYNAMIC_SIGNED for the first moment, DYNAMIC_UNSIGNED for the second). A step
+dequantizes a chunk of blocks, runs the same AdamW formulas on it and quantizes the new moments back.
+A dequantized state quantizes back to the same codes and scales, so checkpoints keep fp32 moments and
+a resume is bit-exact.
 """
 
 from __future__ import annotations
@@ -48,6 +56,118 @@ def adamw_update(params: np.ndarray, grads: np.ndarray, m: np.ndarray, v: np.nda
     m_hat = m / dt(1 - opt.beta1 ** step)
     v_hat = v / dt(1 - opt.beta2 ** step)
     params -= dt(lr) * (m_hat / (np.sqrt(v_hat) + dt(opt.eps)) + dt(opt.weight_decay) * decay_mask * params)
+
+
+# ---- 8-bit moments
+
+QUANT_BLOCK = 256  # values that share one scale
+
+
+def dynamic_map(signed: bool) -> np.ndarray:
+    """The ascending float32 levels of 8-bit dynamic quantization in [-1, 1] (signed) or [0, 1]: zero, and
+    per decade (0.1, 1] * 10^-e a linear run of levels, 2^(6 - e) for e = 0..6 on each side (signed: 255
+    levels, code 255 unused) or 2^(7 - e) for e = 0..7 (unsigned: 256 levels). Large values of a block
+    keep about 2 significant digits, its small ones a rough magnitude down to 1e-6 (1e-7) of its largest."""
+    decades = 7 if signed else 8
+    positive = np.concatenate([10.0 ** -e * (0.1 + 0.9 * np.arange(1, n + 1) / n)
+                               for e, n in ((e, 2 ** (decades - 1 - e)) for e in reversed(range(decades)))])
+    levels = np.concatenate([-positive[::-1], [0.0], positive]) if signed else np.concatenate([[0.0], positive])
+    return levels.astype(np.float32)
+
+
+DYNAMIC_SIGNED, DYNAMIC_UNSIGNED = dynamic_map(True), dynamic_map(False)
+
+
+def _midpoints(levels: np.ndarray) -> np.ndarray:
+    return ((levels[:-1].astype(np.float64) + levels[1:]) / 2).astype(np.float32)
+
+
+MIDPOINTS = {id(DYNAMIC_SIGNED): _midpoints(DYNAMIC_SIGNED), id(DYNAMIC_UNSIGNED): _midpoints(DYNAMIC_UNSIGNED)}
+
+
+def quantize_blocks(x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes uint8 (n,), scales float32 (ceil(n / QUANT_BLOCK),)) of a flat float32 array: per block the
+    largest magnitude, and per value the nearest level of x / scale (ties go to the higher level); an
+    all-zero block has scale 0 and the code of 0."""
+    n = x.size
+    blocks = -(-n // QUANT_BLOCK)
+    padded = np.zeros(blocks * QUANT_BLOCK, np.float32)
+    padded[:n] = x
+    padded = padded.reshape(blocks, QUANT_BLOCK)
+    scales = np.abs(padded).max(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        normalized = np.where(scales[:, None] > 0, padded / scales[:, None], np.float32(0))
+    codes = np.searchsorted(MIDPOINTS[id(levels)], normalized.ravel(), side="right").astype(np.uint8)
+    return codes[:n], scales
+
+
+def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """float32 (n,): each code's level times its block's scale."""
+    return levels[codes] * np.repeat(scales, QUANT_BLOCK)[:codes.size]
+
+
+class AdamWState:
+    """AdamW's fp32 moments over a flat parameter buffer (the plain optimizer)."""
+    name = "adamw"
+
+    def __init__(self, size: int):
+        self.m, self.v = np.zeros(size, np.float32), np.zeros(size, np.float32)
+
+    def update(self, params: np.ndarray, grads: np.ndarray, decay_mask: np.ndarray, step: int, lr: float,
+               opt: AdamWConfig, grad_scale: float = 1.0) -> None:
+        adamw_update(params, grads, self.m, self.v, decay_mask, step, lr, opt, grad_scale)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of (m, v) in fp32, as checkpoints hold them."""
+        return self.m.copy(), self.v.copy()
+
+    def load(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
+        """Moments from a checkpoint (None: zeros)."""
+        self.m[:] = 0 if m is None else m
+        self.v[:] = 0 if v is None else v
+
+
+class AdamW8bitState(AdamWState):
+    """AdamW's moments in 8 bits: codes and block scales of m (signed map) and v (unsigned map). update()
+    works through chunks of CHUNK values, so its fp32 temporaries stay small."""
+    name = "adamw8bit"
+    CHUNK = 256 * QUANT_BLOCK
+
+    def __init__(self, size: int):
+        self.size, blocks = size, -(-size // QUANT_BLOCK)
+        self.m_codes, self.v_codes = (np.full(size, np.searchsorted(levels, 0), np.uint8)
+                                      for levels in (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED))
+        self.m_scales, self.v_scales = np.zeros(blocks, np.float32), np.zeros(blocks, np.float32)
+
+    def _chunk(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        b0, b1 = start // QUANT_BLOCK, -(-end // QUANT_BLOCK)
+        return (dequantize_blocks(self.m_codes[start:end], self.m_scales[b0:b1], DYNAMIC_SIGNED),
+                dequantize_blocks(self.v_codes[start:end], self.v_scales[b0:b1], DYNAMIC_UNSIGNED))
+
+    def _store(self, start: int, m: np.ndarray, v: np.ndarray) -> None:
+        end, b0 = start + m.size, start // QUANT_BLOCK
+        self.m_codes[start:end], m_scales = quantize_blocks(m, DYNAMIC_SIGNED)
+        self.v_codes[start:end], v_scales = quantize_blocks(v, DYNAMIC_UNSIGNED)
+        self.m_scales[b0:b0 + m_scales.size], self.v_scales[b0:b0 + v_scales.size] = m_scales, v_scales
+
+    def update(self, params: np.ndarray, grads: np.ndarray, decay_mask: np.ndarray, step: int, lr: float,
+               opt: AdamWConfig, grad_scale: float = 1.0) -> None:
+        """Dequantize, adamw_update, quantize back, chunk by chunk (chunks are whole blocks)."""
+        for start in range(0, self.size, self.CHUNK):
+            end = min(start + self.CHUNK, self.size)
+            m, v = self._chunk(start, end)
+            adamw_update(params[start:end], grads[start:end], m, v, decay_mask[start:end], step, lr, opt, grad_scale)
+            self._store(start, m, v)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._chunk(0, self.size)
+
+    def load(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
+        self._store(0, np.zeros(self.size, np.float32) if m is None else np.asarray(m, np.float32),
+                    np.zeros(self.size, np.float32) if v is None else np.asarray(v, np.float32))
+
+
+OPTIMIZERS = {state.name: state for state in (AdamWState, AdamW8bitState)}
 
 
 def learning_rate(step: int, max_steps: int, lr: float, warmup_steps: int = 0,

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm, learning_rate
+from llama.optim import (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, AdamW8bitState, AdamWConfig, AdamWState,
+                         adamw_update, clip_scale, dequantize_blocks, global_norm, learning_rate, quantize_blocks)
 
 
 def test_first_adamw_step_is_sign_descent_plus_decay():
@@ -54,3 +55,99 @@ def test_schedules(schedule):
         assert lrs[55] == pytest.approx(0.55)
     with pytest.raises(ValueError, match="unknown schedule"):
         learning_rate(0, 10, 1.0, schedule="step")
+
+
+# ---- 8-bit moments
+
+
+@pytest.mark.parametrize("levels, count", [(DYNAMIC_SIGNED, 255), (DYNAMIC_UNSIGNED, 256)])
+def test_dynamic_maps_are_ascending_and_hold_zero_and_one(levels, count):
+    assert levels.dtype == np.float32 and levels.size == count and np.all(np.diff(levels) > 0)
+    assert levels[-1] == 1 and 0 in levels and levels[0] == (-1 if levels is DYNAMIC_SIGNED else 0)
+    top = levels[levels >= 0.1]  # the top decade: two significant digits
+    assert np.diff(top).max() <= 0.9 / (64 if levels is DYNAMIC_SIGNED else 128) + 1e-7
+
+
+def _nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """float64 brute force: each normalized value's nearest level."""
+    return levels[np.abs(x[:, None].astype(np.float64) - levels[None, :]).argmin(axis=1)]
+
+
+@pytest.mark.parametrize("levels, n", [(DYNAMIC_SIGNED, 3 * QUANT_BLOCK), (DYNAMIC_SIGNED, 1000),
+                                       (DYNAMIC_UNSIGNED, 777)])
+def test_quantize_takes_each_block_scale_and_the_nearest_level(levels, n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * np.exp(rng.uniform(-8, 2, n))).astype(np.float32)  # magnitudes over 4 decades
+    if levels is DYNAMIC_UNSIGNED:
+        x = x * x
+    codes, scales = quantize_blocks(x, levels)
+    assert codes.dtype == np.uint8 and codes.shape == (n,) and scales.shape == (-(-n // QUANT_BLOCK),)
+    blocks = np.arange(n) // QUANT_BLOCK
+    np.testing.assert_array_equal(scales, [np.abs(x[blocks == b]).max() for b in range(scales.size)])
+    normalized = x.astype(np.float64) / scales[blocks]
+    np.testing.assert_array_equal(levels[codes], _nearest(normalized, levels))
+    out = dequantize_blocks(codes, scales, levels)
+    assert out.dtype == np.float32
+    big = np.abs(normalized) >= 0.1  # the top decade holds every value to 0.7% (signed) of its block's largest
+    assert np.abs(out - x)[big].max() <= (0.9 / 64 / 2 + 1e-6) * scales[blocks][big].max()
+
+
+def test_zeros_stay_zero_and_an_outlier_only_coarsens_its_own_block():
+    x = np.zeros(4 * QUANT_BLOCK, np.float32)
+    x[QUANT_BLOCK:] = np.random.default_rng(0).standard_normal(3 * QUANT_BLOCK).astype(np.float32)
+    x[QUANT_BLOCK + 5] = 0.0
+    x[2 * QUANT_BLOCK + 7] = 1e4  # an outlier
+    codes, scales = quantize_blocks(x, DYNAMIC_SIGNED)
+    out = dequantize_blocks(codes, scales, DYNAMIC_SIGNED)
+    assert scales[0] == 0 and np.all(out[:QUANT_BLOCK] == 0) and out[QUANT_BLOCK + 5] == 0  # zeros are exact
+    assert out[2 * QUANT_BLOCK + 7] == 1e4  # the largest value of a block is its scale, exactly
+    outlier_block = slice(2 * QUANT_BLOCK, 3 * QUANT_BLOCK)
+    others = np.arange(2 * QUANT_BLOCK, 3 * QUANT_BLOCK) != 2 * QUANT_BLOCK + 7
+    rest, kept = x[outlier_block][others], out[outlier_block][others]  # 1e-5 to 3e-4 of it: a rough magnitude
+    assert np.all(np.abs(kept - rest) <= np.abs(rest)) and np.abs(kept - rest).max() > 0.1 * np.abs(rest).max()
+    third = slice(3 * QUANT_BLOCK, None)  # the next block keeps its own precision
+    assert np.abs(out[third] - x[third]).max() < 0.03 * np.abs(x[third]).max()
+
+
+@pytest.mark.parametrize("levels", [DYNAMIC_SIGNED, DYNAMIC_UNSIGNED])
+def test_a_dequantized_state_quantizes_back_to_the_same_bits(levels):
+    """What lets checkpoints keep fp32 moments: resume requantizes them to exactly the state it saved."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(5000) * np.exp(rng.uniform(-20, 5, 5000))).astype(np.float32)
+    codes, scales = quantize_blocks(np.abs(x) if levels is DYNAMIC_UNSIGNED else x, levels)
+    again = quantize_blocks(dequantize_blocks(codes, scales, levels), levels)
+    np.testing.assert_array_equal(again[0], codes)
+    np.testing.assert_array_equal(again[1], scales)
+
+
+def _steps(state, steps: int = 30, n: int = 3000, chunk: int | None = None) -> np.ndarray:
+    rng = np.random.default_rng(2)
+    params = rng.standard_normal(n).astype(np.float32)
+    mask = (np.arange(n) % 7 != 0).astype(np.uint8)
+    if chunk:
+        state.CHUNK = chunk
+    for step in range(1, steps + 1):
+        grads = (rng.standard_normal(n) * np.linspace(1e-4, 1, n) + 0.3 * np.sin(np.arange(n) + step)).astype(np.float32)
+        state.update(params, grads, mask, step, 1e-2, AdamWConfig(), grad_scale=0.5)
+    return params
+
+
+def test_adamw8bit_follows_adamw_and_its_chunks_do_not_matter():
+    plain, eight = _steps(AdamWState(3000)), _steps(AdamW8bitState(3000))
+    start = np.random.default_rng(2).standard_normal(3000).astype(np.float32)
+    moved = np.abs(plain - start)
+    assert np.abs(eight - plain).max() < 0.05 * moved.max()  # measured 0.024 after 30 steps of lr 1e-2
+    assert np.linalg.norm(eight - plain) < 0.025 * np.linalg.norm(moved)  # measured 0.017
+    np.testing.assert_array_equal(_steps(AdamW8bitState(3000), chunk=2 * QUANT_BLOCK), eight)
+
+
+def test_adamw8bit_state_goes_through_fp32_moments_unchanged():
+    state = AdamW8bitState(1000)
+    _steps(state, steps=3, n=1000)
+    m, v = state.moments()
+    again = AdamW8bitState(1000)
+    again.load(m, v)
+    for name in ("m_codes", "m_scales", "v_codes", "v_scales"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(state, name))
+    again.load(None, None)
+    assert all(np.all(x == 0) for x in again.moments())
