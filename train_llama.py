@@ -36,7 +36,8 @@ from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir
 from llama.memory import NotEnoughMemory
-from llama.optim import SCHEDULES
+from llama.model.reference import RECOMPUTE
+from llama.optim import OPTIMIZERS, SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import PlanError
 from llama.signals import StopNow
@@ -80,6 +81,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("-q", "--final-lr-frac", type=fraction, default=0.1, help="final lr as a fraction of the peak")
     g.add_argument("-c", "--weight-decay", type=nonnegative_float, default=0.1, help="AdamW weight decay")
     g.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max global grad norm (0: off)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="adamw (fp32 moments) or adamw8bit (moments in 8 bits, block-wise; the CPU reference so far); "
+                        "default adamw")
+    g = p.add_argument_group("memory")
+    g.add_argument("--recompute", choices=RECOMPUTE, default=None,
+                   help="what the backward recomputes instead of keeping: nothing, the RMSNorm outputs and SwiGLU "
+                        "(partial), or every layer from its input (full; the CPU reference so far); default partial "
+                        "on a GPU in bf16, else none")
     g = p.add_argument_group("evaluation and sampling")
     g.add_argument("-v", "--val-every", type=nonnegative_int, default=50, help="validate every N steps (0: never)")
     g.add_argument("-m", "--val-batches", type=positive_int, default=10, help="batches per validation")

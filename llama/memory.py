@@ -5,25 +5,30 @@ Host memory available is the least of: MemAvailable in /proc/meminfo (else the f
 os.sysconf counts), a container's cgroup limit less its usage, and the address-space limit (ulimit -v)
 less what this process already maps. GPU memory available is what the driver reports free.
 
-What a run needs comes from what the models allocate. The numpy reference (llama/model/reference.py),
-measured with tracemalloc (tests/unit/test_memory.py): 17 bytes a parameter (weights, gradients, AdamW
-moments, the decay mask); the activations each layer keeps for the backward and two copies of the
-logits; and the largest transient: AdamW's temporaries (20 bytes a parameter), or the backward's (two
-and a half times a layer's activations and attention probabilities, three times the logits). The last
-step's activations are dropped before the next forward. On a GPU the need is
-a lower bound: the fp32 weights and gradients, the AdamW moments (sharded by ZeRO-1 over the GPUs)
-and one copy of the logits, without the activations.
+What a run needs comes from what the models allocate, buffer by buffer, for the plan's memory recipe
+(what the backward recomputes, the optimizer's moments). The numpy reference (llama/model/reference.py),
+measured with tracemalloc (tests/unit/test_memory.py): 9 bytes a parameter (weights, gradients, the
+decay mask) and the moments (8, or 2 in 8 bits); the activations each layer keeps for the backward and
+two copies of the logits; and the largest transient: AdamW's temporaries, or the backward's (two and a
+half times a layer's activations and attention probabilities, three times the logits). The last step's
+activations are dropped before the next forward. The bf16 GPU model: the buffers it allocates
+(llama/model/gpu_bf16.py, llama/parallel/zero.py), which came to the device memory measured in use
+(d12 B16 x T1024: 9.6 GB; llama3.2-1b B8 x T2048: 38.9 GB); the CUDA context and graphs come on top, so
+it is a lower bound. scripts/memory_plan.py prints the buffers.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import resource
+from dataclasses import replace
 from pathlib import Path
 
 from .config import LlamaConfig
-from .params import count_parameters
+from .optim import QUANT_BLOCK, AdamW8bitState
+from .params import ParameterLayout, count_parameters
 
 FLOAT32 = 4
 # cgroup v2, then v1: (limit, usage) as a container sees them
@@ -93,21 +98,110 @@ def gpu_free() -> int:
     return runtime().drv.mem_get_info()[0]
 
 
-def reference_training_bytes(config: LlamaConfig, B: int, T: int) -> int:
-    """What the numpy reference allocates at its peak while it trains on (B, T) batches."""
+def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: str = "none",
+                               optimizer: str = "adamw") -> dict[str, int]:
+    """What the numpy reference allocates at its peak while it trains on (B, T) batches, by buffer (bytes);
+    "largest transient" is the biggest set of temporaries alive at once: AdamW's (20 bytes a parameter,
+    or chunks of blocks in 8 bits, after the global norm's float64 copy of the gradients), or the
+    backward's (its layer's activations when they were recomputed, the attention probabilities, the logits)."""
     c, P, tokens = config, count_parameters(config), B * T
-    per_layer = tokens * (6 * c.dim + 2 * c.n_kv_heads * c.head_dim + 3 * c.ffn_hidden_dim)  # kept for backward
+    C, KVD, F = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden_dim
+    every = tokens * (6 * C + 2 * KVD + 3 * F)  # what a layer's backward reads
+    kept = {"none": every, "partial": every - tokens * (2 * C + F), "full": tokens * C}[recompute]
     logits = tokens * c.vocab_size
     attention = B * c.n_heads * T * T
-    transient = max(20 * P, FLOAT32 * (5 * (per_layer + attention) // 2 + 3 * logits))  # AdamW, or a backward
-    return 17 * P + FLOAT32 * (c.n_layers * per_layer + 2 * logits) + transient
+    backward = FLOAT32 * (5 * (every + attention) // 2 + 3 * logits + (every - kept if recompute != "none" else 0))
+    if optimizer == "adamw8bit":
+        moments, update = 2 * P + 2 * FLOAT32 * -(-P // QUANT_BLOCK), max(2 * FLOAT32 * P, 60 * AdamW8bitState.CHUNK)
+    else:
+        moments, update = 2 * FLOAT32 * P, 20 * P
+    return {"fp32 weights": FLOAT32 * P, "fp32 gradients": FLOAT32 * P, "decay mask": P,
+            f"{optimizer} moments": moments, f"activations ({recompute} recomputed) x {c.n_layers} layers":
+            FLOAT32 * c.n_layers * kept, "logits and their gradient": 2 * FLOAT32 * logits,
+            "largest transient": max(update, backward)}
 
 
-def gpu_training_bytes(config: LlamaConfig, B: int, T: int, dtype: str, gpus: int = 1) -> int:
-    """The least a GPU model allocates on each GPU while it trains on (B, T) batches."""
-    P = count_parameters(config)
-    logits = B * T * config.vocab_size * (2 if dtype == "bf16" else FLOAT32)
-    return 2 * FLOAT32 * P + 2 * FLOAT32 * P // gpus + logits
+def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
+                         recompute: str = "partial", attention=None) -> dict[str, int]:
+    """What a GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes). bf16: the
+    buffers llama/model/gpu_bf16.py allocates (ZeRO-1 shards over gpus; attention is the plan's flash
+    attention build, by default Hopper's); fp32: its weights, gradients, moments and logits only. The
+    CUDA context, the kernels' code and the CUDA graphs come on top."""
+    layout = ParameterLayout(config)
+    if dtype != "bf16":
+        P = layout.size
+        return {"fp32 weights": FLOAT32 * P, "fp32 gradients": FLOAT32 * P, "adamw moments": 2 * FLOAT32 * P // gpus,
+                "logits": B * T * config.vocab_size * FLOAT32}
+    from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes
+    from .ops import bf16 as ops
+    from .parallel.zero import ShardLayout
+    from .plan import ATTENTION_HOPPER
+
+    shards = ShardLayout(layout.size, gpus, layout.layer_starts())
+    full, shard, N = shards.padded_size, shards.shard_size, B * T
+    layer, shared = activation_shapes(config, B, T, recompute != "none", attention or ATTENTION_HOPPER[0])
+
+    def size(shapes: dict) -> int:
+        return sum(math.prod(shape) * (FLOAT32 if name in FP32_BUFFERS else 2) for name, shape in shapes.items())
+
+    buffers = {"bf16 weights": 2 * full, "fp32 gradients": FLOAT32 * full, "fp32 master weights": FLOAT32 * shard,
+               "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard}
+    if gpus > 1:
+        buffers["gradient and bf16 weight shards"] = (FLOAT32 + 2) * shard
+    buffers[f"activations ({recompute} recomputed) x {config.n_layers} layers"] = config.n_layers * size(layer)
+    buffers["shared activations, a logits chunk, scratch"] = (
+        size(shared) + FLOAT32 * (ops.rmsnorm_bf16_scratch_size(config.dim) + ops.embedding_bf16_scratch_size(N, config.dim))
+        + 7 * N * 4 + FLOAT32 * T * config.head_dim)  # the scratches, the int32 inputs, the RoPE tables
+    return buffers
+
+
+def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -> dict[str, int]:
+    """What the run that plan (llama/plan.py) describes allocates on each device, by buffer."""
+    if plan.device == "cpu":
+        return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer)
+    return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention)
+
+
+def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> str:
+    """The least change to a run that does not fit in `available` bytes that would: another memory recipe
+    of its path (the least recompute first), else a smaller -b (also with the leanest recipe, where that
+    allows a larger one), else (on a GPU) more GPUs."""
+    from .plan import RECIPES
+
+    def fits(recompute: str, optimizer: str, b: int = B, n: int = gpus) -> bool:
+        changed = replace(plan, recompute=recompute, optimizer=optimizer)
+        return sum(training_buffers(changed, config, b, T, n).values()) <= available
+
+    def options(recompute: str, optimizer: str) -> list[str]:
+        return [f"--{k} {v}" for k, v, now in (("recompute", recompute, plan.recompute),
+                                               ("optimizer", optimizer, plan.optimizer)) if v != now]
+
+    recomputes, optimizers = RECIPES[plan.path]
+    now = (plan.recompute, plan.optimizer)
+    by_cost = [(r, o) for o in (plan.optimizer, *(o for o in optimizers if o != plan.optimizer))
+               for r in ("none", "partial", "full") if r in recomputes]
+    recipe = next((r for r in by_cost if r != now and fits(*r)), None)
+    if recipe:
+        return f"{' '.join(options(*recipe))} would fit"
+    lean = (max(recomputes, key=("none", "partial", "full").index), optimizers[-1])  # the least memory
+    def largest_batch(recipe) -> int | None:  # what a run needs grows with -b: bisect for the largest that fits
+        low, high = 0, B - 1
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(*recipe, b=mid) else (low, mid - 1)
+        return low or None
+
+    largest = {r: largest_batch(r) for r in (now, lean)}
+    if largest[now] or largest[lean]:
+        ways = [f"-b {largest[now]}"] if largest[now] else []
+        if largest[lean] and largest[lean] > (largest[now] or 0) and lean != now:
+            ways.append(" ".join(options(*lean) + [f"-b {largest[lean]}"]))
+        return f"{' or '.join(ways)} would fit (-d keeps the tokens per step)"
+    more = next((n for n in (2, 4, 8) if n > gpus and fits(*now, n=n)), None) if plan.device == "cuda" else None
+    if more:
+        return f"{more} GPUs would fit (ZeRO-1 shards the master weights and moments)"
+    return ("nothing fits at this length; train a smaller model"
+            + ("; -e d12 and the Llama presets are meant for a GPU" if plan.device == "cpu" else ""))
 
 
 def require(needed: int, available: int | None, what: str, where: str, advice: str = "",

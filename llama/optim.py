@@ -107,18 +107,18 @@ def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, levels: np.ndarray)
 
 
 class AdamWState:
-    """AdamW's fp32 moments over a flat parameter buffer (the plain optimizer)."""
+    """AdamW's moments over a flat parameter buffer, in the parameters' dtype (the plain optimizer)."""
     name = "adamw"
 
-    def __init__(self, size: int):
-        self.m, self.v = np.zeros(size, np.float32), np.zeros(size, np.float32)
+    def __init__(self, size: int, dtype=np.float32):
+        self.m, self.v = np.zeros(size, dtype), np.zeros(size, dtype)
 
     def update(self, params: np.ndarray, grads: np.ndarray, decay_mask: np.ndarray, step: int, lr: float,
                opt: AdamWConfig, grad_scale: float = 1.0) -> None:
         adamw_update(params, grads, self.m, self.v, decay_mask, step, lr, opt, grad_scale)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of (m, v) in fp32, as checkpoints hold them."""
+        """Copies of (m, v), as checkpoints hold them (in fp32)."""
         return self.m.copy(), self.v.copy()
 
     def load(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
@@ -128,12 +128,13 @@ class AdamWState:
 
 
 class AdamW8bitState(AdamWState):
-    """AdamW's moments in 8 bits: codes and block scales of m (signed map) and v (unsigned map). update()
-    works through chunks of CHUNK values, so its fp32 temporaries stay small."""
+    """AdamW's moments in 8 bits: codes and block scales of m (signed map) and v (unsigned map), computed
+    in fp32 whatever the parameters' dtype. update() works through chunks of CHUNK values, so its fp32
+    temporaries stay small."""
     name = "adamw8bit"
     CHUNK = 256 * QUANT_BLOCK
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, dtype=np.float32):
         self.size, blocks = size, -(-size // QUANT_BLOCK)
         self.m_codes, self.v_codes = (np.full(size, np.searchsorted(levels, 0), np.uint8)
                                       for levels in (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED))

@@ -1,8 +1,8 @@
 """What runs where, decided once: the Plan of a run, printed in one line.
 
 make_plan() looks at the machine and the model and returns a frozen Plan: the device, the training
-dtype, the bf16 GEMM version of each problem shape, the flash attention build, the decoder's KV-cache
-dtype, the datasheet peak for MFU, and the summary line. The trainer, the bf16 model and the decoder
+dtype, the memory recipe (what the backward recomputes, the optimizer's moments), the bf16 GEMM version
+of each problem shape, the flash attention build, the datasheet peak for MFU, and the summary line. The trainer, the bf16 model and the decoder
 receive it; the launchers in llama/ops/ launch the versions they are given and decide nothing.
 Versions are rungs of the kernel ladders (dev/cuda/README.md).
 """
@@ -14,10 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cuda import cuda_unavailable, runtime
+from .model.reference import RECOMPUTE
+from .optim import OPTIMIZERS
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
 DTYPES = ("bf16", "fp32")
+# the memory recipes each path runs, defaults first: the numpy reference runs them all; the bf16 GPU model
+# recomputes the norms and SwiGLU (or nothing), the fp32 GPU model keeps everything, both with fp32 moments
+RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS)), "bf16": (("partial", "none"), ("adamw",)), "fp32": (("none",), ("adamw",))}
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
 # the flash attention build and its name in the plan's line: the ladder's v3 (kernels/flash_attention_wgmma.cu)
@@ -64,6 +69,13 @@ class Plan:
     attention_name: str = ""
     peak_flops: float | None = None  # datasheet peak of dtype on this GPU, for MFU; None when unknown
     note: str = ""  # why not bf16, or why the CPU
+    recompute: str = "none"  # what the backward recomputes (RECOMPUTE)
+    optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw8bit" (llama/optim.py)
+
+    @property
+    def path(self) -> str:
+        """The model that runs: "cpu" (the numpy reference), "bf16" or "fp32" (a GPU model)."""
+        return "cpu" if self.device == "cpu" else self.dtype
 
     def summary(self) -> str:
         """The one line the trainer prints: what runs where."""
@@ -73,7 +85,8 @@ class Plan:
             runs = f"gemm {self.gemm.name}, attention {self.attention_name}, CUDA graphs"
         else:
             runs = "fp32 kernels (the exact path)"
-        return f"{self.hardware} | dtype {self.dtype} | {runs}" + (f"; {self.note}" if self.note else "")
+        return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer}"
+                + (f"; {self.note}" if self.note else ""))
 
 
 def _device(requested: str | None) -> tuple[str, str | None]:
@@ -103,21 +116,36 @@ def bf16_unsupported(config) -> str | None:
     return None
 
 
-def make_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
+def choose_recipe(path: str, recompute: str | None, optimizer: str | None) -> dict:
+    """The path's recipe: the requested one, or its defaults; PlanError for what the path does not run."""
+    recomputes, optimizers = RECIPES[path]
+    where = "the numpy reference" if path == "cpu" else f"the {path} GPU model"
+    for option, value, allowed in (("recompute", recompute, recomputes), ("optimizer", optimizer, optimizers)):
+        if value is not None and value not in allowed:
+            raise PlanError(f"--{option} {value}: {where} runs {' or '.join(allowed)}"
+                            + ("; the CPU reference runs every recipe" if path != "cpu" else ""))
+    return {"recompute": recompute or recomputes[0], "optimizer": optimizer or optimizers[0]}
+
+
+def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
+              optimizer: str | None = None) -> Plan:
     """The plan of a run of this model: device None picks the GPU where one is usable; dtype None
-    picks bf16 wherever its kernels take the model, else the exact fp32 path."""
+    picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute and optimizer
+    None take the path's defaults (RECIPES)."""
     device, why_no_gpu = _device(device)
     if device == "cpu":
         if dtype == "bf16":
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
-        return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "")
+        return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
+                    **choose_recipe("cpu", recompute, optimizer))
     why_not_bf16 = bf16_unsupported(config)
     if dtype == "bf16" and why_not_bf16:
         raise PlanError(f"--dtype bf16: {why_not_bf16}")
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
+    recipe = choose_recipe(dtype, recompute, optimizer)
     rt = runtime()
     peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
-                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "")
+                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe)

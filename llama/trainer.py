@@ -25,7 +25,7 @@ from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
 from .io.run_dir import RunDir
-from .memory import gpu_free, gpu_training_bytes, host_available, reference_training_bytes, require
+from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
 from .model.reference import ReferenceModel
 from .optim import AdamWConfig, learning_rate
 from .params import ParameterLayout, count_parameters, init_parameters
@@ -80,23 +80,21 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
 def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
     """The model the plan says runs: the numpy reference, or a GPU model in bf16 or fp32."""
     if plan.device == "cpu":
-        return ReferenceModel(config, params=params)
+        return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute)
     if plan.dtype == "bf16":
         from .model.gpu_bf16 import GPUModelBF16
-        return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
+        return GPUModelBF16(config, B, T, params=params, recompute=plan.recompute == "partial", comm=comm, plan=plan)
     from .model.gpu_fp32 import GPUModelFP32
     return GPUModelFP32(config, B, T, params=params, comm=comm)
 
 
 def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int) -> str:
     """One line: what a run needs of its device's memory and what is available, checked before anything
-    large is allocated (NotEnoughMemory when it does not fit; llama/memory.py)."""
-    if plan.device == "cpu":
-        return "memory: " + require(reference_training_bytes(config, B, T), host_available(), "the run", "host",
-                                    advice="lower -b or -t, or train a smaller model; -e d12 and the Llama presets "
-                                           "are meant for a GPU")
-    return "memory: " + require(gpu_training_bytes(config, B, T, plan.dtype, gpus), gpu_free(), "the run", "GPU",
-                                lower_bound=True, advice="lower -b or -t, or use more GPUs")
+    large is allocated; NotEnoughMemory, naming what would fit, when it does not (llama/memory.py)."""
+    needed = sum(training_buffers(plan, config, B, T, gpus).values())
+    available, where = (host_available(), "host") if plan.device == "cpu" else (gpu_free(), "GPU")
+    advice = what_would_fit(plan, config, B, T, gpus, available) if available is not None and needed > available else ""
+    return "memory: " + require(needed, available, "the run", where, advice, lower_bound=plan.device == "cuda")
 
 
 def mean_over_ranks(comm, *values: float) -> list[float]:
@@ -143,7 +141,7 @@ class Trainer:
         # an HF folder's weights are read once the memory check passed, its config.json alone before
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
-        self.plan = make_plan(self.config, args.device, args.dtype)
+        self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer)
         print(self.plan.summary(), file=sys.stderr)
         self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
         if self.plan.device == "cpu" and self.flops_per_step > CPU_STEP_FLOPS:

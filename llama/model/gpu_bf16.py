@@ -40,6 +40,25 @@ from .base import check_batch
 from .gpu_base import GPUModelBase
 
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
+FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "attention_scratch")  # the other activations are bf16
+
+
+def activation_shapes(config: LlamaConfig, b: int, t: int, recompute: bool, attention) -> tuple[dict, dict]:
+    """Shapes of each layer's saved activations and of the shared buffers, for a (b, t) batch; with
+    recompute the RMSNorm outputs and the SwiGLU product are shared, not kept per layer. attention: the
+    plan's flash attention build (its backward's scratch)."""
+    c = config
+    N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
+    kept = {"x": (N, C), "rstd1": (N,), "qkv": (b, t, (H + 2 * KV) * D), "att": (b, t, H * D),
+            "lse": (b, H, t), "h": (N, C), "rstd2": (N,), "gate_up": (N, 2 * F)}
+    recomputed = {"ln1": (N, C), "ln2": (N, C), "ffn": (N, F)}
+    layer = kept if recompute else kept | recomputed
+    shared = {"branch": (N, C), "residual": (N, C), "lnf": (N, C), "rstdf": (N,), "losses": (N,),
+              "logits": (min(CLASSIFIER_CHUNK, N), c.vocab_size),
+              "dresidual": (N, C), "dln": (N, C), "datt": (b, t, H * D),
+              "dqkv": (b, t, (H + 2 * KV) * D),
+              "attention_scratch": (ops.flash_attention_scratch_size(b, t, H, D, attention),)}
+    return layer, shared | (recomputed if recompute else {})
 
 
 class GPUModelBF16(GPUModelBase):
@@ -58,24 +77,10 @@ class GPUModelBF16(GPUModelBase):
     # ---- buffers
 
     def _shapes(self, b: int, t: int) -> tuple[dict, dict]:
-        """Shapes of each layer's saved activations and of the shared buffers, for a (b, t) batch."""
-        c = self.config
-        N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
-        kept = {"x": (N, C), "rstd1": (N,), "qkv": (b, t, (H + 2 * KV) * D), "att": (b, t, H * D),
-                "lse": (b, H, t), "h": (N, C), "rstd2": (N,), "gate_up": (N, 2 * F)}
-        recomputed = {"ln1": (N, C), "ln2": (N, C), "ffn": (N, F)}
-        layer = kept if self.recompute else kept | recomputed
-        shared = {"branch": (N, C), "residual": (N, C), "lnf": (N, C), "rstdf": (N,), "losses": (N,),
-                  "logits": (min(CLASSIFIER_CHUNK, N), c.vocab_size),
-                  "dresidual": (N, C), "dln": (N, C), "datt": (b, t, H * D),
-                  "dqkv": (b, t, (H + 2 * KV) * D),
-                  "attention_scratch": (ops.flash_attention_scratch_size(b, t, H, D, self.plan.attention),)}
-        return layer, shared | (recomputed if self.recompute else {})
-
-    FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "attention_scratch")  # the rest is bf16
+        return activation_shapes(self.config, b, t, self.recompute, self.plan.attention)
 
     def _buffer(self, name: str, shape) -> DeviceArray:
-        return empty(shape, np.float32 if name in self.FP32_BUFFERS else BF16)
+        return empty(shape, np.float32 if name in FP32_BUFFERS else BF16)
 
     def _allocate(self) -> None:
         layer, shared = self._shapes(self.B, self.T)

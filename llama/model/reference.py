@@ -25,7 +25,7 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..generate import HostSampling
-from ..optim import AdamWConfig, adamw_update, clip_scale, global_norm
+from ..optim import OPTIMIZERS, AdamWConfig, clip_scale, global_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
 
@@ -230,12 +230,24 @@ def rmsnorm_residual_backward(dresidual: np.ndarray, dout: np.ndarray, h: np.nda
 # The model
 
 
-class ReferenceModel(Model):
-    """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW."""
+RECOMPUTE = ("none", "partial", "full")  # what the backward recomputes: nothing, the norms and SwiGLU, every layer
+RECOMPUTED = {"none": (), "partial": ("ln1", "ln2", "ffn")}  # the activations a layer does not keep ("full": all but x)
 
-    def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0):
+
+class ReferenceModel(Model):
+    """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW (fp32 or 8-bit
+    moments, llama/optim.py). recompute: what each layer keeps for the backward (RECOMPUTE): everything,
+    all but its RMSNorm outputs and SwiGLU product (as the bf16 GPU model), or only its input, the
+    backward running the layer's forward again; the gradients are the same bits either way."""
+
+    def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
+                 optimizer: str = "adamw", recompute: str = "none"):
+        if recompute not in RECOMPUTE or optimizer not in OPTIMIZERS:
+            raise ValueError(f"recompute {recompute!r}, optimizer {optimizer!r}: choose recompute from "
+                             f"{', '.join(RECOMPUTE)} and the optimizer from {', '.join(OPTIMIZERS)}")
         self.config = config
         self.dtype = np.dtype(dtype)
+        self.recompute = recompute
         self.layout = ParameterLayout(config)
         if params is None:
             params = init_parameters(config, seed)
@@ -243,8 +255,7 @@ class ReferenceModel(Model):
             raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
         self.params = params.astype(self.dtype, copy=True)
         self.grads = np.zeros_like(self.params)
-        self.adam_m = np.zeros_like(self.params)
-        self.adam_v = np.zeros_like(self.params)
+        self.optimizer = OPTIMIZERS[optimizer](self.layout.size, self.dtype)
         self.decay_mask = self.layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.g = self.layout.views(self.grads)
@@ -252,6 +263,39 @@ class ReferenceModel(Model):
 
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
+
+    def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:
+        """Layer i on its input x (B, T, C): every activation its backward reads, and its output "out"."""
+        c, p, L, pre = self.config, self.p, self.layout, f"layers.{i}."
+        a = {"x": x}
+        a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
+        qkv = matmul_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
+        a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
+        a["att"], a["lse"] = attention_forward(a["q"], a["k"], a["v"])
+        a["h"] = residual_forward(x, matmul_forward(a["att"], p[pre + "attention.wo.weight"]))
+        a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
+        a["gate_up"] = matmul_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
+        a["ffn"] = swiglu_forward(a["gate_up"])
+        a["out"] = residual_forward(a["h"], matmul_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
+        return a
+
+    def _kept(self, a: dict) -> dict:
+        """What a layer keeps for the backward under self.recompute."""
+        if self.recompute == "full":
+            return {"x": a["x"]}
+        return {k: v for k, v in a.items() if k != "out" and k not in RECOMPUTED[self.recompute]}
+
+    def _restored(self, i: int, a: dict, rope) -> dict:
+        """A layer's kept activations with the recomputed ones back: the same functions on the same
+        inputs, so the same bits."""
+        if self.recompute == "full":
+            return self._layer_forward(i, a["x"], rope)
+        if self.recompute == "partial":
+            c, p, pre = self.config, self.p, f"layers.{i}."
+            a = a | {"ln1": rmsnorm_forward(a["x"], p[pre + "attention_norm.weight"], c.norm_eps)[0],
+                     "ln2": rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)[0],
+                     "ffn": swiglu_forward(a["gate_up"])}
+        return a
 
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None) -> float | None:
         """Run the model on (B, T) tokens. With targets, returns the mean cross-entropy loss and
@@ -264,18 +308,9 @@ class ReferenceModel(Model):
         x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
         layers = []
         for i in range(c.n_layers):
-            pre = f"layers.{i}."
-            a = {"x": x}
-            a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
-            qkv = matmul_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
-            a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
-            a["att"], a["lse"] = attention_forward(a["q"], a["k"], a["v"])
-            a["h"] = residual_forward(x, matmul_forward(a["att"], p[pre + "attention.wo.weight"]))
-            a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
-            a["gate_up"] = matmul_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
-            a["ffn"] = swiglu_forward(a["gate_up"])
-            x = residual_forward(a["h"], matmul_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
-            layers.append(a)
+            a = self._layer_forward(i, x, rope)
+            x = a["out"]
+            layers.append(self._kept(a))
         lnf, rstdf = rmsnorm_forward(x, p["norm.weight"], c.norm_eps)
         logits = matmul_forward(lnf, self._matrix(self.params, L.output())).reshape(B * T, -1)
         self.acts = {"tokens": tokens, "rope": rope, "layers": layers, "x": x, "lnf": lnf, "rstdf": rstdf,
@@ -306,7 +341,7 @@ class ReferenceModel(Model):
         dx, dw = rmsnorm_backward(dlnf.reshape(B, T, -1), acts["x"], p["norm.weight"], acts["rstdf"])
         g["norm.weight"] += dw
         for i in reversed(range(c.n_layers)):
-            pre, a = f"layers.{i}.", acts["layers"][i]
+            pre, a = f"layers.{i}.", self._restored(i, acts["layers"][i], acts["rope"])
             dffn, dw = matmul_backward(dx, a["ffn"], p[pre + "feed_forward.w2.weight"])
             g[pre + "feed_forward.w2.weight"] += dw
             dgate_up = swiglu_backward(dffn, a["gate_up"])
@@ -329,8 +364,8 @@ class ReferenceModel(Model):
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig) -> float:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm."""
         norm = global_norm(self.grads)
-        adamw_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, step, lr,
-                     opt, grad_scale=clip_scale(norm, opt.grad_clip))
+        self.optimizer.update(self.params, self.grads, self.decay_mask, step, lr, opt,
+                              grad_scale=clip_scale(norm, opt.grad_clip))
         return norm
 
     # state for checkpoints (same method names on the GPU model)
@@ -338,12 +373,11 @@ class ReferenceModel(Model):
         return self.params.astype(np.float32, copy=True)
 
     def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.adam_m.copy(), self.adam_v.copy()
+        return self.optimizer.moments()
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
         self.params[:] = params
-        self.adam_m[:] = 0 if adam_m is None else adam_m
-        self.adam_v[:] = 0 if adam_v is None else adam_v
+        self.optimizer.load(adam_m, adam_v)
 
 
 # ----------------------------------------------------------------------------------------------

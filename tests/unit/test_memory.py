@@ -3,13 +3,15 @@ limits included), the GPU branch through a stand-in for the driver, and models t
 what they use."""
 
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from llama import memory, trainer
 from llama.config import get_preset
-from llama.memory import NotEnoughMemory, reference_training_bytes, require
+from llama.memory import (NotEnoughMemory, gpu_training_buffers, reference_training_buffers, require,
+                          what_would_fit)
 from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
 from llama.params import count_parameters, init_parameters
@@ -18,13 +20,13 @@ from llama.plan import Plan
 GIB = 2**30
 
 
-def peak_of_two_steps(config, B, T) -> int:
+def peak_of_two_steps(config, B, T, recompute="none", optimizer="adamw") -> int:
     """tracemalloc's peak (numpy's allocations included) over building a model and two steps."""
     rng = np.random.default_rng(0)
     batch = [(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
     tracemalloc.start()
     try:
-        model = ReferenceModel(config)
+        model = ReferenceModel(config, recompute=recompute, optimizer=optimizer)
         for step in (1, 2):
             model.train_step(batch, 1e-3, step, AdamWConfig())
         return tracemalloc.get_traced_memory()[1]
@@ -32,15 +34,18 @@ def peak_of_two_steps(config, B, T) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.parametrize("recompute, optimizer", [("none", "adamw"), ("partial", "adamw"), ("full", "adamw"),
+                                                   ("none", "adamw8bit"), ("full", "adamw8bit")])
 @pytest.mark.parametrize("name, vocab, B, T", [
     ("small", 264, 4, 64),  # AdamW-bound
     pytest.param("small", 264, 32, 64, marks=pytest.mark.slow),  # activations
     pytest.param("small", 264, 2, 512, marks=pytest.mark.slow),  # attention
     ("tiny", 4096, 8, 64),  # logits
 ])
-def test_reference_estimate_is_what_the_model_allocates(name, vocab, B, T):
+def test_reference_estimate_is_what_the_model_allocates(name, vocab, B, T, recompute, optimizer):
     config = get_preset(name).replace(vocab_size=vocab)
-    measured, estimated = peak_of_two_steps(config, B, T), reference_training_bytes(config, B, T)
+    measured = peak_of_two_steps(config, B, T, recompute, optimizer)
+    estimated = sum(reference_training_buffers(config, B, T, recompute, optimizer).values())
     assert 0.95 < estimated / measured < 1.2, (estimated, measured)
 
 
@@ -64,11 +69,37 @@ def test_host_memory_counts_a_container_limit(tmp_path, monkeypatch):
 def test_gpu_check_refuses_the_8b_model_on_80_gb_at_once(monkeypatch):
     """-e llama3.1-8b -b 1 -t 2048 on an 80 GB GPU: refused before 8B parameters are built on the host."""
     monkeypatch.setattr(trainer, "gpu_free", lambda: 79 * GIB)
-    plan = Plan("cuda", "bf16", "GPU stand-in")
-    with pytest.raises(NotEnoughMemory, match=r"the run needs at least 1\d\d\.\d GiB of GPU memory, 79.0 GiB avail"):
+    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="partial")
+    with pytest.raises(NotEnoughMemory, match=r"^the run needs at least 148.6 GiB of GPU memory, 79.0 GiB available; "
+                                              r"8 GPUs would fit \(ZeRO-1 shards the master weights and moments\)$"):
         trainer.check_memory(plan, get_preset("llama3.1-8b"), 1, 2048, gpus=1)
-    line = trainer.check_memory(plan, get_preset("d12"), 16, 1024, gpus=1)  # measured: 9.6 GB
-    assert line.startswith("memory: the run needs at least 8.") and line.endswith("79.0 GiB available")
+    with pytest.raises(NotEnoughMemory, match=r"; -b 33 would fit \(-d keeps the tokens per step\)$"):
+        trainer.check_memory(plan, get_preset("llama3.2-1b"), 64, 2048, gpus=1)
+    line = trainer.check_memory(plan, get_preset("d12"), 16, 1024, gpus=1)
+    assert line == "memory: the run needs at least 8.9 GiB of GPU memory, 79.0 GiB available"
+
+
+@pytest.mark.parametrize("name, B, T, measured_gb", [("d12", 16, 1024, 9.6), ("llama3.2-1b", 8, 2048, 38.9)])
+def test_gpu_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_gb):
+    """The bf16 model's buffers against the device memory its training step was measured to use on an H200
+    (../shared/notes/performance.md: d12 9.6 GB, llama3.2-1b 38.9 GB, both with partial recompute)."""
+    buffers = gpu_training_buffers(get_preset(name), B, T, "bf16", 1, "partial")
+    assert round(sum(buffers.values()) / 1e9, 1) == measured_gb
+    assert buffers["fp32 gradients"] == 4 * count_parameters(get_preset(name))
+
+
+def test_the_advice_names_the_least_recipe_that_fits():
+    config, plan = get_preset("small").replace(vocab_size=264), Plan("cpu", "fp32", "CPU")
+    need = {(r, o): sum(reference_training_buffers(config, 32, 64, r, o).values())
+            for r in ("none", "partial", "full") for o in ("adamw", "adamw8bit")}
+    assert need[("full", "adamw8bit")] < need[("full", "adamw")] < need[("partial", "adamw")] < need[("none", "adamw")]
+    assert what_would_fit(plan, config, 32, 64, 1, need[("partial", "adamw")]) == "--recompute partial would fit"
+    assert what_would_fit(plan, config, 32, 64, 1, need[("full", "adamw")]) == "--recompute full would fit"
+    assert what_would_fit(plan, config, 32, 64, 1, need[("full", "adamw8bit")]).startswith(
+        "--recompute full --optimizer adamw8bit would fit")
+    assert what_would_fit(plan, config, 32, 64, 1, need[("full", "adamw8bit")] - 1).startswith("-b ")
+    eight_bit = replace(plan, optimizer="adamw8bit")  # the current optimizer is kept where it fits
+    assert what_would_fit(eight_bit, config, 32, 64, 1, need[("partial", "adamw8bit")]) == "--recompute partial would fit"
 
 
 def test_reference_model_allocates_for_the_batch_not_the_context():

@@ -1,0 +1,81 @@
+"""The memory recipes on the numpy reference (llama/model/reference.py): recompute gives the plain path's
+gradients bit for bit, and AdamW with 8-bit moments trains like AdamW and resumes exactly."""
+
+import numpy as np
+import pytest
+
+from llama.config import get_preset
+from llama.model.reference import RECOMPUTE, ReferenceModel
+from llama.optim import AdamWConfig
+from llama.plan import PlanError, choose_recipe
+
+CONFIG = get_preset("tiny").replace(dim=32, n_heads=4, n_kv_heads=2, vocab_size=61)
+
+
+def _batches(steps: int, micro: int = 1, B: int = 2, T: int = 12, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [[(rng.integers(0, CONFIG.vocab_size, (B, T)), rng.integers(0, CONFIG.vocab_size, (B, T)))
+             for _ in range(micro)] for _ in range(steps)]
+
+
+def _train(model: ReferenceModel, batches, first_step: int = 1) -> list[float]:
+    return [model.train_step(micro, 3e-3, step, AdamWConfig())[0] for step, micro in enumerate(batches, first_step)]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("recompute", [r for r in RECOMPUTE if r != "none"])
+def test_recompute_gives_the_same_gradients_bit_for_bit(recompute, tied):
+    config = CONFIG.replace(tie_embeddings=tied)
+    plain, recomputing = ReferenceModel(config, seed=1), ReferenceModel(config, seed=1, recompute=recompute)
+    for (tokens, targets), in _batches(1):
+        assert plain.forward(tokens, targets) == recomputing.forward(tokens, targets)
+    plain.backward(0.5)
+    recomputing.backward(0.5)
+    np.testing.assert_array_equal(recomputing.grads, plain.grads)
+    for model in (plain, recomputing):  # and after two steps of two micro-batches each
+        _train(model, _batches(2, micro=2, seed=1))
+    np.testing.assert_array_equal(recomputing.params, plain.params)
+
+
+@pytest.mark.parametrize("recompute, kept", [("none", 13), ("partial", 10), ("full", 1)])
+def test_recompute_keeps_less_of_each_layer(recompute, kept):
+    model = ReferenceModel(CONFIG, recompute=recompute)
+    model.forward(*_batches(1)[0][0])
+    assert [len(a) for a in model.acts["layers"]] == [kept] * CONFIG.n_layers
+    assert recompute != "full" or list(model.acts["layers"][0]) == ["x"]
+
+
+def test_unknown_recipes_are_refused():
+    with pytest.raises(ValueError, match="choose recompute from none, partial, full and the optimizer from adamw, "
+                                         "adamw8bit"):
+        ReferenceModel(CONFIG, recompute="some")
+
+
+def test_adamw8bit_trains_like_adamw():
+    batches = _batches(1, B=4, seed=2) * 40  # one batch learnt by heart
+    plain, eight = _train(ReferenceModel(CONFIG), batches), _train(ReferenceModel(CONFIG, optimizer="adamw8bit"), batches)
+    assert eight[-1] < eight[0] - 0.5  # it learns
+    assert abs(np.mean(eight[-10:]) - np.mean(plain[-10:])) < 0.02, (eight[-10:], plain[-10:])
+
+
+def test_adamw8bit_resumes_bit_exact_through_fp32_moments():
+    batches = _batches(6, seed=3)
+    straight = ReferenceModel(CONFIG, optimizer="adamw8bit")
+    _train(straight, batches)
+    first = ReferenceModel(CONFIG, optimizer="adamw8bit")
+    _train(first, batches[:3])
+    resumed = ReferenceModel(CONFIG, optimizer="adamw8bit")  # what a checkpoint holds: fp32 params and moments
+    resumed.set_state(first.get_params(), *first.get_optimizer_state())
+    _train(resumed, batches[3:], first_step=4)
+    np.testing.assert_array_equal(resumed.params, straight.params)
+
+
+def test_each_path_runs_its_recipes_and_refuses_the_others_in_one_line():
+    assert choose_recipe("cpu", None, None) == {"recompute": "none", "optimizer": "adamw"}
+    assert choose_recipe("bf16", None, None) == {"recompute": "partial", "optimizer": "adamw"}
+    assert choose_recipe("cpu", "full", "adamw8bit") == {"recompute": "full", "optimizer": "adamw8bit"}
+    with pytest.raises(PlanError, match="^--recompute full: the bf16 GPU model runs partial or none; the CPU "
+                                        "reference runs every recipe$"):
+        choose_recipe("bf16", "full", None)
+    with pytest.raises(PlanError, match="^--optimizer adamw8bit: the fp32 GPU model runs adamw;"):
+        choose_recipe("fp32", None, "adamw8bit")
