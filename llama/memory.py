@@ -116,7 +116,7 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
     else:
         moments, update = 2 * FLOAT32 * P, 20 * P
     return {"fp32 weights": FLOAT32 * P, "fp32 gradients": FLOAT32 * P, "decay mask": P,
-            f"{optimizer} moments": moments, f"activations ({recompute} recomputed) x {c.n_layers} layers":
+            f"{optimizer} moments": moments, f"activations (recompute {recompute}) x {c.n_layers} layers":
             FLOAT32 * c.n_layers * kept, "logits and their gradient": 2 * FLOAT32 * logits,
             "largest transient": max(update, backward)}
 
@@ -148,7 +148,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
                "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard}
     if gpus > 1:
         buffers["gradient and bf16 weight shards"] = (FLOAT32 + 2) * shard
-    buffers[f"activations ({recompute} recomputed) x {config.n_layers} layers"] = config.n_layers * size(layer)
+    buffers[f"activations (recompute {recompute}) x {config.n_layers} layers"] = config.n_layers * size(layer)
     buffers["shared activations, a logits chunk, scratch"] = (
         size(shared) + FLOAT32 * (ops.rmsnorm_bf16_scratch_size(config.dim) + ops.embedding_bf16_scratch_size(N, config.dim))
         + 7 * N * 4 + FLOAT32 * T * config.head_dim)  # the scratches, the int32 inputs, the RoPE tables

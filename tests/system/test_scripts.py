@@ -81,3 +81,29 @@ def test_help_works_without_torch(path, tmp_path):
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, str(REPO / path), "--help"], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+
+
+def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
+    memory_plan = script("memory_plan")
+    assert memory_plan(["llama3.1-8b", "-b", "1", "-t", "2048", "--memory", "79"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "llama3.1-8b, B=1 T=2048: bf16 on 1 GPU, per GPU | recompute partial | adamw"
+    assert re.fullmatch(r"  adamw moments +59\.8 GiB", out[4]) and re.fullmatch(r"  total \(at least\) +148\.6 GiB", out[8])
+    assert out[9] == "79 GiB (79.0 GiB): does not fit; 8 GPUs would fit (ZeRO-1 shards the master weights and moments)"
+    assert memory_plan(["llama3.1-8b", "-b", "1", "-t", "2048", "--gpus", "8", "--memory", "79"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "79 GiB (79.0 GiB): fits"
+    assert memory_plan(["small", "-b", "16", "-t", "64", "--device", "cpu", "--recompute", "full", "--optimizer",
+                        "adamw8bit", "--memory", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "the numpy reference | recompute full | adamw8bit" in out and "activations (recompute full) x 4 layers" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--recompute", "full"], "--recompute full: the bf16 GPU model runs partial or none"),
+    (["-t", "5000"], "-t 5000 exceeds the model's max_seq_len"),
+    (["--device", "cpu", "--gpus", "2"], "--gpus needs --device cuda"),
+])
+def test_memory_plan_refuses_what_no_run_can_be_in_one_line(extra, message, capsys):
+    assert script("memory_plan")(["d12", "-b", "8", "-t", "1024", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and "\n" not in err, err
