@@ -84,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="adamw (fp32 moments) or adamw8bit (moments in 8 bits, block-wise; the CPU reference so far); "
                         "default adamw")
+    g.add_argument("--optimizer-in-backward", action="store_true",
+                   help="update each group of weights as soon as the backward finishes its gradients, which then "
+                        "never exist whole; clips by the previous step's norm; one micro-batch a step (the CPU "
+                        "reference so far)")
     g = p.add_argument_group("memory")
     g.add_argument("--recompute", choices=RECOMPUTE, default=None,
                    help="what the backward recomputes instead of keeping: nothing, the RMSNorm outputs and SwiGLU "

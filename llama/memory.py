@@ -99,11 +99,13 @@ def gpu_free() -> int:
 
 
 def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: str = "none",
-                               optimizer: str = "adamw") -> dict[str, int]:
+                               optimizer: str = "adamw", in_backward: bool = False) -> dict[str, int]:
     """What the numpy reference allocates at its peak while it trains on (B, T) batches, by buffer (bytes);
     "largest transient" is the biggest set of temporaries alive at once: AdamW's (20 bytes a parameter,
     or chunks of blocks in 8 bits, after the global norm's float64 copy of the gradients), or the
-    backward's (its layer's activations when they were recomputed, the attention probabilities, the logits)."""
+    backward's (its layer's activations when they were recomputed, the attention probabilities, the logits).
+    With the optimizer in the backward the gradients exist a group at a time (the embedding table's stays
+    open all the backward when the head is tied) and AdamW's temporaries are a group's, beside the backward's."""
     c, P, tokens = config, count_parameters(config), B * T
     C, KVD, F = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden_dim
     every = tokens * (6 * C + 2 * KVD + 3 * F)  # what a layer's backward reads
@@ -111,14 +113,25 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
     logits = tokens * c.vocab_size
     attention = B * c.n_heads * T * T
     backward = FLOAT32 * (5 * (every + attention) // 2 + 3 * logits + (every - kept if recompute != "none" else 0))
+    gradients, updated = P, P  # values whose gradients exist at once; values one AdamW update takes
+    if in_backward:
+        starts = ParameterLayout(c).layer_starts()
+        groups = [end - start for start, end in zip([0, *starts], [*starts, P])]
+        updated = max(groups)
+        gradients = groups[0] + max(groups[1:]) if c.tie_embeddings else updated
     if optimizer == "adamw8bit":
-        moments, update = 2 * P + 2 * FLOAT32 * -(-P // QUANT_BLOCK), max(2 * FLOAT32 * P, 60 * AdamW8bitState.CHUNK)
+        moments, update = 2 * P + 2 * FLOAT32 * -(-P // QUANT_BLOCK), 60 * AdamW8bitState.CHUNK
     else:
-        moments, update = 2 * FLOAT32 * P, 20 * P
-    return {"fp32 weights": FLOAT32 * P, "fp32 gradients": FLOAT32 * P, "decay mask": P,
-            f"{optimizer} moments": moments, f"activations (recompute {recompute}) x {c.n_layers} layers":
-            FLOAT32 * c.n_layers * kept, "logits and their gradient": 2 * FLOAT32 * logits,
-            "largest transient": max(update, backward)}
+        moments, update = 2 * FLOAT32 * P, 20 * updated
+    if in_backward:  # a group's update runs beside the backward's own temporaries: the head's scaled dlogits,
+        # dx and dlnf, or the gradients of a layer's activations
+        beside = FLOAT32 * max(logits + 2 * tokens * C, tokens * (9 * C + 4 * KVD + 3 * F))
+        update = beside + max(FLOAT32 * updated + update, 2 * FLOAT32 * updated)
+    update = max(2 * FLOAT32 * updated, update)  # or the norm's float64 copy
+    return {"fp32 weights": FLOAT32 * P, "fp32 gradients" + (" (a group at a time)" if in_backward else ""):
+            FLOAT32 * gradients, "decay mask": P, f"{optimizer} moments": moments,
+            f"activations (recompute {recompute}) x {c.n_layers} layers": FLOAT32 * c.n_layers * kept,
+            "logits and their gradient": 2 * FLOAT32 * logits, "largest transient": max(update, backward)}
 
 
 def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
@@ -158,46 +171,55 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
 def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -> dict[str, int]:
     """What the run that plan (llama/plan.py) describes allocates on each device, by buffer."""
     if plan.device == "cpu":
-        return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer)
+        return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
     return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention)
 
 
+# what each part of a memory recipe costs, in the order we would give it up: recomputing the norms and SwiGLU
+# (a few percent of a step), the optimizer in the backward (no gradient accumulation, clipping a step late),
+# 8-bit moments (their rounding), recomputing every layer (a third more compute)
+RECIPE_COST = {"none": 0, "partial": 1, True: 2, False: 0, "adamw": 0, "adamw8bit": 3, "full": 5}
+
+
 def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> str:
-    """The least change to a run that does not fit in `available` bytes that would: another memory recipe
-    of its path (the least recompute first), else a smaller -b (also with the leanest recipe, where that
+    """The least change to a run that does not fit in `available` bytes that would: the cheapest memory
+    recipe of its path that fits (RECIPE_COST), else a smaller -b (also with the leanest recipe, where that
     allows a larger one), else (on a GPU) more GPUs."""
     from .plan import RECIPES
 
-    def fits(recompute: str, optimizer: str, b: int = B, n: int = gpus) -> bool:
-        changed = replace(plan, recompute=recompute, optimizer=optimizer)
+    def fits(recipe: tuple, b: int = B, n: int = gpus) -> bool:
+        changed = replace(plan, recompute=recipe[0], optimizer=recipe[1], in_backward=recipe[2])
         return sum(training_buffers(changed, config, b, T, n).values()) <= available
 
-    def options(recompute: str, optimizer: str) -> list[str]:
-        return [f"--{k} {v}" for k, v, now in (("recompute", recompute, plan.recompute),
-                                               ("optimizer", optimizer, plan.optimizer)) if v != now]
+    def options(recipe: tuple) -> list[str]:
+        recompute, optimizer, in_backward = recipe
+        return ([f"--recompute {recompute}"] * (recompute != plan.recompute)
+                + [f"--optimizer {optimizer}"] * (optimizer != plan.optimizer)
+                + ["--optimizer-in-backward"] * (in_backward and not plan.in_backward))
 
-    recomputes, optimizers = RECIPES[plan.path]
-    now = (plan.recompute, plan.optimizer)
-    by_cost = [(r, o) for o in (plan.optimizer, *(o for o in optimizers if o != plan.optimizer))
-               for r in ("none", "partial", "full") if r in recomputes]
-    recipe = next((r for r in by_cost if r != now and fits(*r)), None)
+    recomputes, optimizers, in_backwards = RECIPES[plan.path]
+    now = (plan.recompute, plan.optimizer, plan.in_backward)
+    by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards),
+                     key=lambda recipe: sum(RECIPE_COST[part] for part in recipe))
+    recipe = next((r for r in by_cost if r != now and fits(r)), None)
     if recipe:
-        return f"{' '.join(options(*recipe))} would fit"
-    lean = (max(recomputes, key=("none", "partial", "full").index), optimizers[-1])  # the least memory
-    def largest_batch(recipe) -> int | None:  # what a run needs grows with -b: bisect for the largest that fits
+        return f"{' '.join(options(recipe))} would fit"
+    lean = (max(recomputes, key=("none", "partial", "full").index), optimizers[-1], in_backwards[-1])
+
+    def largest_batch(recipe: tuple) -> int | None:  # what a run needs grows with -b: bisect for the largest that fits
         low, high = 0, B - 1
         while low < high:
             mid = (low + high + 1) // 2
-            low, high = (mid, high) if fits(*recipe, b=mid) else (low, mid - 1)
+            low, high = (mid, high) if fits(recipe, b=mid) else (low, mid - 1)
         return low or None
 
     largest = {r: largest_batch(r) for r in (now, lean)}
     if largest[now] or largest[lean]:
         ways = [f"-b {largest[now]}"] if largest[now] else []
         if largest[lean] and largest[lean] > (largest[now] or 0) and lean != now:
-            ways.append(" ".join(options(*lean) + [f"-b {largest[lean]}"]))
+            ways.append(" ".join(options(lean) + [f"-b {largest[lean]}"]))
         return f"{' or '.join(ways)} would fit (-d keeps the tokens per step)"
-    more = next((n for n in (2, 4, 8) if n > gpus and fits(*now, n=n)), None) if plan.device == "cuda" else None
+    more = next((n for n in (2, 4, 8) if n > gpus and fits(now, n=n)), None) if plan.device == "cuda" else None
     if more:
         return f"{more} GPUs would fit (ZeRO-1 shards the master weights and moments)"
     return ("nothing fits at this length; train a smaller model"

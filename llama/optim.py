@@ -31,10 +31,15 @@ class AdamWConfig:
     grad_clip: float = 1.0  # max global norm; 0 turns clipping off
 
 
+def squared_norm(grads: np.ndarray) -> float:
+    """sum(g^2) over a flat gradient buffer, accumulated in float64."""
+    g = grads.astype(np.float64, copy=False)
+    return float(np.dot(g, g))
+
+
 def global_norm(grads: np.ndarray) -> float:
     """sqrt(sum(g^2)) over the whole flat gradient buffer, accumulated in float64."""
-    g = grads.astype(np.float64, copy=False)
-    return float(np.sqrt(np.dot(g, g)))
+    return float(np.sqrt(squared_norm(grads)))
 
 
 def clip_scale(norm: float, max_norm: float) -> float:
@@ -114,8 +119,11 @@ class AdamWState:
         self.m, self.v = np.zeros(size, dtype), np.zeros(size, dtype)
 
     def update(self, params: np.ndarray, grads: np.ndarray, decay_mask: np.ndarray, step: int, lr: float,
-               opt: AdamWConfig, grad_scale: float = 1.0) -> None:
-        adamw_update(params, grads, self.m, self.v, decay_mask, step, lr, opt, grad_scale)
+               opt: AdamWConfig, grad_scale: float = 1.0, start: int = 0) -> None:
+        """AdamW on the values [start, start + n) of the flat buffers, given as params, grads, decay_mask;
+        the same bits as one update of the whole buffers (start a multiple of QUANT_BLOCK for 8 bits)."""
+        end = start + params.size
+        adamw_update(params, grads, self.m[start:end], self.v[start:end], decay_mask, step, lr, opt, grad_scale)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of (m, v), as checkpoints hold them (in fp32)."""
@@ -152,13 +160,17 @@ class AdamW8bitState(AdamWState):
         self.m_scales[b0:b0 + m_scales.size], self.v_scales[b0:b0 + v_scales.size] = m_scales, v_scales
 
     def update(self, params: np.ndarray, grads: np.ndarray, decay_mask: np.ndarray, step: int, lr: float,
-               opt: AdamWConfig, grad_scale: float = 1.0) -> None:
+               opt: AdamWConfig, grad_scale: float = 1.0, start: int = 0) -> None:
         """Dequantize, adamw_update, quantize back, chunk by chunk (chunks are whole blocks)."""
-        for start in range(0, self.size, self.CHUNK):
-            end = min(start + self.CHUNK, self.size)
-            m, v = self._chunk(start, end)
-            adamw_update(params[start:end], grads[start:end], m, v, decay_mask[start:end], step, lr, opt, grad_scale)
-            self._store(start, m, v)
+        end = start + params.size
+        if start % QUANT_BLOCK or (end % QUANT_BLOCK and end != self.size):
+            raise ValueError(f"8-bit moments update whole blocks of {QUANT_BLOCK}: [{start}, {end}) cuts one")
+        for offset in range(0, params.size, self.CHUNK):
+            n = min(self.CHUNK, params.size - offset)
+            m, v = self._chunk(start + offset, start + offset + n)
+            part = slice(offset, offset + n)
+            adamw_update(params[part], grads[part], m, v, decay_mask[part], step, lr, opt, grad_scale)
+            self._store(start + offset, m, v)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         return self._chunk(0, self.size)

@@ -20,9 +20,11 @@ from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
 DTYPES = ("bf16", "fp32")
-# the memory recipes each path runs, defaults first: the numpy reference runs them all; the bf16 GPU model
-# recomputes the norms and SwiGLU (or nothing), the fp32 GPU model keeps everything, both with fp32 moments
-RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS)), "bf16": (("partial", "none"), ("adamw",)), "fp32": (("none",), ("adamw",))}
+# the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
+# reference runs them all; the bf16 GPU model recomputes the norms and SwiGLU (or nothing), the fp32 GPU model
+# keeps everything, both with fp32 moments updated after the backward
+RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)), "bf16": (("partial", "none"), ("adamw",), (False,)),
+           "fp32": (("none",), ("adamw",), (False,))}
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
 # the flash attention build and its name in the plan's line: the ladder's v3 (kernels/flash_attention_wgmma.cu)
@@ -71,6 +73,7 @@ class Plan:
     note: str = ""  # why not bf16, or why the CPU
     recompute: str = "none"  # what the backward recomputes (RECOMPUTE)
     optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw8bit" (llama/optim.py)
+    in_backward: bool = False  # the optimizer steps inside the backward, a group of gradients at a time
 
     @property
     def path(self) -> str:
@@ -86,7 +89,7 @@ class Plan:
         else:
             runs = "fp32 kernels (the exact path)"
         return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer}"
-                + (f"; {self.note}" if self.note else ""))
+                + (" in the backward" if self.in_backward else "") + (f"; {self.note}" if self.note else ""))
 
 
 def _device(requested: str | None) -> tuple[str, str | None]:
@@ -116,33 +119,37 @@ def bf16_unsupported(config) -> str | None:
     return None
 
 
-def choose_recipe(path: str, recompute: str | None, optimizer: str | None) -> dict:
-    """The path's recipe: the requested one, or its defaults; PlanError for what the path does not run."""
-    recomputes, optimizers = RECIPES[path]
+def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_backward: bool | None = None) -> dict:
+    """The path's memory recipe: what was asked for, else its defaults; PlanError for what it does not run."""
+    recomputes, optimizers, in_backwards = RECIPES[path]
     where = "the numpy reference" if path == "cpu" else f"the {path} GPU model"
+    if in_backward and True not in in_backwards:
+        raise PlanError(f"--optimizer-in-backward: {where} updates after the backward; the CPU reference runs every "
+                        "recipe")
     for option, value, allowed in (("recompute", recompute, recomputes), ("optimizer", optimizer, optimizers)):
         if value is not None and value not in allowed:
             raise PlanError(f"--{option} {value}: {where} runs {' or '.join(allowed)}"
                             + ("; the CPU reference runs every recipe" if path != "cpu" else ""))
-    return {"recompute": recompute or recomputes[0], "optimizer": optimizer or optimizers[0]}
+    return {"recompute": recompute or recomputes[0], "optimizer": optimizer or optimizers[0],
+            "in_backward": bool(in_backward)}
 
 
 def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
-              optimizer: str | None = None) -> Plan:
+              optimizer: str | None = None, in_backward: bool | None = None) -> Plan:
     """The plan of a run of this model: device None picks the GPU where one is usable; dtype None
-    picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute and optimizer
-    None take the path's defaults (RECIPES)."""
+    picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer and
+    in_backward None take the path's defaults (RECIPES)."""
     device, why_no_gpu = _device(device)
     if device == "cpu":
         if dtype == "bf16":
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
         return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
-                    **choose_recipe("cpu", recompute, optimizer))
+                    **choose_recipe("cpu", recompute, optimizer, in_backward))
     why_not_bf16 = bf16_unsupported(config)
     if dtype == "bf16" and why_not_bf16:
         raise PlanError(f"--dtype bf16: {why_not_bf16}")
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
-    recipe = choose_recipe(dtype, recompute, optimizer)
+    recipe = choose_recipe(dtype, recompute, optimizer, in_backward)
     rt = runtime()
     peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),

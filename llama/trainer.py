@@ -80,7 +80,8 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
 def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
     """The model the plan says runs: the numpy reference, or a GPU model in bf16 or fp32."""
     if plan.device == "cpu":
-        return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute)
+        return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute,
+                              in_backward=plan.in_backward)
     if plan.dtype == "bf16":
         from .model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, recompute=plan.recompute == "partial", comm=comm, plan=plan)
@@ -141,8 +142,13 @@ class Trainer:
         # an HF folder's weights are read once the memory check passed, its config.json alone before
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
-        self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer)
+        self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer,
+                              args.optimizer_in_backward)
         print(self.plan.summary(), file=sys.stderr)
+        if self.plan.in_backward and self.grad_accum > 1:
+            raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
+                            f"--total-batch-size must be B*T*GPUs ({self.B * self.T * self.world}), not "
+                            f"{self.tokens_per_step}")
         self.flops_per_step = matmul_flops_per_token(self.config, self.T) * self.tokens_per_step
         if self.plan.device == "cpu" and self.flops_per_step > CPU_STEP_FLOPS:
             print(f"note: this run computes {self.flops_per_step / 1e12:,.1f} TFLOP a step, minutes a step on a CPU: "
@@ -260,6 +266,7 @@ class Trainer:
         except ValueError as e:
             raise UserError(f"--resume: {e}") from None
         self.sample_rng.bit_generator.state = state["sample_rng"]
+        self.model.previous_norm = state.get("previous_norm")
         self.start, self.log_bytes = state["step"], state.get("log_bytes")
         print(f"resuming from {resume['path']} (step {self.start})", file=sys.stderr)
         if self.start >= self.steps:
@@ -318,7 +325,8 @@ class Trainer:
             return
         state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.train_loader.state_dict(),
                  "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
-                 "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": vars(self.args)}
+                 "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": vars(self.args),
+                 "previous_norm": self.model.previous_norm}
         self.last_good = save_checkpoint(self.out, done_steps, self.config, params, adam_m, adam_v, state,
                                          keep=self.args.keep_checkpoints)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..generate import HostSampling
-from ..optim import OPTIMIZERS, AdamWConfig, clip_scale, global_norm
+from ..optim import OPTIMIZERS, QUANT_BLOCK, AdamWConfig, clip_scale, global_norm, squared_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
 
@@ -238,10 +238,20 @@ class ReferenceModel(Model):
     """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW (fp32 or 8-bit
     moments, llama/optim.py). recompute: what each layer keeps for the backward (RECOMPUTE): everything,
     all but its RMSNorm outputs and SwiGLU product (as the bf16 GPU model), or only its input, the
-    backward running the layer's forward again; the gradients are the same bits either way."""
+    backward running the layer's forward again; the gradients are the same bits either way.
+
+    in_backward (optimizer-in-backward): the gradients never exist whole. The backward finishes the
+    parameters in groups, from the end of the flat buffer to its start (the final norm and an untied
+    head, then each layer from the last, then the embedding table, which a tied head also writes), and
+    AdamW updates them as soon as they are final, whole QUANT_BLOCKs at a time (a block cut by a group
+    boundary waits for the next group), so a step updates the same values as the plain path's one
+    update. Clipping needs the global norm before the first update, when no gradient but the last
+    group's exists: the clip factor comes from the previous step's norm (none on the first step, where
+    Adam's first update does not depend on the gradient's scale anyway, up to eps). A step takes one
+    micro-batch (no gradient accumulation)."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
-                 optimizer: str = "adamw", recompute: str = "none"):
+                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False):
         if recompute not in RECOMPUTE or optimizer not in OPTIMIZERS:
             raise ValueError(f"recompute {recompute!r}, optimizer {optimizer!r}: choose recompute from "
                              f"{', '.join(RECOMPUTE)} and the optimizer from {', '.join(OPTIMIZERS)}")
@@ -254,12 +264,16 @@ class ReferenceModel(Model):
         if params.shape != (self.layout.size,):
             raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
         self.params = params.astype(self.dtype, copy=True)
-        self.grads = np.zeros_like(self.params)
+        self.in_backward = in_backward
+        self.grads = None if in_backward else np.zeros_like(self.params)
         self.optimizer = OPTIMIZERS[optimizer](self.layout.size, self.dtype)
         self.decay_mask = self.layout.decay_mask()
         self.p = self.layout.views(self.params)
-        self.g = self.layout.views(self.grads)
         self.acts = None
+        starts = self.layout.layer_starts()  # gradient groups: the embedding, each layer, the final norm and head
+        self.groups = list(zip([0, *starts], [*starts, self.layout.size]))
+        self.open_groups = {}  # optimizer-in-backward: (start, end) -> the group's gradients while it is open
+        self.update_settings = None  # optimizer-in-backward: (lr, step, opt, clip factor) during train_step
 
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
@@ -326,40 +340,95 @@ class ReferenceModel(Model):
         return logits if position is None else logits[:, position]
 
     def zero_grad(self) -> None:
-        self.grads[:] = 0
+        if self.grads is not None:
+            self.grads[:] = 0
 
     def backward(self, loss_scale: float = 1.0) -> None:
         """Add the gradient of loss_scale * (mean loss of the last forward) into self.grads."""
         if self.acts is None or "dlogits" not in self.acts:
             raise RuntimeError("backward() needs a forward() with targets first")
-        c, p, g, L, acts = self.config, self.p, self.g, self.layout, self.acts
+        c, p, L, acts, grad = self.config, self.p, self.layout, self.acts, self._grad
         tokens = acts["tokens"]
         B, T = tokens.shape
         dlogits = acts["dlogits"] * self.dtype.type(loss_scale)
         dlnf, dw = matmul_backward(dlogits, acts["lnf"].reshape(B * T, -1), self._matrix(self.params, L.output()))
-        self._matrix(self.grads, L.output())[...] += dw
+        grad(L.output())[...] += dw
         dx, dw = rmsnorm_backward(dlnf.reshape(B, T, -1), acts["x"], p["norm.weight"], acts["rstdf"])
-        g["norm.weight"] += dw
+        grad("norm.weight")[...] += dw
+        self._gradients_final(self.groups[-1])
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", self._restored(i, acts["layers"][i], acts["rope"])
             dffn, dw = matmul_backward(dx, a["ffn"], p[pre + "feed_forward.w2.weight"])
-            g[pre + "feed_forward.w2.weight"] += dw
+            grad(pre + "feed_forward.w2.weight")[...] += dw
             dgate_up = swiglu_backward(dffn, a["gate_up"])
             dln2, dw = matmul_backward(dgate_up, a["ln2"], self._matrix(self.params, L.w13(i)))
-            self._matrix(self.grads, L.w13(i))[...] += dw
+            grad(L.w13(i))[...] += dw
             dh, dw = rmsnorm_backward(dln2, a["h"], p[pre + "ffn_norm.weight"], a["rstd2"])
-            g[pre + "ffn_norm.weight"] += dw
+            grad(pre + "ffn_norm.weight")[...] += dw
             dx = dx + dh
             datt, dw = matmul_backward(dx, a["att"], p[pre + "attention.wo.weight"])
-            g[pre + "attention.wo.weight"] += dw
+            grad(pre + "attention.wo.weight")[...] += dw
             dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"])
             dqkv = rope_backward(dq, dk, dv, *acts["rope"])
             dln1, dw = matmul_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
-            self._matrix(self.grads, L.wqkv(i))[...] += dw
+            grad(L.wqkv(i))[...] += dw
             dxn, dw = rmsnorm_backward(dln1, a["x"], p[pre + "attention_norm.weight"], a["rstd1"])
-            g[pre + "attention_norm.weight"] += dw
+            grad(pre + "attention_norm.weight")[...] += dw
             dx = dx + dxn
-        g["tok_embeddings.weight"] += embedding_backward(dx, tokens, c.vocab_size)
+            self._gradients_final(self.groups[i + 1])
+        grad("tok_embeddings.weight")[...] += embedding_backward(dx, tokens, c.vocab_size)
+        self._gradients_final(self.groups[0])
+
+    def _grad(self, tensor) -> np.ndarray:
+        """Where a tensor's gradient accumulates (a Tensor of the layout, or its name): its view of the flat
+        gradients, or with in_backward of its group's gradients, opened at the group's first use."""
+        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+        if not self.in_backward:
+            return self._matrix(self.grads, tensor)
+        start, end = next(group for group in self.groups if group[0] <= tensor.offset < group[1])
+        if (start, end) not in self.open_groups:
+            self.open_groups[(start, end)] = np.zeros(end - start, self.dtype)
+        at = tensor.offset - start
+        return self.open_groups[(start, end)][at:at + tensor.size].reshape(tensor.shape)
+
+    def _gradients_final(self, group: tuple[int, int]) -> None:
+        """With in_backward: the group's gradients are final; AdamW takes the whole blocks from the group's
+        start to where the last update stopped, the rest of the group waits for the next one."""
+        if not self.in_backward:
+            return
+        if self.update_settings is None:
+            raise RuntimeError("with the optimizer in the backward, the backward runs inside train_step")
+        start, _ = group
+        grads = self.open_groups.pop(group)
+        self.norm_squared += squared_norm(grads)
+        self.pending = np.concatenate([grads, self.pending])  # the gradients from start up to the frontier
+        first = -(-start // QUANT_BLOCK) * QUANT_BLOCK if start else 0
+        if first < self.frontier:
+            lr, step, opt, scale = self.update_settings
+            done = slice(first, self.frontier)
+            self.optimizer.update(self.params[done], self.pending[first - start:], self.decay_mask[done], step, lr,
+                                  opt, grad_scale=scale, start=first)
+            self.pending, self.frontier = self.pending[:first - start].copy(), first
+
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+        """Model.train_step; with in_backward one forward and a backward that updates the weights as it
+        goes, clipped by the previous step's norm (self.previous_norm), which becomes this step's."""
+        if not self.in_backward:
+            return super().train_step(batches, lr, step, opt)
+        if len(batches) != 1:
+            raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
+        loss = self.forward(*batches[0])
+        if not np.isfinite(loss):
+            return loss, float("nan")
+        scale = clip_scale(self.previous_norm, opt.grad_clip) if self.previous_norm is not None else 1.0
+        self.update_settings, self.norm_squared = (lr, step, opt, scale), 0.0
+        self.pending, self.frontier = np.zeros(0, self.dtype), self.layout.size
+        try:
+            self.backward()
+        finally:
+            self.update_settings = None
+        self.previous_norm = float(np.sqrt(self.norm_squared))
+        return loss, self.previous_norm
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig) -> float:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm."""

@@ -29,15 +29,26 @@ def test_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
     check_resume_is_exact(tmp_path, corpus, "cpu")
 
 
-def test_memory_recipes_resume_exactly_and_recompute_changes_no_bit(corpus, tmp_path):
-    """--recompute full --optimizer adamw8bit resumes bit for bit; full recompute alone logs what the plain
-    run logs."""
-    check_resume_is_exact(tmp_path, corpus, "cpu", "--recompute", "full", "--optimizer", "adamw8bit")
+@pytest.mark.parametrize("recipe", [["--recompute", "full", "--optimizer", "adamw8bit"],
+                                    ["--optimizer-in-backward", "--optimizer", "adamw8bit"]])
+def test_memory_recipes_resume_exactly(corpus, tmp_path, recipe):
+    """Each recipe's run and its resume agree bit for bit (with the optimizer in the backward the clip
+    norm of the step before the checkpoint comes back from it), and train about as the plain run does."""
+    check_resume_is_exact(tmp_path, corpus, "cpu", *recipe)
+    assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-o", "plain") == 0
+    mine, plain = losses(tmp_path / "a"), losses(tmp_path / "plain")
+    assert mine != plain and abs(mine[-1] - plain[-1]) < 0.05
+
+
+def test_full_recompute_changes_no_bit_and_the_optimizer_in_the_backward_takes_one_micro_batch(corpus, tmp_path,
+                                                                                                capsys):
     assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-o", "plain") == 0
     assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-o", "full", "--recompute", "full") == 0
     assert (tmp_path / "full" / "main.log").read_bytes() == (tmp_path / "plain" / "main.log").read_bytes()
-    eight_bit, plain = losses(tmp_path / "a"), losses(tmp_path / "plain")
-    assert eight_bit != plain and abs(eight_bit[-1] - plain[-1]) < 0.05
+    assert run(*BASE, *corpus, "-x", "2", "-o", "accum", "--optimizer-in-backward", "-d", "256") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
+        "--total-batch-size must be B*T*GPUs (128), not 256")
 
 
 @pytest.mark.slow

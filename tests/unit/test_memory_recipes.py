@@ -6,7 +6,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.model.reference import RECOMPUTE, ReferenceModel
-from llama.optim import AdamWConfig
+from llama.optim import AdamWConfig, clip_scale, global_norm
 from llama.plan import PlanError, choose_recipe
 
 CONFIG = get_preset("tiny").replace(dim=32, n_heads=4, n_kv_heads=2, vocab_size=61)
@@ -71,11 +71,58 @@ def test_adamw8bit_resumes_bit_exact_through_fp32_moments():
 
 
 def test_each_path_runs_its_recipes_and_refuses_the_others_in_one_line():
-    assert choose_recipe("cpu", None, None) == {"recompute": "none", "optimizer": "adamw"}
-    assert choose_recipe("bf16", None, None) == {"recompute": "partial", "optimizer": "adamw"}
-    assert choose_recipe("cpu", "full", "adamw8bit") == {"recompute": "full", "optimizer": "adamw8bit"}
+    assert choose_recipe("cpu", None, None) == {"recompute": "none", "optimizer": "adamw", "in_backward": False}
+    assert choose_recipe("bf16", None, None) == {"recompute": "partial", "optimizer": "adamw", "in_backward": False}
+    assert choose_recipe("cpu", "full", "adamw8bit", True) == {"recompute": "full", "optimizer": "adamw8bit",
+                                                               "in_backward": True}
     with pytest.raises(PlanError, match="^--recompute full: the bf16 GPU model runs partial or none; the CPU "
                                         "reference runs every recipe$"):
         choose_recipe("bf16", "full", None)
     with pytest.raises(PlanError, match="^--optimizer adamw8bit: the fp32 GPU model runs adamw;"):
         choose_recipe("fp32", None, "adamw8bit")
+    with pytest.raises(PlanError, match="^--optimizer-in-backward: the bf16 GPU model updates after the backward;"):
+        choose_recipe("bf16", None, None, True)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("optimizer, recompute", [("adamw", "none"), ("adamw8bit", "full")])
+def test_optimizer_in_backward_updates_what_the_plain_step_updates(optimizer, recompute, tied):
+    """Unclipped, the same bits after several steps: groups of any size (the tied model's last is its 32
+    norm weights), blocks cut by group boundaries updated once, whole."""
+    config, unclipped = CONFIG.replace(tie_embeddings=tied), AdamWConfig(grad_clip=0.0)
+    plain = ReferenceModel(config, seed=4, optimizer=optimizer)
+    fused = ReferenceModel(config, seed=4, optimizer=optimizer, recompute=recompute, in_backward=True)
+    assert fused.grads is None and any((end - start) % 256 for start, end in fused.groups)
+    for step, micro in enumerate(_batches(4, seed=5), 1):
+        loss, norm = plain.train_step(micro, 3e-3, step, unclipped)
+        assert fused.train_step(micro, 3e-3, step, unclipped) == (loss, pytest.approx(norm, rel=1e-9))
+        np.testing.assert_array_equal(fused.params, plain.params)
+    for mine, theirs in zip(fused.get_optimizer_state(), plain.get_optimizer_state()):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_optimizer_in_backward_clips_by_the_previous_norm():
+    opt = AdamWConfig(grad_clip=0.05)  # below every norm here: each step is clipped
+    plain, fused = ReferenceModel(CONFIG, seed=6), ReferenceModel(CONFIG, seed=6, in_backward=True)
+    previous = None
+    for step, micro in enumerate(_batches(3, seed=7), 1):
+        plain.zero_grad()
+        plain.forward(*micro[0])
+        plain.backward()
+        norm = global_norm(plain.grads)
+        assert norm > opt.grad_clip
+        scale = 1.0 if previous is None else clip_scale(previous, opt.grad_clip)
+        plain.optimizer.update(plain.params, plain.grads, plain.decay_mask, step, 3e-3, opt, grad_scale=scale)
+        assert fused.train_step(micro, 3e-3, step, opt)[1] == pytest.approx(norm, rel=1e-9)
+        np.testing.assert_array_equal(fused.params, plain.params)
+        previous = norm
+    assert fused.previous_norm == pytest.approx(previous, rel=1e-9)
+
+
+def test_optimizer_in_backward_takes_one_micro_batch_and_runs_inside_a_step():
+    model = ReferenceModel(CONFIG, in_backward=True)
+    with pytest.raises(ValueError, match="takes one micro-batch a step, got 2"):
+        model.train_step(_batches(1, micro=2)[0], 1e-3, 1, AdamWConfig())
+    model.forward(*_batches(1)[0][0])
+    with pytest.raises(RuntimeError, match="runs inside train_step"):
+        model.backward()

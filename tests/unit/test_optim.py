@@ -151,3 +151,14 @@ def test_adamw8bit_state_goes_through_fp32_moments_unchanged():
         np.testing.assert_array_equal(getattr(again, name), getattr(state, name))
     again.load(None, None)
     assert all(np.all(x == 0) for x in again.moments())
+
+
+def test_adamw8bit_updates_whole_blocks_only():
+    state, values = AdamW8bitState(1000), np.ones(1000, np.float32)
+    mask = np.ones(1000, np.uint8)
+    with pytest.raises(ValueError, match=r"whole blocks of 256: \[100, 1000\) cuts one"):
+        state.update(values[100:], values[100:], mask[100:], 1, 1e-3, AdamWConfig(), start=100)
+    with pytest.raises(ValueError, match=r"\[0, 300\) cuts one"):
+        state.update(values[:300], values[:300], mask[:300], 1, 1e-3, AdamWConfig())
+    state.update(values[512:], values[512:], mask[512:], 1, 1e-3, AdamWConfig(), start=512)  # up to the end: whole
+    assert np.all(values[:512] == 1) and np.all(values[512:] < 1)
