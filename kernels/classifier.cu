@@ -26,6 +26,7 @@
 //   finds the implicit 1.
 // loss_accumulate_bf16: total (1,) += scale * sum(losses (n,)), one block, in a fixed order.
 #include "bf16.cuh"
+#include "mma.cuh"
 
 #define CLASSIFIER_UNROLL 2       // 16-byte loads in flight per thread where a row is read past the kept part
 #define CLASSIFIER_REG_VECTORS 2  // 16-byte vectors of a row each thread keeps in registers between the passes
@@ -117,16 +118,6 @@ __device__ __forceinline__ uint4 softmax_gradient8(uint4 raw, float lse_log2, fl
     return pack_bf16x8(v);
 }
 
-// 16 bytes from global to shared memory, asynchronously (through L2 only); the commit groups complete in order
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
-                 "l"(global)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>  // wait until at most PENDING of this thread's commit groups are in flight
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
-
 // One row of the logits: its elements before the first 16-byte boundary (head, < 8), its whole 16-byte
 // vectors, and the elements after them (from tail on, < 8).
 struct LogitsRow {
@@ -151,7 +142,7 @@ struct LogitsRow {
 __device__ __forceinline__ void fetch_slots(uint4* cached, const LogitsRow& row, int first, int last) {
     for (int k = first; k < last; k++) {
         const int vec = k * blockDim.x + threadIdx.x;
-        if (vec < row.vectors) cp_async_16(cached + vec, row.vectors_at + vec);
+        if (vec < row.vectors) cp_async_16(smem_address(cached + vec), row.vectors_at + vec, 16);
     }
     cp_async_commit();
 }
@@ -166,7 +157,7 @@ __device__ __forceinline__ void write_slots(uint4* cached, const LogitsRow& row,
         if (vec < row.vectors)  // the store depends on the read, and the copy is issued after the store
             __stcs(row.vectors_at + vec,
                    softmax_gradient8(cached[vec], lse_log2, dloss, target - row.head - vec * 8, dtarget));
-        if (vec < next_vectors) cp_async_16(cached + vec, next_at + vec);
+        if (vec < next_vectors) cp_async_16(smem_address(cached + vec), next_at + vec, 16);
     }
     cp_async_commit();
 }

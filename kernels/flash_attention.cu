@@ -19,41 +19,7 @@
 //   dQ += dS K. Deterministic. Both backward kernels hold P and dS as bf16 pairs (the precision of the
 //   products they feed).
 #include "flash_attention.cuh"
-
-// ---- PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read)
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// wait until at most N of this thread's committed groups are still in flight
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t address) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t address) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
-}
-
-// c (16x8 fp32) += a (16x16 bf16, row) @ b (16x8 bf16, col)
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#include "mma.cuh"
 
 // ---- shared-memory tiles: (rows, D) bf16, row-major, each row padded by 8 values (16 bytes), so that the
 // 8 rows of every ldmatrix 8x8 matrix start in distinct banks; every address is one per-lane base plus a
@@ -77,7 +43,7 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const bf16* src, int ro
     for (int i = 0; i < ROWS * CHUNKS / THREADS; ++i) {
         const int chunk = i * THREADS + threadIdx.x, r = chunk / CHUNKS, c = chunk % CHUNKS;
         const bool valid = row0 + r < T;
-        cp_async_16(tile_address<D>(tile, r, c * 8), src + (valid ? (row0 + r) * stride + c * 8 : 0), valid);
+        cp_async_16(tile_address<D>(tile, r, c * 8), src + (valid ? (row0 + r) * stride + c * 8 : 0), valid ? 16 : 0);
     }
 }
 
@@ -86,25 +52,25 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const bf16* src, int ro
 
 // A operand from a row-major tile (rows = M, columns = K)
 template <int D>
-__device__ __forceinline__ void load_a(uint32_t a[4], uint32_t tile, int row0, int col0, int lane) {
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int col0, int lane) {
     ldmatrix_x4(a, tile_address<D>(tile, row0 + (lane & 15), col0 + 8 * (lane >> 4)));
 }
 
 // B operands of n tiles n0..n0+7 (b[0], b[1]) and n0+8..n0+15 (b[2], b[3]) at k0..k0+15, from a tile
 // whose rows are n and columns k (K in S = Q K^T, V in dP = dO V^T, Q and dO in the dkdv kernel)
 template <int D>
-__device__ __forceinline__ void load_b_nk(uint32_t b[4], uint32_t tile, int n0, int k0, int lane) {
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], uint32_t tile, int n0, int k0, int lane) {
     ldmatrix_x4(b, tile_address<D>(tile, n0 + (lane & 7) + 8 * (lane >> 4), k0 + 8 * ((lane >> 3) & 1)));
 }
 
 // the same from a tile whose rows are k and columns n (V in O = P V, K in dQ = dS K, ...): transposed load
 template <int D>
-__device__ __forceinline__ void load_b_kn(uint32_t b[4], uint32_t tile, int k0, int n0, int lane) {
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], uint32_t tile, int k0, int n0, int lane) {
     ldmatrix_x4_trans(b, tile_address<D>(tile, k0 + (lane & 15), n0 + 8 * (lane >> 4)));
 }
 
 // accumulator tiles 2j and 2j+1 (a 16x16 block of C) as the A operand of the next product, in bf16
-__device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
     a[0] = pack_bf16(c0[0], c0[1]);
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);

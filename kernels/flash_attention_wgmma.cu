@@ -129,7 +129,7 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     using namespace fa3;
     constexpr int BR = FWD_ROWS, BC = FWD_KV_ROWS, STAGES = FWD_STAGES, TILE = tile_bytes<D>(BC);
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u, sK = sQ + tile_bytes<D>(BR), sV = sK + STAGES * TILE;
+    const uint32_t sQ = (smem_address(smem_raw) + 1023) & ~1023u, sK = sQ + tile_bytes<D>(BR), sV = sK + STAGES * TILE;
     const uint32_t q_full = sV + STAGES * TILE, k_full = q_full + 8, k_empty = k_full + 8 * STAGES,
                    v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
     const int h = blockIdx.x, b = blockIdx.y, q0 = (gridDim.z - 1 - blockIdx.z) * BR, kv_head = h / (H / KV);
@@ -303,12 +303,12 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
     constexpr int BC = DKDV_KV_ROWS, BQ = DKDV_Q_ROWS, STAGES = dkdv_stages<D>(), STAGE = dkdv_stage_bytes<D>();
     constexpr int QTILE = tile_bytes<D>(BQ), DQ_BUFFERS = dq_buffers<D>(), DQ_TILE = dq_tile_bytes<D>();
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + tile_bytes<D>(BC), ring = sV + tile_bytes<D>(BC);
+    const uint32_t sK = (smem_address(smem_raw) + 1023) & ~1023u, sV = sK + tile_bytes<D>(BC), ring = sV + tile_bytes<D>(BC);
     const uint32_t sdS = ring + STAGES * STAGE, sdQ = sdS + 2 * DS_BYTES;  // FUSED only
     const uint32_t kv_full = ring + STAGES * STAGE + dq_bytes<D, FUSED>(), full = kv_full + 8, empty = full + 8 * STAGES;
     const uint32_t dq_full = empty + 8 * STAGES, dq_empty = dq_full + 8 * DQ_BUFFERS;  // FUSED only
-    float* ring_generic = reinterpret_cast<float*>(smem_raw + (ring - smem_addr(smem_raw)));
-    float* dq_generic = reinterpret_cast<float*>(smem_raw + (sdQ - smem_addr(smem_raw)));
+    float* ring_generic = reinterpret_cast<float*>(smem_raw + (ring - smem_address(smem_raw)));
+    float* dq_generic = reinterpret_cast<float*>(smem_raw + (sdQ - smem_address(smem_raw)));
     // ORDERED: a CTA takes its work in the order CTAs start (a counter after the tiles' counts), shortest kv tiles
     // first, so that it only ever waits for CTAs that started before it
     __shared__ int claimed;
@@ -544,7 +544,7 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
     using namespace fa3;
     constexpr int BR = DQ_ROWS, BC = dq_kv_rows<D>(), STAGES = DQ_STAGES, TILE = tile_bytes<D>(BC);
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u, sdO = sQ + tile_bytes<D>(BR), ring = sdO + tile_bytes<D>(BR);
+    const uint32_t sQ = (smem_address(smem_raw) + 1023) & ~1023u, sdO = sQ + tile_bytes<D>(BR), ring = sdO + tile_bytes<D>(BR);
     const uint32_t qo_full = ring + 2 * STAGES * TILE, full = qo_full + 8, empty = full + 8 * STAGES;
     const int h = blockIdx.x, b = blockIdx.y, q0 = (gridDim.z - 1 - blockIdx.z) * BR, kv_head = h / (H / KV);
     const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC, warpgroup = threadIdx.x / 128;

@@ -20,25 +20,15 @@
 #include <stdint.h>
 
 #include "gemm_epilogue.cuh"
+#include "mma.cuh"
 
 #define BK 64
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // byte offset of element (r, c) in a tile of rows of L bf16 (L a multiple of 64), chunks swizzled
 template <int L>
 __device__ __forceinline__ uint32_t swizzled(int r, int c) {
     return r * L * 2 + ((((c >> 3) ^ (r & 7))) << 4) + (c & 7) * 2;
 }
-
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Copies the ROWS x L tile at (row0, col0) of a (rows, cols) matrix with leading dimension ld.
 template <int ROWS, int L, int THREADS>
@@ -61,22 +51,6 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* G,
     }
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // A thread's accumulators: acc[mi][ni][0, 1] hold (row + 16 mi, col + 8 ni + {0, 1}), [2, 3] row + 8.
 template <int MODE, int MI, int NI>
 __device__ __forceinline__ void store_accumulators(const Epilogue& e, const float (&acc)[MI][NI][4], int batch, int row,
@@ -97,7 +71,7 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16* A, const __nv_bflo
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
     constexpr int A_TILE = BM * BK * 2, B_TILE = BN * BK * 2;  // bytes per stage
     extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t a_smem = smem_u32(smem), b_smem = a_smem + STAGES * A_TILE;
+    const uint32_t a_smem = smem_address(smem), b_smem = a_smem + STAGES * A_TILE;
 
     const int tiles_m = (e.M + BM - 1) / BM, tiles_n = (e.N + BN - 1) / BN;
     int tm, tn;

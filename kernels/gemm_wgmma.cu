@@ -103,7 +103,7 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
                                            int batches) {
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
+    const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
     const uint32_t staging = base + STAGES * STAGE_BYTES;  // version 6: the warps' epilogue rows
     const uint32_t full = staging + (STAGED ? STAGING_BYTES : 0), empty = full + STAGES * 8;
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + BN - 1) / BN;
@@ -178,7 +178,7 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
             wgmma_wait<0>();
             if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
             if (STAGED) {
-                float* rows = (float*)(smem_raw + (staging - smem_addr(smem_raw))) + (4 * half + warp) * 8 * STAGING_LD;
+                float* rows = (float*)(smem_raw + (staging - smem_address(smem_raw))) + (4 * half + warp) * 8 * STAGING_LD;
                 EPILOGUE_DISPATCH(e.mode, store_accumulators_staged, e, d, batch, m0 + half * 64 + warp * 16, n0, rows)
             } else {
                 const int row = m0 + half * 64 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
@@ -241,7 +241,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
                                               int batches, int splits, int split_kb) {
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
+    const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
     const uint32_t staging = base + STAGES * STAGE_BYTES;  // version 5: the warps' epilogue rows
     const uint32_t full = staging + (STAGED ? STAGING_BYTES : 0), empty = full + STAGES * 8, order = empty + STAGES * 8;
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + PP_BN - 1) / PP_BN;
@@ -324,7 +324,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
             accumulator_fence(d1);
             if (lane == 0) mbarrier_arrive(empty + 8 * previous);
             if (STAGED) {
-                float* rows = (float*)(smem_raw + (staging - smem_addr(smem_raw))) + (4 * c + warp) * 8 * STAGING_LD;
+                float* rows = (float*)(smem_raw + (staging - smem_address(smem_raw))) + (4 * c + warp) * 8 * STAGING_LD;
                 EPILOGUE_DISPATCH(e.mode, store_tile_staged, e, d0, d1, out_batch, m0 + warp * 16, n0, rows)
             } else {
                 const int row = m0 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
@@ -349,7 +349,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
                                              int batches) {
     constexpr int A_BYTES = CL_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
+    const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
     const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
     const uint32_t rank = cluster_ctarank(), partner = rank ^ 1;
     const int tiles_m = (e.M + CL_BM - 1) / CL_BM, pairs_n = (e.N + 2 * PP_BN - 1) / (2 * PP_BN);

@@ -26,6 +26,7 @@
 // Requirements: K % 8 == 0, W, x 16-byte aligned rows; B <= 16; D even.
 #include <cstdint>
 #include "bf16.cuh"
+#include "mma.cuh"
 
 #define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
@@ -58,14 +59,6 @@ struct GemvArgs {
     const int* position;
     int H, KV, D, T_max;
 };
-
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // 16 bytes of weights, streamed past L1 (read once per token)
 __device__ __forceinline__ uint4 load_weights(const bf16* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
@@ -124,9 +117,9 @@ __device__ void tile_product(float (*tile)[GEMV_MAX_BATCH], const GemvArgs& a, i
             for (int m = 0; m < 2; m++)
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
-                    mma_m16n8k16(acc[m][n], w[u][m][0].x, w[u][m][1].x, w[u][m][0].y, w[u][m][1].y, x[u][n].x,
+                    mma_bf16(acc[m][n], w[u][m][0].x, w[u][m][1].x, w[u][m][0].y, w[u][m][1].y, x[u][n].x,
                                  x[u][n].y);
-                    mma_m16n8k16(acc[m][n], w[u][m][0].z, w[u][m][1].z, w[u][m][0].w, w[u][m][1].w, x[u][n].z,
+                    mma_bf16(acc[m][n], w[u][m][0].z, w[u][m][1].z, w[u][m][0].w, w[u][m][1].w, x[u][n].z,
                                  x[u][n].w);
                 }
     }
