@@ -21,6 +21,7 @@ head-major q, k, v; the merge_heads/split_heads kernels between (B, H, T, D) and
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..config import LlamaConfig
@@ -70,6 +71,46 @@ def matmul_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tupl
     """dx = dout @ weight (..., IC); dweight = dout^T @ x (OC, IC)."""
     dweight = dout.reshape(-1, dout.shape[-1]).T @ x.reshape(-1, x.shape[-1])
     return dout @ weight, dweight
+
+
+# FP8 linear layers (--dtype fp8's twins): each GEMM operand is cast to float8 e4m3 with one power-of-two
+# scale per slice along the GEMM's K axis (row-wise scaling: a token's row of activations, an output row of
+# the weight; for dW, whose K is the tokens, a column of each), so the kernel multiplies the FP8 values,
+# accumulates in fp32 and applies the two scales in its epilogue. A power of two keeps x / scale exact;
+# the largest |x| / scale of a slice is in (224, 448].
+E4M3_MAX = 448.0  # the largest finite float8 e4m3fn
+
+
+def quantize_fp8(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """x -> (float8 e4m3fn values, float32 scales): scale = 2^ceil(log2(amax / 448)) of each slice along axis
+    (1 for a slice of zeros), values = x / scale rounded to nearest even, saturating at +-448. The scales
+    have x's shape without axis."""
+    amax = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
+    exponent = np.ceil(np.log2(np.where(amax > 0, amax, E4M3_MAX) / E4M3_MAX))
+    scale = np.exp2(exponent).astype(np.float32)
+    scaled = np.clip(x.astype(np.float32) / scale, -E4M3_MAX, E4M3_MAX)
+    return scaled.astype(ml_dtypes.float8_e4m3fn), np.squeeze(scale, axis=axis)
+
+
+def dequantize_fp8(q: np.ndarray, scale: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The float32 values that quantize_fp8's output stands for."""
+    return q.astype(np.float32) * np.expand_dims(scale, axis)
+
+
+def matmul_fp8_forward(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """matmul_forward on the FP8 casts of x (per token) and weight (per output row), in float64."""
+    xq, wq = (dequantize_fp8(*quantize_fp8(a)).astype(np.float64) for a in (x, weight))
+    return matmul_forward(xq, wq)
+
+
+def matmul_fp8_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """matmul_backward with each GEMM's operands cast along its own K: dx = dout (per token) @ weight (per
+    input column); dweight = dout^T (per output column over the tokens) @ x (per input column), in float64."""
+    dout2, x2 = dout.reshape(-1, dout.shape[-1]), x.reshape(-1, x.shape[-1])
+    cast = lambda a, axis: dequantize_fp8(*quantize_fp8(a, axis), axis).astype(np.float64)
+    dx = cast(dout2, -1) @ cast(weight, 0)
+    dweight = cast(dout2, 0).T @ cast(x2, 0)
+    return dx.reshape(*dout.shape[:-1], -1), dweight
 
 
 def _rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
