@@ -1,13 +1,15 @@
 """Train the same model from the same init on the same data in two or more ways, and compare the
 loss curves: the mean train loss over the last 50 steps of each run, the largest difference from the
-first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is installed). Needs a GPU.
+first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is installed).
 
     python3 scripts/compare_runs.py dtype bf16 fp32 [-o out/compare] [-- extra train_llama.py arguments]
     python3 scripts/compare_runs.py gpus 1 8 [-o out/scaling] [-- extra train_llama.py arguments]
+    python3 scripts/compare_runs.py recipe plain adamw8bit in-backward full [--device cpu] [-- ...]
 
 `dtype` runs each precision on one GPU. `gpus` runs each GPU count (llama.launch) at the same global
 batch: every run has B sequences per micro-batch, and B x T x the largest count tokens per step, so
-fewer GPUs accumulate more micro-batches.
+fewer GPUs accumulate more micro-batches. `recipe` runs each memory recipe (RECIPES below) on one GPU,
+or on the CPU with --device cpu (then pass a CPU-sized model after --, e.g. -e small -b 8 -t 64).
 """
 
 import argparse
@@ -19,31 +21,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_log import read_log  # noqa: E402
 
 B, T = 8, 1024
+TRAIN = str(Path(__file__).resolve().parents[1] / "train_llama.py")
+RECIPES = {"plain": [], "partial": ["--recompute", "partial"], "full": ["--recompute", "full"],
+           "adamw8bit": ["--optimizer", "adamw8bit"], "in-backward": ["--optimizer-in-backward"]}
 DEFAULT_RUN = ["-e", "d12", "-b", str(B), "-t", str(T), "-x", "300", "-v", "0", "-s", "0", "-n", "0", "--seed", "0"]
 
 
 def command(vary: str, value: str, values: list[str]) -> list[str]:
     if vary == "dtype":
-        return [sys.executable, "train_llama.py", *DEFAULT_RUN, "--dtype", value]
-    launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", value, "train_llama.py"]
+        return [sys.executable, TRAIN, *DEFAULT_RUN, "--dtype", value]
+    if vary == "recipe":
+        return [sys.executable, TRAIN, *DEFAULT_RUN, *RECIPES[value]]
+    launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", value, TRAIN]
     return [*launch, *DEFAULT_RUN, "-d", str(B * T * max(int(v) for v in values))]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("vary", choices=("dtype", "gpus"))
-    parser.add_argument("values", nargs="+", help="bf16 fp32, or GPU counts")
+    parser.add_argument("vary", choices=("dtype", "gpus", "recipe"))
+    parser.add_argument("values", nargs="+", help=f"bf16 fp32, GPU counts, or recipes: {', '.join(RECIPES)}")
     parser.add_argument("-o", "--output-dir", default="out/compare")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: recipes only")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]  # after --: train_llama.py arguments
-    if not all(v in ("bf16", "fp32") if args.vary == "dtype" else v.isdigit() and int(v) > 0 for v in args.values):
-        parser.error(f"{args.vary} takes " + ("bf16 and fp32" if args.vary == "dtype" else "GPU counts"))
+    allowed = {"dtype": lambda v: v in ("bf16", "fp32"), "gpus": lambda v: v.isdigit() and int(v) > 0,
+               "recipe": lambda v: v in RECIPES}[args.vary]
+    if not all(map(allowed, args.values)):
+        parser.error(f"{args.vary} takes " + {"dtype": "bf16 and fp32", "gpus": "GPU counts",
+                                              "recipe": ", ".join(RECIPES)}[args.vary])
+    if args.device == "cpu" and args.vary != "recipe":
+        parser.error(f"--device cpu: {args.vary} needs GPUs")
     out = Path(args.output_dir)
     means, logs = {}, []
     for value in args.values:
         log = out / f"{args.vary}_{value}"
-        run = [*command(args.vary, value, args.values), *extra, "--device", "cuda", "-o", str(log)]
+        run = [*command(args.vary, value, args.values), *extra, "--device", args.device, "-o", str(log)]
         print(" ".join(run[1:]), flush=True)
         if subprocess.run(run).returncode != 0:
             return 1

@@ -107,3 +107,25 @@ def test_memory_plan_refuses_what_no_run_can_be_in_one_line(extra, message, caps
     assert script("memory_plan")(["d12", "-b", "8", "-t", "1024", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {message}") and "\n" not in err, err
+
+
+def test_compare_runs_compares_memory_recipes_on_the_cpu(corpus, tmp_path):
+    """Full recompute changes no bit of the losses, 8-bit moments change a few."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "recipe", "plain", "full",
+                             "adamw8bit", "--device", "cpu", "-o", str(tmp_path / "cmp"), "--", "-e", "tiny", "-b", "2",
+                             "-t", "16", "-x", "60", "-l", "3e-3", *corpus], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                 "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})  # offline: byte-level tokens
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip().splitlines()[-1]
+    means = dict(re.findall(r"recipe ([\w-]+) ([\d.]+)", line))
+    assert means["plain"] == means["full"] and means["adamw8bit"] != means["plain"], line
+    assert re.search(r"largest \|difference\| from recipe plain: 0\.0[01]\d\d nats$", line), line
+
+
+@pytest.mark.parametrize("args, message", [(["recipe", "plain", "fancy"], "recipe takes plain, partial, full"),
+                                           (["dtype", "bf16", "--device", "cpu"], "--device cpu: dtype needs GPUs")])
+def test_compare_runs_refuses_what_it_cannot_compare(args, message):
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), *args], capture_output=True,
+                            text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and message in result.stderr, result.stderr
