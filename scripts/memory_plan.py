@@ -5,6 +5,7 @@ and memory recipe, on any machine (no GPU needed).
     python scripts/memory_plan.py llama3.2-1b -b 8 -t 2048
     python scripts/memory_plan.py llama3.1-8b -b 1 -t 2048 --gpus 8
     python scripts/memory_plan.py small -b 16 -t 256 --device cpu --recompute full --optimizer adamw8bit
+    python scripts/memory_plan.py small -b 16 -t 256 --device cpu --optimizer-in-backward
 
 On the GPU (bf16) the buffers are those of llama/model/gpu_bf16.py with Hopper's flash attention build;
 the CUDA context, kernels and graphs come on top (about 1 GiB), so the total is a lower bound. It is
@@ -38,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of a ZeRO-1 run (with --device cuda)")
     p.add_argument("--recompute", choices=RECOMPUTE, default=None, help="default: the path's (partial in bf16)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=None, help="default: adamw")
+    p.add_argument("--optimizer-in-backward", action="store_true", help="gradients a group at a time")
     p.add_argument("--memory", type=positive_float, default=None,
                    help="GiB to fit in (default: what is free here, or an H100 80GB and an H200 without a GPU)")
     return p.parse_args(argv)
@@ -46,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def plan_of(args) -> Plan:
     """The plan of the run asked for, without looking at this machine (the trainer's make_plan does)."""
     path = "cpu" if args.device == "cpu" else args.dtype
-    recipe = choose_recipe(path, args.recompute, args.optimizer)
+    recipe = choose_recipe(path, args.recompute, args.optimizer, args.optimizer_in_backward)
     if args.device == "cpu":
         return Plan("cpu", "fp32", "CPU", **recipe)
     return Plan("cuda", args.dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe)
@@ -81,7 +83,8 @@ def main(argv=None) -> int:
     buffers = training_buffers(plan, config, B, T, args.gpus)
     where = "the numpy reference" if plan.device == "cpu" else \
         f"{plan.dtype} on {args.gpus} GPU{'s' if args.gpus > 1 else ''}, per GPU"
-    print(f"{args.model}, B={B} T={T}: {where} | recompute {plan.recompute} | {plan.optimizer}")
+    print(f"{args.model}, B={B} T={T}: {where} | recompute {plan.recompute} | {plan.optimizer}"
+          + (" in the backward" if plan.in_backward else ""))
     width = max(map(len, buffers))
     for name, nbytes in buffers.items():
         print(f"  {name:<{width}}  {size_text(nbytes):>12}")

@@ -96,12 +96,16 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
                         "adamw8bit", "--memory", "4"]) == 0
     out = capsys.readouterr().out
     assert "the numpy reference | recompute full | adamw8bit" in out and "activations (recompute full) x 4 layers" in out
+    assert memory_plan(["small", "-b", "16", "-t", "64", "--device", "cpu", "--optimizer-in-backward", "--memory",
+                        "4"]) == 0
+    assert "fp32 gradients (a group at a time)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--recompute", "full"], "--recompute full: the bf16 GPU model runs partial or none"),
     (["-t", "5000"], "-t 5000 exceeds the model's max_seq_len"),
     (["--device", "cpu", "--gpus", "2"], "--gpus needs --device cuda"),
+    (["--optimizer-in-backward"], "--optimizer-in-backward: the bf16 GPU model updates after the backward"),
 ])
 def test_memory_plan_refuses_what_no_run_can_be_in_one_line(extra, message, capsys):
     assert script("memory_plan")(["d12", "-b", "8", "-t", "1024", *extra]) == 2
