@@ -87,6 +87,8 @@ def quantize_fp8(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]
     have x's shape without axis."""
     amax = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
     exponent = np.ceil(np.log2(np.where(amax > 0, amax, E4M3_MAX) / E4M3_MAX))
+    exponent += amax > np.ldexp(E4M3_MAX, exponent.astype(int))  # exactly the least e with amax <= 448 * 2^e,
+    exponent -= (amax > 0) & (amax <= np.ldexp(E4M3_MAX, exponent.astype(int) - 1))  # whatever log2's last bit did
     scale = np.exp2(exponent).astype(np.float32)
     scaled = np.clip(x.astype(np.float32) / scale, -E4M3_MAX, E4M3_MAX)
     return scaled.astype(ml_dtypes.float8_e4m3fn), np.squeeze(scale, axis=axis)

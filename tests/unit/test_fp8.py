@@ -35,6 +35,14 @@ def test_each_slice_gets_a_power_of_two_scale_and_the_nearest_e4m3_values(shape,
     np.testing.assert_array_equal(np.abs(q.astype(np.float64) - scaled), distance)  # the nearest value
 
 
+def test_the_scale_is_the_least_power_of_two_that_fits_even_at_the_boundaries():
+    x = np.float32(448.0) * np.exp2(np.arange(-20, 20, dtype=np.float32))[:, None]  # amax exactly 448 * 2^k
+    x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(0))], axis=1)
+    for column, shift in ((0, 0), (1, 1), (2, 0)):  # at the boundary, just above it, just below it
+        _, scale = quantize_fp8(x[:, column:column + 1])
+        np.testing.assert_array_equal(scale, np.exp2(np.arange(-20, 20) + shift).astype(np.float32))
+
+
 def test_zero_rows_tiny_values_and_ties():
     x = np.zeros((3, 16), np.float32)
     x[1] = [448 * 2.0 ** -20, 1e-30] + [0] * 14  # 1e-30 is far below the smallest e4m3 step of its row: 0
