@@ -162,3 +162,19 @@ def test_adamw8bit_updates_whole_blocks_only():
         state.update(values[:300], values[:300], mask[:300], 1, 1e-3, AdamWConfig())
     state.update(values[512:], values[512:], mask[512:], 1, 1e-3, AdamWConfig(), start=512)  # up to the end: whole
     assert np.all(values[:512] == 1) and np.all(values[512:] < 1)
+
+
+@pytest.mark.parametrize("levels", [DYNAMIC_SIGNED, DYNAMIC_UNSIGNED])
+def test_the_code_lookup_counts_the_midpoints_as_a_binary_search_does(levels):
+    """quantize_blocks finds codes by a 65536-bucket table of float32 order keys: the same as
+    numpy.searchsorted(side="right") over the midpoints, at the midpoints, next to them, at +-0 and tiny values."""
+    from llama.optim import CODE_TABLES, MIDPOINTS, _order_keys
+    rng, mid = np.random.default_rng(3), MIDPOINTS[id(levels)]
+    x = np.concatenate([rng.uniform(-1, 1, 100_000), rng.standard_normal(50_000) * np.exp(rng.uniform(-20, 0, 50_000)),
+                        mid, np.nextafter(mid, np.float32(2)), np.nextafter(mid, np.float32(-2)), levels,
+                        [0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45]]).astype(np.float32)
+    x = np.abs(x) if levels is DYNAMIC_UNSIGNED else x
+    below, inside = CODE_TABLES[id(levels)]
+    keys = _order_keys(x)
+    np.testing.assert_array_equal(below[keys >> 16] + (keys >= inside[keys >> 16]),
+                                  np.searchsorted(mid, x, side="right"))
