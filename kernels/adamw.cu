@@ -79,3 +79,83 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
         }
     }
 }
+
+// ---- AdamW with 8-bit moments (llama/optim.py: AdamW8bitState, the twin)
+// adamw8bit_update_bf16: adamw_update_bf16 with m and v stored block-wise in 8 bits: for each block of
+//   QUANT_BLOCK = 256 values an fp32 scale (the block's largest magnitude) and a uint8 code per value,
+//   the index of a level of a dynamic map in [-1, 1] (m) or (0, 1] (v, no zero). One warp per block, 8 values a
+//   lane: dequantize (level * scale), the AdamW update, then the new block's scale (a warp max) and each
+//   value's code (how many of the map's midpoints lie at or below value / scale, a binary search in
+//   shared memory). Every float operation is rounded on its own (no fused multiply-add), in the order
+//   numpy computes it, so the codes, scales and weights are the twin's bits.
+//   m_codes, v_codes (n,) uint8; m_scales, v_scales (ceil(n / 256),) fp32; maps (4, 256) fp32: m's
+//   levels, m's midpoints, v's levels, v's midpoints, each padded (levels with 0, midpoints with +inf);
+//   one_minus_beta1/2: 1 - beta rounded to fp32 from double, as numpy has them.
+constexpr int QUANT_BLOCK = 256;
+constexpr int MAP_SIZE = 256;
+
+__device__ __forceinline__ unsigned char nearest_level(const float* midpoints, float x) {
+    int count = 0;  // midpoints <= x (they ascend, then +inf)
+    for (int step = MAP_SIZE / 2; step > 0; step /= 2)
+        if (midpoints[count + step - 1] <= x) count += step;
+    return (unsigned char)count;
+}
+
+extern "C" __global__ void adamw8bit_update_bf16(float* params, bf16* params_bf16, const float* grads,
+                                                 unsigned char* m_codes, float* m_scales, unsigned char* v_codes,
+                                                 float* v_scales, const unsigned char* decay_mask,
+                                                 const float* norm_squared, const float* scalars, const float* maps,
+                                                 long long n, float beta1, float beta2, float one_minus_beta1,
+                                                 float one_minus_beta2, float eps, float weight_decay,
+                                                 float max_norm) {
+    __shared__ float map[4 * MAP_SIZE];
+    for (int i = threadIdx.x; i < 4 * MAP_SIZE; i += blockDim.x) map[i] = maps[i];
+    __syncthreads();
+    const float *m_levels = map, *m_midpoints = map + MAP_SIZE, *v_levels = map + 2 * MAP_SIZE,
+                *v_midpoints = map + 3 * MAP_SIZE;
+    const int lane = threadIdx.x % 32;
+    const long long block = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const long long first = block * QUANT_BLOCK + lane * 8;
+    if (block * QUANT_BLOCK >= n) return;  // whole warps leave together
+    const float lr = scalars[0], bias_correction1 = scalars[1], bias_correction2 = scalars[2];
+    float scale = 1.0f;
+    if (max_norm > 0.0f) {
+        const float norm = __fsqrt_rn(norm_squared[0]);
+        if (norm > max_norm) scale = __fdiv_rn(max_norm, norm);
+    }
+    const int count = first >= n ? 0 : (int)min(8LL, n - first);
+    const float m_scale = m_scales[block], v_scale = v_scales[block];
+    float m[8], v[8], p[8];
+    for (int k = 0; k < 8; k++) {
+        m[k] = v[k] = p[k] = 0.0f;
+        if (k >= count) continue;
+        const long long i = first + k;
+        m[k] = __fmul_rn(m_levels[m_codes[i]], m_scale);
+        v[k] = __fmul_rn(v_levels[v_codes[i]], v_scale);
+        const float g = __fmul_rn(grads[i], scale);
+        m[k] = __fadd_rn(__fmul_rn(m[k], beta1), __fmul_rn(one_minus_beta1, g));
+        v[k] = __fadd_rn(__fmul_rn(v[k], beta2), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
+        const float m_hat = __fdiv_rn(m[k], bias_correction1), v_hat = __fdiv_rn(v[k], bias_correction2);
+        const float update = __fdiv_rn(m_hat, __fadd_rn(__fsqrt_rn(v_hat), eps));
+        const float decay = __fmul_rn(__fmul_rn(weight_decay, (float)decay_mask[i]), params[i]);
+        p[k] = __fsub_rn(params[i], __fmul_rn(lr, __fadd_rn(update, decay)));
+        params[i] = p[k];
+        params_bf16[i] = __float2bfloat16_rn(p[k]);
+    }
+    float m_max = 0.0f, v_max = 0.0f;
+    for (int k = 0; k < 8; k++) {
+        m_max = fmaxf(m_max, fabsf(m[k]));
+        v_max = fmaxf(v_max, fabsf(v[k]));
+    }
+    m_max = warp_max(m_max);
+    v_max = warp_max(v_max);
+    for (int k = 0; k < count; k++) {
+        const long long i = first + k;
+        m_codes[i] = nearest_level(m_midpoints, m_max > 0.0f ? __fdiv_rn(m[k], m_max) : 0.0f);
+        v_codes[i] = nearest_level(v_midpoints, v_max > 0.0f ? __fdiv_rn(v[k], v_max) : 0.0f);
+    }
+    if (lane == 0) {
+        m_scales[block] = m_max;
+        v_scales[block] = v_max;
+    }
+}

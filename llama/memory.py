@@ -135,11 +135,11 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
 
 
 def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
-                         recompute: str = "partial", attention=None) -> dict[str, int]:
+                         recompute: str = "partial", attention=None, optimizer: str = "adamw") -> dict[str, int]:
     """What a GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes). bf16: the
     buffers llama/model/gpu_bf16.py allocates (ZeRO-1 shards over gpus; attention is the plan's flash
-    attention build, by default Hopper's); fp32: its weights, gradients, moments and logits only. The
-    CUDA context, the kernels' code and the CUDA graphs come on top."""
+    attention build, by default Hopper's; the moments in fp32 or 8 bits); fp32: its weights, gradients,
+    moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on top."""
     layout = ParameterLayout(config)
     if dtype != "bf16":
         P = layout.size
@@ -152,13 +152,15 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
 
     shards = ShardLayout(layout.size, gpus, layout.layer_starts())
     full, shard, N = shards.padded_size, shards.shard_size, B * T
-    layer, shared = activation_shapes(config, B, T, recompute != "none", attention or ATTENTION_HOPPER[0])
+    layer, shared = activation_shapes(config, B, T, recompute, attention or ATTENTION_HOPPER[0])
 
     def size(shapes: dict) -> int:
         return sum(math.prod(shape) * (FLOAT32 if name in FP32_BUFFERS else 2) for name, shape in shapes.items())
 
     buffers = {"bf16 weights": 2 * full, "fp32 gradients": FLOAT32 * full, "fp32 master weights": FLOAT32 * shard,
-               "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard}
+               f"{optimizer} moments": (2 * FLOAT32 * shard if optimizer == "adamw" else
+                                        2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK))),
+               "decay mask": shard}
     if gpus > 1:
         buffers["gradient and bf16 weight shards"] = (FLOAT32 + 2) * shard
     buffers[f"activations (recompute {recompute}) x {config.n_layers} layers"] = config.n_layers * size(layer)
@@ -172,7 +174,7 @@ def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -
     """What the run that plan (llama/plan.py) describes allocates on each device, by buffer."""
     if plan.device == "cpu":
         return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
-    return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention)
+    return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention, plan.optimizer)
 
 
 # what each part of a memory recipe costs, in the order we would give it up: recomputing the norms and SwiGLU
@@ -198,6 +200,8 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
                 + ["--optimizer-in-backward"] * (in_backward and not plan.in_backward))
 
     recomputes, optimizers, in_backwards = RECIPES[plan.path]
+    if plan.device == "cuda" and gpus > 1:  # 8-bit moments run on one GPU
+        optimizers = tuple(o for o in optimizers if o != "adamw8bit")
     now = (plan.recompute, plan.optimizer, plan.in_backward)
     by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards),
                      key=lambda recipe: sum(RECIPE_COST[part] for part in recipe))
@@ -219,9 +223,11 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
         if largest[lean] and largest[lean] > (largest[now] or 0) and lean != now:
             ways.append(" ".join(options(lean) + [f"-b {largest[lean]}"]))
         return f"{' or '.join(ways)} would fit (-d keeps the tokens per step)"
-    more = next((n for n in (2, 4, 8) if n > gpus and fits(now, n=n)), None) if plan.device == "cuda" else None
+    sharded = (now[0], "adamw", now[2])  # several GPUs shard fp32 moments
+    more = next((n for n in (2, 4, 8) if n > gpus and fits(sharded, n=n)), None) if plan.device == "cuda" else None
     if more:
-        return f"{more} GPUs would fit (ZeRO-1 shards the master weights and moments)"
+        return (f"{more} GPUs{' with --optimizer adamw' if sharded != now else ''} would fit (ZeRO-1 shards the master "
+                "weights and moments)")
     return ("nothing fits at this length; train a smaller model"
             + ("; -e d12 and the Llama presets are meant for a GPU" if plan.device == "cpu" else ""))
 

@@ -21,9 +21,10 @@ from .ops.flash_attention import HEAD_DIMS, FlashSource
 
 DTYPES = ("bf16", "fp32")
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
-# reference runs them all; the bf16 GPU model recomputes the norms and SwiGLU (or nothing), the fp32 GPU model
-# keeps everything, both with fp32 moments updated after the backward
-RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)), "bf16": (("partial", "none"), ("adamw",), (False,)),
+# reference runs them all; the bf16 GPU model any recompute and 8-bit moments (on one GPU), updated after the
+# backward; the fp32 GPU model keeps everything, with fp32 moments
+RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)),
+           "bf16": (("partial", "none", "full"), tuple(OPTIMIZERS), (False,)),
            "fp32": (("none",), ("adamw",), (False,))}
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
@@ -119,10 +120,14 @@ def bf16_unsupported(config) -> str | None:
     return None
 
 
-def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_backward: bool | None = None) -> dict:
-    """The path's memory recipe: what was asked for, else its defaults; PlanError for what it does not run."""
+def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_backward: bool | None = None,
+                  gpus: int = 1) -> dict:
+    """The path's memory recipe: what was asked for, else its defaults; PlanError for what it does not run
+    (on gpus GPUs)."""
     recomputes, optimizers, in_backwards = RECIPES[path]
     where = "the numpy reference" if path == "cpu" else f"the {path} GPU model"
+    if optimizer == "adamw8bit" and gpus > 1:
+        raise PlanError("--optimizer adamw8bit runs on one GPU: on several, ZeRO-1 divides the fp32 moments among them")
     if in_backward and True not in in_backwards:
         raise PlanError(f"--optimizer-in-backward: {where} updates after the backward; the CPU reference runs every "
                         "recipe")
@@ -135,10 +140,10 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
 
 
 def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
-              optimizer: str | None = None, in_backward: bool | None = None) -> Plan:
-    """The plan of a run of this model: device None picks the GPU where one is usable; dtype None
-    picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer and
-    in_backward None take the path's defaults (RECIPES)."""
+              optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1) -> Plan:
+    """The plan of a run of this model on gpus GPUs: device None picks the GPU where one is usable; dtype
+    None picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer
+    and in_backward None take the path's defaults (RECIPES)."""
     device, why_no_gpu = _device(device)
     if device == "cpu":
         if dtype == "bf16":
@@ -149,7 +154,7 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     if dtype == "bf16" and why_not_bf16:
         raise PlanError(f"--dtype bf16: {why_not_bf16}")
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
-    recipe = choose_recipe(dtype, recompute, optimizer, in_backward)
+    recipe = choose_recipe(dtype, recompute, optimizer, in_backward, gpus)
     rt = runtime()
     peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),

@@ -84,7 +84,7 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
                               in_backward=plan.in_backward)
     if plan.dtype == "bf16":
         from .model.gpu_bf16 import GPUModelBF16
-        return GPUModelBF16(config, B, T, params=params, recompute=plan.recompute == "partial", comm=comm, plan=plan)
+        return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
     from .model.gpu_fp32 import GPUModelFP32
     return GPUModelFP32(config, B, T, params=params, comm=comm)
 
@@ -143,7 +143,7 @@ class Trainer:
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
         self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer,
-                              args.optimizer_in_backward)
+                              args.optimizer_in_backward, self.world)
         print(self.plan.summary(), file=sys.stderr)
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "

@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def plan_of(args) -> Plan:
     """The plan of the run asked for, without looking at this machine (the trainer's make_plan does)."""
     path = "cpu" if args.device == "cpu" else args.dtype
-    recipe = choose_recipe(path, args.recompute, args.optimizer, args.optimizer_in_backward)
+    recipe = choose_recipe(path, args.recompute, args.optimizer, args.optimizer_in_backward, args.gpus)
     if args.device == "cpu":
         return Plan("cpu", "fp32", "CPU", **recipe)
     return Plan("cuda", args.dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe)

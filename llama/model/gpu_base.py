@@ -15,17 +15,18 @@ from .base import Model, rope_cos_sin
 
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
-               weight_dtype) -> np.ndarray:
+               weight_dtype, optimizer: str = "adamw") -> np.ndarray:
         """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
-        weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy). Returns the
-        starting flat fp32 params (params, or a fresh initialization from seed)."""
+        weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
+        moments' format (llama/optim.py OPTIMIZERS). Returns the starting flat fp32 params (params, or a
+        fresh initialization from seed)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T, self.comm = config, B, T, comm
         self.layout = ParameterLayout(config)
         params = model_parameters(self.layout, params, seed)
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero1.for_model(self.layout, comm, params, weight_dtype)
+        self.zero = Zero1.for_model(self.layout, comm, params, weight_dtype, optimizer)
         self.grads = self.zero.grads
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
@@ -44,7 +45,7 @@ class GPUModelBase(Model):
         return self.zero.gather(self.zero.master)
 
     def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        return self.zero.gather(self.zero.m), self.zero.gather(self.zero.v)
+        return self.zero.moments()
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
         self.zero.set_weights(params)

@@ -10,8 +10,11 @@ path), with fused steps whose numpy twins are compositions of the reference's la
 Precision: fp32 master weights and AdamW moments; a bf16 copy of every weight, written by the AdamW
 kernel in the same pass, which the GEMMs and the embedding read (the RMSNorms read their fp32 master
 weights); bf16 activations; fp32 weight gradients, accumulated by the GEMM epilogue.
-With recompute, the RMSNorm outputs and the SwiGLU product are recomputed in the backward instead
-of being kept per layer.
+What each layer keeps for its backward is the plan's recompute (LAYER_ACTIVATIONS): everything
+("none"); all but the RMSNorm outputs and the SwiGLU product, recomputed in the backward ("partial");
+only its input, the backward running the layer's forward again first ("full"). The recomputed
+activations are the same bits, so are the gradients. AdamW's moments are fp32, or 8-bit blocks on one
+GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16).
 
 The training step (llama/model/base.py drives it: start_step, micro_step, finish_step) is captured
 as CUDA graphs, a micro-step (forward and backward) and the optimizer step, on the first step of a
@@ -43,32 +46,38 @@ CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "attention_scratch")  # the other activations are bf16
 
 
-def activation_shapes(config: LlamaConfig, b: int, t: int, recompute: bool, attention) -> tuple[dict, dict]:
-    """Shapes of each layer's saved activations and of the shared buffers, for a (b, t) batch; with
-    recompute the RMSNorm outputs and the SwiGLU product are shared, not kept per layer. attention: the
-    plan's flash attention build (its backward's scratch)."""
+# the activations each layer keeps for its backward, by recompute; the others are one shared set, which
+# the backward fills again for each layer
+LAYER_ACTIVATIONS = {"none": ("x", "rstd1", "ln1", "qkv", "att", "lse", "h", "rstd2", "ln2", "gate_up", "ffn"),
+                     "partial": ("x", "rstd1", "qkv", "att", "lse", "h", "rstd2", "gate_up"),
+                     "full": ("x",)}
+
+
+def activation_shapes(config: LlamaConfig, b: int, t: int, recompute: str, attention) -> tuple[dict, dict]:
+    """Shapes of each layer's saved activations (LAYER_ACTIVATIONS[recompute]) and of the shared
+    buffers, for a (b, t) batch. attention: the plan's flash attention build (its backward's scratch)."""
     c = config
     N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
-    kept = {"x": (N, C), "rstd1": (N,), "qkv": (b, t, (H + 2 * KV) * D), "att": (b, t, H * D),
-            "lse": (b, H, t), "h": (N, C), "rstd2": (N,), "gate_up": (N, 2 * F)}
-    recomputed = {"ln1": (N, C), "ln2": (N, C), "ffn": (N, F)}
-    layer = kept if recompute else kept | recomputed
+    activations = {"x": (N, C), "rstd1": (N,), "ln1": (N, C), "qkv": (b, t, (H + 2 * KV) * D), "att": (b, t, H * D),
+                   "lse": (b, H, t), "h": (N, C), "rstd2": (N,), "ln2": (N, C), "gate_up": (N, 2 * F), "ffn": (N, F)}
+    layer = {k: s for k, s in activations.items() if k in LAYER_ACTIVATIONS[recompute]}
     shared = {"branch": (N, C), "residual": (N, C), "lnf": (N, C), "rstdf": (N,), "losses": (N,),
               "logits": (min(CLASSIFIER_CHUNK, N), c.vocab_size),
               "dresidual": (N, C), "dln": (N, C), "datt": (b, t, H * D),
               "dqkv": (b, t, (H + 2 * KV) * D),
               "attention_scratch": (ops.flash_attention_scratch_size(b, t, H, D, attention),)}
-    return layer, shared | (recomputed if recompute else {})
+    return layer, shared | {k: s for k, s in activations.items() if k not in layer}
 
 
 class GPUModelBF16(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 recompute: bool = True, comm=None, plan: Plan | None = None):
-        """plan: the run's (llama/plan.py), which says which GEMM and attention builds run; None makes
-        the bf16 plan of this model on this GPU (a PlanError says why the model does not fit it)."""
+                 comm=None, plan: Plan | None = None):
+        """plan: the run's (llama/plan.py), which says which GEMM and attention builds run, what the
+        backward recomputes and the optimizer; None makes the default bf16 plan of this model on this GPU
+        (a PlanError says why the model does not fit it)."""
         self.plan = plan or make_plan(config, "cuda", "bf16")
-        self.recompute = recompute
-        params = self._setup(config, B, T, params, seed, comm, BF16)
+        self.recompute = self.plan.recompute
+        params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer)
         self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         self._allocate()
@@ -108,9 +117,8 @@ class GPUModelBF16(GPUModelBase):
         layer, shared = self._shapes(b, t)
         layers = [{k: buffers[k].prefix(*s) for k, s in layer.items()} for buffers in self.layer_buffers]
         views = {k: self.buffers[k].prefix(*s) for k, s in shared.items()}
-        if self.recompute:  # each layer reads the shared recompute buffers under its usual names
-            for a in layers:
-                a.update({k: views[k] for k in ("ln1", "ln2", "ffn")})
+        for a in layers:  # each layer reads the shared buffers of what it does not keep under their usual names
+            a.update({k: views[k] for k in LAYER_ACTIVATIONS["none"] if k not in a})
         return layers, views
 
     def gemm(self, c: DeviceArray, a: DeviceArray, b: DeviceArray, **options) -> None:
@@ -178,26 +186,32 @@ class GPUModelBF16(GPUModelBase):
 
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
-            pre = f"layers.{i}."
             if i == 0:
-                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
+                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master("layers.0.attention_norm.weight"),
                                          c.norm_eps)
             else:  # x = h + ffn branch of the layer before, then its norm
                 ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
-                                             self.master(pre + "attention_norm.weight"), c.norm_eps)
-            self.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
-                     rope=rope)
-            ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV, source=self.plan.attention)
-            self.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
-            ops.rmsnorm_residual_forward_bf16(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
-                                         self.master(pre + "ffn_norm.weight"), c.norm_eps)
-            self.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
-            ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            self.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
+                                             self.master(f"layers.{i}.attention_norm.weight"), c.norm_eps)
+            self._layer_forward(i, a, s, N, rope)
         ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
             self._classifier(s, N, loss_scale, loss_weight)
+
+    def _layer_forward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
+        """Layer i's forward after its first norm (a["ln1"] of a["x"]): attention, the residual and the
+        second norm, the SwiGLU FFN; its output branch goes to s["branch"] (added to a["h"] by the next
+        norm)."""
+        c, L, pre = self.config, self.layout, f"layers.{i}."
+        self.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
+                  rope=rope)
+        ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention)
+        self.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
+        ops.rmsnorm_residual_forward_bf16(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
+                                          self.master(pre + "ffn_norm.weight"), c.norm_eps)
+        self.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
+        ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
+        self.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
 
     def _classifier(self, s: dict, N: int, loss_scale: float | None, loss_weight: float) -> None:
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
@@ -229,15 +243,21 @@ class GPUModelBF16(GPUModelBase):
         ops.rmsnorm_backward_bf16(dx, grad("norm.weight"), self.rms_scratch, s["dln"], s["residual"],
                                   self.master("norm.weight"), s["rstdf"])
         self._gradients_final_from("norm.weight", sync)
+        rope = (self.rope_cos, self.rope_sin, t, (H + KV) * c.head_dim)
+        partial = self.recompute == "partial"
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", layers[i]
-            if self.recompute:
+            if self.recompute == "full":  # the layer's forward again, from its input
+                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
+                                         c.norm_eps)
+                self._layer_forward(i, a, s, N, rope)
+            if partial:
                 ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
             self.gemm(grad(pre + "feed_forward.w2.weight"), dx, a["ffn"], trans_a=True, accumulate=True)
             dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
             self.gemm(dffn, dx, self.weight(pre + "feed_forward.w2.weight"))
             ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
-            if self.recompute:
+            if partial:
                 ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
             self.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
             self.gemm(self._fused(self.grads, L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
@@ -247,7 +267,7 @@ class GPUModelBF16(GPUModelBase):
             self.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
             ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
                                          self.rope_cos, self.rope_sin, source=self.plan.attention)
-            if self.recompute:
+            if partial:
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
             self.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
@@ -299,8 +319,12 @@ class GPUModelBF16(GPUModelBase):
         z = self.zero
         ops.global_norm_squared_bf16(self.norm_squared, self.norm_scratch, z.grad_shard)
         z.sum_over_ranks(self.norm_squared)
-        ops.adamw_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m, z.v, z.decay_mask, self.norm_squared,
-                              self.adam_scalars, opt)
+        if z.optimizer == "adamw8bit":
+            ops.adamw8bit_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m_codes, z.m_scales, z.v_codes,
+                                      z.v_scales, z.decay_mask, self.norm_squared, self.adam_scalars, z.maps, opt)
+        else:
+            ops.adamw_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m, z.v, z.decay_mask, self.norm_squared,
+                                  self.adam_scalars, opt)
         if self.norm_weights is not None:
             self.norm_weights.collect()
         z.gather_weights(extra=[self.norm_weights.values] if self.norm_weights is not None else [])

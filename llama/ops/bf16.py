@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..cuda import BF16, DeviceArray, empty, runtime
-from ..optim import AdamWConfig
+from ..optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, MIDPOINTS, QUANT_BLOCK, AdamWConfig
 from .common import (BLOCK, CLASSIFIER_BLOCK, F32, F64, I32, NORM_BLOCKS, U8, blocks, check, check_aligned, kernel,
                      multiprocessors)
 from .gemm_mma import gemm_mma, splitk_reduce, splitk_splits
@@ -298,6 +298,47 @@ def loss_accumulate_bf16(total: DeviceArray, losses: DeviceArray, scale: float) 
     check("total", total, (1,))
     check("losses", losses, (losses.size,))
     kernel("classifier", "loss_accumulate_bf16", "PPif")((1,), 1024, total.ptr, losses.ptr, losses.size, np.float32(scale))
+
+
+
+MAP_SIZE = 256  # entries of each table of quantization_maps(), as in kernels/adamw.cu
+
+
+def quantization_maps() -> np.ndarray:
+    """(4, MAP_SIZE) fp32, the tables adamw8bit_update_bf16 reads: the levels and midpoints of m's map
+    (DYNAMIC_SIGNED), then of v's (DYNAMIC_UNSIGNED), levels padded with 0 and midpoints with +inf."""
+    tables = np.zeros((4, MAP_SIZE), np.float32)
+    for row, levels in ((0, DYNAMIC_SIGNED), (2, DYNAMIC_UNSIGNED)):
+        midpoints = MIDPOINTS[id(levels)]
+        tables[row, :levels.size] = levels
+        tables[row + 1] = np.inf
+        tables[row + 1, :midpoints.size] = midpoints
+    return tables
+
+
+def adamw8bit_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: DeviceArray, m_codes: DeviceArray,
+                          m_scales: DeviceArray, v_codes: DeviceArray, v_scales: DeviceArray, decay_mask: DeviceArray,
+                          norm_squared: DeviceArray, scalars: DeviceArray, maps: DeviceArray, opt: AdamWConfig) -> None:
+    """adamw_update_bf16 with 8-bit moments, as llama/optim.py's AdamW8bitState stores them: codes (n,) uint8
+    and one fp32 scale per QUANT_BLOCK values (m_scales, v_scales), dequantized, updated and quantized
+    back in one pass; maps: quantization_maps() on the device."""
+    n, blocks_n = params.size, -(-params.size // QUANT_BLOCK)
+    check("params", params, (n,))
+    check("params_bf16", params_bf16, (n,), BF16)
+    check("grads", grads, (n,))
+    for name, array in (("m_codes", m_codes), ("v_codes", v_codes), ("decay_mask", decay_mask)):
+        check(name, array, (n,), U8)
+    for name, array in (("m_scales", m_scales), ("v_scales", v_scales)):
+        check(name, array, (blocks_n,))
+    check("norm_squared", norm_squared, (1,))
+    check("scalars", scalars, (ADAMW_SCALARS,))
+    check("maps", maps, (4, MAP_SIZE))
+    one_minus = (np.float32(1 - opt.beta1), np.float32(1 - opt.beta2))  # rounded from double, as numpy has them
+    kernel("adamw", "adamw8bit_update_bf16", "PPPPPPPPPPPqfffffff")(
+        blocks(blocks_n * 32, BLOCK), BLOCK, params.ptr, params_bf16.ptr, grads.ptr, m_codes.ptr, m_scales.ptr,
+        v_codes.ptr, v_scales.ptr, decay_mask.ptr, norm_squared.ptr, scalars.ptr, maps.ptr, n,
+        np.float32(opt.beta1), np.float32(opt.beta2), *one_minus,
+        *(np.float32(x) for x in (opt.eps, opt.weight_decay, opt.grad_clip)))
 
 
 def global_norm_squared_bf16(out: DeviceArray, scratch: DeviceArray, grads: DeviceArray) -> None:

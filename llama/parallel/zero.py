@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
+from ..optim import OPTIMIZERS, QUANT_BLOCK, ZERO_CODES, AdamW8bitState
 
 ALIGN = 16  # elements: pieces start 64-byte aligned in fp32, 32-byte in bf16
 
@@ -87,10 +88,17 @@ class Zero1:
     the full buffer the forward reads (bf16 copy, or the fp32 params on the exact path);
     weight_shard: where AdamW writes this rank's part of it before the all-gather. With comm None
     (one GPU) the shard buffers are the full ones and nothing is communicated.
+    optimizer "adamw8bit" (one GPU): the moments in 8 bits as llama/optim.py's AdamW8bitState holds them,
+    m_codes, v_codes (uint8) and m_scales, v_scales (fp32, one per QUANT_BLOCK values), instead of m, v.
     """
 
-    def __init__(self, layout: ShardLayout, comm, params: np.ndarray, decay_mask: np.ndarray, weight_dtype):
-        self.layout, self.comm = layout, comm
+    def __init__(self, layout: ShardLayout, comm, params: np.ndarray, decay_mask: np.ndarray, weight_dtype,
+                 optimizer: str = "adamw"):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if optimizer == "adamw8bit" and comm is not None:
+            raise ValueError("8-bit moments run on one GPU: ZeRO-1's shards would cut their blocks")
+        self.layout, self.comm, self.optimizer = layout, comm, optimizer
         self.rank = comm.rank if comm is not None else 0
         n = layout.padded_size
         self.grads = zeros(n)
@@ -105,29 +113,56 @@ class Zero1:
             self.weight_shard = empty(layout.shard_size, weight_dtype) if weight_dtype == BF16 else self.master
             drv = runtime().drv
             self._ready = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in layout.buckets]
-        self.m, self.v = zeros(layout.shard_size), zeros(layout.shard_size)
+        if optimizer == "adamw8bit":
+            blocks = -(-layout.shard_size // QUANT_BLOCK)
+            self.m_codes, self.v_codes = empty(layout.shard_size, np.uint8), empty(layout.shard_size, np.uint8)
+            self.m_scales, self.v_scales = empty(blocks), empty(blocks)
+            from ..ops import quantization_maps
+            self.maps = to_device(quantization_maps())
+        else:
+            self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
+        self.set_moments(None, None)
         self.decay_mask = to_device(layout.shard(decay_mask, self.rank))
         self.launched = set()
         self.set_weights(params)
 
     @classmethod
-    def for_model(cls, layout, comm, params: np.ndarray, weight_dtype) -> "Zero1":
+    def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw") -> "Zero1":
         """The state of a model's flat parameters (llama/params.py layout), bucketed at its layers."""
         shards = ShardLayout(layout.size, comm.world_size if comm is not None else 1, layout.layer_starts())
-        return cls(shards, comm, params, layout.decay_mask(), weight_dtype)
+        return cls(shards, comm, params, layout.decay_mask(), weight_dtype, optimizer)
 
     def set_weights(self, params: np.ndarray) -> None:
-        """Upload the full fp32 params: the master shard and the full weight buffer."""
-        padded = np.zeros(self.layout.padded_size, np.float32)
-        padded[:self.layout.size] = params
-        self.weights.upload(padded.astype(self.weights.dtype))
-        shard = self.layout.shard(params.astype(np.float32), self.rank)
+        """Upload the full fp32 params: the master shard and the full weight buffer (on one GPU without
+        a host copy of the whole, which an 8B model could not afford twice)."""
+        params = np.asarray(params, np.float32)
+        if self.layout.padded_size == self.layout.size:
+            padded = params
+        else:
+            padded = np.zeros(self.layout.padded_size, np.float32)
+            padded[:self.layout.size] = params
+        self.weights.upload(padded)
+        shard = padded if self.comm is None else self.layout.shard(params, self.rank)
         if self.master is not self.weights:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
             self.weight_shard.upload(shard.astype(self.weight_shard.dtype))
 
     def set_moments(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
+        """The full fp32 moments from a checkpoint (None: zeros), quantized on the host for 8 bits."""
+        if self.optimizer == "adamw8bit":
+            if m is None and v is None:  # every code that of zero, every scale 0
+                for codes, zero_code in ((self.m_codes, ZERO_CODES[0]), (self.v_codes, ZERO_CODES[1])):
+                    runtime().drv.memset_d8_async(codes.ptr, zero_code, codes.nbytes, runtime().stream)
+                self.m_scales.fill_zero()
+                self.v_scales.fill_zero()
+                return
+            state = AdamW8bitState(self.layout.size)
+            state.load(m, v)
+            for buffer, host in ((self.m_codes, state.m_codes), (self.v_codes, state.v_codes),
+                                 (self.m_scales, state.m_scales), (self.v_scales, state.v_scales)):
+                buffer.upload(host)
+            return
         for buffer, host in ((self.m, m), (self.v, v)):
             if host is None:
                 buffer.fill_zero()
@@ -212,9 +247,21 @@ class Zero1:
             return None
         return full.download()[:self.layout.size]
 
+    def moments(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The full fp32 moments (m, v) on rank 0 (dequantized for 8 bits), None on the other ranks."""
+        if self.optimizer == "adamw8bit":
+            state = AdamW8bitState(self.layout.size)
+            for host, buffer in ((state.m_codes, self.m_codes), (state.v_codes, self.v_codes),
+                                 (state.m_scales, self.m_scales), (state.v_scales, self.v_scales)):
+                host[:] = buffer.download()
+            return state.moments()
+        return self.gather(self.m), self.gather(self.v)
+
     def memory(self) -> dict:
         """Bytes per buffer on this GPU, for the benchmark."""
-        buffers = {"weights": self.weights, "grads": self.grads, "master": self.master, "m": self.m, "v": self.v}
+        moments = ({"m": self.m, "v": self.v} if self.optimizer == "adamw" else
+                   {"m_codes": self.m_codes, "v_codes": self.v_codes, "m_scales": self.m_scales, "v_scales": self.v_scales})
+        buffers = {"weights": self.weights, "grads": self.grads, "master": self.master} | moments
         if self.comm is not None:
             buffers |= {"grad_shard": self.grad_shard, "weight_shard": self.weight_shard}
         seen, out = set(), {}

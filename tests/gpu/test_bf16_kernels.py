@@ -226,3 +226,37 @@ def test_adamw_bf16(ops, grad_clip, step, n):
     check("adamw_bf16_v", dv, rv, TOL["adamw_bf16"])
     # the bf16 copy is the new fp32 params rounded to nearest even, bit for bit
     assert np.array_equal(bits(p16), dp.download().astype(BF16).view(np.uint16))
+
+
+@pytest.mark.parametrize("n", [5, 256, 1000, 70_001])
+@pytest.mark.parametrize("clipped", [False, True])
+def test_adamw8bit_bf16_is_the_twin(ops, n, clipped):
+    """Three steps of 8-bit AdamW from random moments: the kernel is the twin (llama/optim.py
+    AdamW8bitState) bit for bit, params, the bf16 copy, every code and scale (clipped, the twin is given
+    the kernel's float32 clip factor, max_norm / sqrt(norm^2) rounded once each)."""
+    from llama.cuda import to_device
+    from llama.optim import AdamW8bitState
+    p = (rng.standard_normal(n)).astype(np.float32)
+    mask = (rng.random(n) < 0.7).astype(np.uint8)
+    twin = AdamW8bitState(n)
+    twin.load(rng.standard_normal(n).astype(np.float32) * 0.1,
+              np.abs(rng.standard_normal(n)).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, -1, n))
+    opt = AdamWConfig(weight_decay=0.1, grad_clip=1.0 if clipped else 0.0)
+    dp, p16 = to_device(p), poisoned_bf16((n,))
+    buffers = {k: to_device(getattr(twin, k)) for k in ("m_codes", "m_scales", "v_codes", "v_scales")}
+    maps, dmask, scalars = to_device(ops.quantization_maps()), to_device(mask), dev(np.zeros(3))
+    expected = p.copy()
+    for step in (1, 2, 3):
+        g = (rng.standard_normal(n) * 0.3).astype(np.float32)
+        g[rng.random(n) < 0.1] = 0.0  # values whose moments only decay
+        norm_squared = np.float32(g.astype(np.float64) @ g)
+        scale = np.float32(1) / np.sqrt(norm_squared) if clipped and np.sqrt(norm_squared) > 1 else 1.0
+        scalars.upload(ops.adamw_scalars(step, 1e-2, opt))
+        ops.adamw8bit_update_bf16(dp, p16, to_device(g), buffers["m_codes"], buffers["m_scales"], buffers["v_codes"],
+                                  buffers["v_scales"], dmask, to_device(np.array([norm_squared])), scalars, maps, opt)
+        twin.update(expected, g, mask, step, 1e-2, opt, grad_scale=float(scale))
+    got = dp.download()
+    assert np.array_equal(bits(p16), got.astype(BF16).view(np.uint16))
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    for name, array in buffers.items():
+        assert np.array_equal(array.download().view(np.uint8), getattr(twin, name).view(np.uint8)), name

@@ -30,14 +30,20 @@ def bf16_params(config, seed):
     return init_parameters(config, seed).astype(BF16).astype(np.float32)
 
 
-@pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("recompute", [True, False])
-def test_one_step_gradients(tied, recompute):
+def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw"):
     from llama.model.gpu_bf16 import GPUModelBF16
+    from llama.plan import make_plan
+    return GPUModelBF16(config, B, T, params=params,
+                        plan=make_plan(config, "cuda", "bf16", recompute=recompute, optimizer=optimizer))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("recompute", ["partial", "none", "full"])
+def test_one_step_gradients(tied, recompute):
     config = CONFIG.replace(tie_embeddings=tied)
     params = bf16_params(config, seed=5)
     cpu = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
-    gpu = GPUModelBF16(config, B=4, T=96, params=params, recompute=recompute)
+    gpu = bf16_model(config, 4, 96, params, recompute)
     tokens, targets = batch(1)
     cpu_loss = cpu.forward(tokens, targets)
     cpu.backward(loss_scale=0.5)
@@ -77,16 +83,17 @@ def run_steps(model, steps, start=0):
     return [model.train_step(BATCHES, 1e-3, step + 1, OPT) for step in range(start, start + steps)]
 
 
-def test_runs_are_bit_identical_and_resume_is_exact():
+@pytest.mark.parametrize("recompute, optimizer", [("partial", "adamw"), ("full", "adamw"), ("none", "adamw8bit")])
+def test_runs_are_bit_identical_and_resume_is_exact(recompute, optimizer):
     """Step 1 runs eagerly and captures; later steps replay the graphs. Two runs agree bit for bit,
-    and a model resumed after 3 steps (its first step eager again) reproduces steps 4-6."""
-    from llama.model.gpu_bf16 import GPUModelBF16
+    and a model resumed after 3 steps (its first step eager again) reproduces steps 4-6, with each
+    memory recipe (8-bit moments go through the checkpoint's fp32 moments and back)."""
     params = bf16_params(CONFIG, seed=7)
-    a, b = (GPUModelBF16(CONFIG, B=3, T=80, params=params) for _ in range(2))
+    a, b = (bf16_model(CONFIG, 3, 80, params, recompute, optimizer) for _ in range(2))
     losses_a, losses_b = run_steps(a, 6), run_steps(b, 3)
     assert losses_a[:3] == losses_b
     assert losses_a[-1][0] < losses_a[0][0] - 0.1  # it learns the two batches
-    c = GPUModelBF16(CONFIG, B=3, T=80, params=b.get_params())
+    c = bf16_model(CONFIG, 3, 80, b.get_params(), recompute, optimizer)
     c.set_state(b.get_params(), *b.get_optimizer_state())
     assert run_steps(c, 3, start=3) == losses_a[3:]
     for x, y in zip((a.get_params(), *a.get_optimizer_state()), (c.get_params(), *c.get_optimizer_state())):
@@ -107,3 +114,39 @@ def test_captured_step_matches_the_eager_path():
             b.backward()
         b.optimizer_step(1e-3, step + 1, OPT)
     assert np.array_equal(a.get_params().view(np.uint32), b.get_params().view(np.uint32))
+
+
+def test_full_recompute_gives_the_same_gradients_bit_for_bit():
+    """The backward runs each layer's forward again from its input: the same activations, so the same
+    gradients as keeping everything (and as the partial recompute)."""
+    params, (tokens, targets) = bf16_params(CONFIG, seed=9), batch(3)
+    grads = {}
+    for recompute in ("none", "partial", "full"):
+        model = bf16_model(CONFIG, 3, 80, params, recompute)
+        model.zero_grad()
+        model.forward(tokens, targets, loss_scale=1.0)
+        model.backward()
+        grads[recompute] = model.grads.download().view(np.uint32)
+    assert np.array_equal(grads["none"], grads["full"]) and np.array_equal(grads["none"], grads["partial"])
+
+
+def test_an_8_bit_step_is_the_twins_update_of_its_gradients():
+    """One captured-graph step with 8-bit moments against llama/optim.py's AdamW8bitState given the step's
+    gradients and the device's clip factor: the same weights and moments, bit for bit."""
+    from llama.optim import AdamW8bitState
+    opt = AdamWConfig(grad_clip=0.5)  # the step is clipped
+    params = bf16_params(CONFIG, seed=10)
+    model, plain = bf16_model(CONFIG, 3, 80, params, optimizer="adamw8bit"), bf16_model(CONFIG, 3, 80, params)
+    twin, expected = AdamW8bitState(params.size), params.copy()
+    for step in (1, 2):
+        _, norm = model.train_step(BATCHES, 1e-3, step, opt)
+        grads = model.grads.download()[:params.size]
+        norm_squared = np.float32(model.norm_squared.download()[0])
+        scale = np.float32(opt.grad_clip) / np.sqrt(norm_squared) if np.sqrt(norm_squared) > opt.grad_clip else 1.0
+        twin.update(expected, grads, model.layout.decay_mask(), step, 1e-3, opt, grad_scale=float(scale))
+        assert np.array_equal(model.get_params().view(np.uint32), expected.view(np.uint32))
+        plain_loss, plain_norm = plain.train_step(BATCHES, 1e-3, step, opt)
+    for got, want in zip(model.get_optimizer_state(), twin.moments()):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # and it trains like fp32 moments: the first step is the same update, the second close to it
+    assert abs(plain_norm - norm) < 1e-2 * plain_norm

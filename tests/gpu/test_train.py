@@ -29,6 +29,13 @@ def test_bf16_is_the_default_and_resume_is_exact(corpus, tmp_path, capsys):
     assert "dtype bf16" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("recipe", [["--recompute", "full"], ["--optimizer", "adamw8bit"]])
+def test_bf16_memory_recipes_resume_exactly(corpus, tmp_path, capsys, recipe):
+    check_resume_is_exact(tmp_path, corpus, "cuda", "-e", "d6", "-t", "64", *recipe)
+    assert f"recompute {'full' if 'full' in recipe else 'partial'} | {'adamw8bit' if 'adamw8bit' in recipe else 'adamw'}" \
+        in capsys.readouterr().err
+
+
 def test_fp32_is_chosen_where_bf16_cannot_run(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "1", "-o", "out", device="cuda") == 0  # tiny: head_dim 8
     err = capsys.readouterr().err

@@ -102,7 +102,8 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--recompute", "full"], "--recompute full: the bf16 GPU model runs partial or none"),
+    (["--dtype", "fp32", "--recompute", "full"], "--recompute full: the fp32 GPU model runs none"),
+    (["--gpus", "2", "--optimizer", "adamw8bit"], "--optimizer adamw8bit runs on one GPU"),
     (["-t", "5000"], "-t 5000 exceeds the model's max_seq_len"),
     (["--device", "cpu", "--gpus", "2"], "--gpus needs --device cuda"),
     (["--optimizer-in-backward"], "--optimizer-in-backward: the bf16 GPU model updates after the backward"),

@@ -87,6 +87,31 @@ def test_grad_norm_and_adamw_reject():
             ops.adamw_update_bf16(**(arrays | {name: bad}), opt=AdamWConfig())
 
 
+def test_adamw8bit_rejects_and_its_maps_are_the_twins():
+    n = 1000
+    arrays = dict(params=fake((n,), F32), params_bf16=fake((n,)), grads=fake((n,), F32), m_codes=fake((n,), np.uint8),
+                  m_scales=fake((4,), F32), v_codes=fake((n,), np.uint8), v_scales=fake((4,), F32),
+                  decay_mask=fake((n,), np.uint8), norm_squared=fake((1,), F32),
+                  scalars=fake((ops.ADAMW_SCALARS,), F32), maps=fake((4, 256), F32))
+    for name, bad, message in (("m_scales", fake((3,), F32), "m_scales: expected float32 \\(4,\\)"),
+                               ("v_codes", fake((n,), F32), "v_codes: expected uint8"),
+                               ("maps", fake((2, 256), F32), "maps: expected float32 \\(4, 256\\)")):
+        with pytest.raises(ValueError, match=message):
+            ops.adamw8bit_update_bf16(**(arrays | {name: bad}), opt=AdamWConfig())
+    from llama.optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, MIDPOINTS
+    maps = ops.quantization_maps()
+    for row, levels in ((0, DYNAMIC_SIGNED), (2, DYNAMIC_UNSIGNED)):
+        np.testing.assert_array_equal(maps[row, :levels.size], levels)
+        finite = maps[row + 1][np.isfinite(maps[row + 1])]
+        np.testing.assert_array_equal(finite, MIDPOINTS[id(levels)])
+        # the kernel's search: how many midpoints lie at or below x, in 8 halvings of the 256 entries
+        for x in np.concatenate([finite, np.nextafter(finite, -2), levels, np.float32([-1, 0, 1])]):
+            count = 0
+            for step in (128, 64, 32, 16, 8, 4, 2, 1):
+                count += step if maps[row + 1][count + step - 1] <= x else 0
+            assert count == np.searchsorted(finite, x, side="right")
+
+
 def test_adamw_scalars():
     opt = AdamWConfig(beta1=0.9, beta2=0.95)
     scalars = ops.adamw_scalars(3, 6e-4, opt)

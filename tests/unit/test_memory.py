@@ -76,8 +76,11 @@ def test_gpu_check_refuses_the_8b_model_on_80_gb_at_once(monkeypatch):
     with pytest.raises(NotEnoughMemory, match=r"^the run needs at least 148.6 GiB of GPU memory, 79.0 GiB available; "
                                               r"8 GPUs would fit \(ZeRO-1 shards the master weights and moments\)$"):
         trainer.check_memory(plan, get_preset("llama3.1-8b"), 1, 2048, gpus=1)
-    with pytest.raises(NotEnoughMemory, match=r"; -b 33 would fit \(-d keeps the tokens per step\)$"):
+    with pytest.raises(NotEnoughMemory, match=r"; --recompute full would fit$"):
         trainer.check_memory(plan, get_preset("llama3.2-1b"), 64, 2048, gpus=1)
+    with pytest.raises(NotEnoughMemory, match=r"; -b 173 or --optimizer adamw8bit -b 195 would fit \(-d keeps the "
+                                              r"tokens per step\)$"):
+        trainer.check_memory(replace(plan, recompute="full"), get_preset("llama3.2-1b"), 512, 2048, gpus=1)
     line = trainer.check_memory(plan, get_preset("d12"), 16, 1024, gpus=1)
     assert line == "memory: the run needs at least 8.9 GiB of GPU memory, 79.0 GiB available"
 
@@ -89,6 +92,18 @@ def test_gpu_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_g
     buffers = gpu_training_buffers(get_preset(name), B, T, "bf16", 1, "partial")
     assert round(sum(buffers.values()) / 1e9, 1) == measured_gb
     assert buffers["fp32 gradients"] == 4 * count_parameters(get_preset(name))
+
+
+def test_8_bit_moments_and_full_recompute_fit_the_8b_model_on_one_h200():
+    """2 bytes of moments a parameter (and a scale per 256) instead of 8; one (B, T, dim) input kept a layer."""
+    config, P = get_preset("llama3.1-8b"), count_parameters(get_preset("llama3.1-8b"))
+    lean = gpu_training_buffers(config, 4, 4096, "bf16", 1, "full", optimizer="adamw8bit")
+    assert lean["adamw8bit moments"] == 2 * P + 8 * -(-P // 256)
+    assert lean["activations (recompute full) x 32 layers"] == 32 * 4 * 4096 * 4096 * 2
+    assert 100 * GIB < sum(lean.values()) < 140 * GIB
+    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full", optimizer="adamw8bit")
+    assert what_would_fit(plan, config, 4, 4096, 1, 79 * GIB) == ("8 GPUs with --optimizer adamw would fit (ZeRO-1 "
+                                                                 "shards the master weights and moments)")
 
 
 def test_the_advice_names_the_cheapest_recipe_that_fits():

@@ -75,9 +75,13 @@ def test_each_path_runs_its_recipes_and_refuses_the_others_in_one_line():
     assert choose_recipe("bf16", None, None) == {"recompute": "partial", "optimizer": "adamw", "in_backward": False}
     assert choose_recipe("cpu", "full", "adamw8bit", True) == {"recompute": "full", "optimizer": "adamw8bit",
                                                                "in_backward": True}
-    with pytest.raises(PlanError, match="^--recompute full: the bf16 GPU model runs partial or none; the CPU "
+    assert choose_recipe("bf16", "full", "adamw8bit") == {"recompute": "full", "optimizer": "adamw8bit",
+                                                          "in_backward": False}
+    with pytest.raises(PlanError, match="^--recompute full: the fp32 GPU model runs none; the CPU "
                                         "reference runs every recipe$"):
-        choose_recipe("bf16", "full", None)
+        choose_recipe("fp32", "full", None)
+    with pytest.raises(PlanError, match="^--optimizer adamw8bit runs on one GPU"):
+        choose_recipe("bf16", None, "adamw8bit", gpus=2)
     with pytest.raises(PlanError, match="^--optimizer adamw8bit: the fp32 GPU model runs adamw;"):
         choose_recipe("fp32", None, "adamw8bit")
     with pytest.raises(PlanError, match="^--optimizer-in-backward: the bf16 GPU model updates after the backward;"):
