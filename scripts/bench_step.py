@@ -9,6 +9,13 @@ memory (torch: max_memory_allocated; ours: what our allocations hold), the ratio
 breakdown of one eager step of ours (CUDA events around every launcher call).
 
     python3 scripts/bench_step.py [--configs d12 llama3.2-1b] [--dtype bf16] [--steps 12] [--json out.json]
+
+Memory recipes (issue 23), both sides alike: --recompute full (ours: each layer keeps its input; torch:
+activation checkpointing of every block), --optimizer adamw8bit (ours: kernels/adamw.cu; torch: torchao's
+AdamW8bit, carried to the device as a wheel). --runs PRESET:B:T sets the models and batches:
+
+    python3 scripts/bench_step.py --runs llama3.1-8b:4:4096 --recompute full --optimizer adamw8bit
+    python3 scripts/bench_step.py --runs llama3.2-1b:1:131072 --recompute full --no-torch --no-breakdown
 """
 
 import argparse
@@ -21,17 +28,20 @@ import numpy as np
 from llama import ops
 from llama.config import get_preset
 from llama.cuda import allocated_bytes, runtime, time_ms
+from llama.memory import gpu_free, size_text, training_buffers
 from llama.optim import AdamWConfig
+from llama.plan import BF16_PEAK_FLOPS, make_plan
+from llama.trainer import matmul_flops_per_token
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
 VOCAB = 128256
 
 
-def bench_ours(c, B, T, steps, dtype):
+def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.model.gpu_fp32 import GPUModelFP32
     before = allocated_bytes()
-    model = (GPUModelBF16 if dtype == "bf16" else GPUModelFP32)(c, B, T)
+    model = GPUModelBF16(c, B, T, plan=plan) if dtype == "bf16" else GPUModelFP32(c, B, T)
     rng = np.random.default_rng(0)
     batches = [[(rng.integers(0, c.vocab_size, (B, T)), rng.integers(0, c.vocab_size, (B, T)))] for _ in range(4)]
     opt, done = AdamWConfig(), [0]
@@ -40,11 +50,11 @@ def bench_ours(c, B, T, steps, dtype):
         done[0] += 1
         model.train_step(batches[done[0] % 4], 1e-4, done[0], opt)
 
-    for _ in range(3):  # the first step compiles and captures
+    for _ in range(warmup):  # the first step compiles and captures
         step()
     ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     peak = allocated_bytes() - before
-    breakdown = kernel_breakdown(model, batches[0], opt)
+    breakdown = kernel_breakdown(model, batches[0], opt) if breakdown else {}
     del model
     return ms, peak, breakdown
 
@@ -55,7 +65,7 @@ def kernel_breakdown(model, batches, opt) -> dict:
     names = ["gemm", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward_bf16",
              "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16", "swiglu_backward_bf16",
              "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16", "loss_accumulate_bf16",
-             "global_norm_squared_bf16", "adamw_update_bf16",  # the fp32 model's launchers:
+             "global_norm_squared_bf16", "adamw_update_bf16", "adamw8bit_update_bf16",  # the fp32 model's launchers:
              "matmul_forward", "matmul_backward", "attention_forward", "attention_backward", "rope_forward",
              "rope_backward", "residual_forward", "rmsnorm_forward", "rmsnorm_backward", "swiglu_forward",
              "swiglu_backward", "embedding_forward", "embedding_backward", "sort_tokens", "fused_classifier",
@@ -114,36 +124,93 @@ def gpu_line() -> str:
                 f"memory clock {runtime().device.get_attribute(attribute.MEMORY_CLOCK_RATE) // 1000} MHz")
 
 
+HEADER = (f"{'run':<26}{'ours ms':>9}{'torch ms':>10}{'ours tok/s':>12}{'torch tok/s':>13}{'speed':>7}{'MFU':>6}"
+          f"{'ours GB':>9}{'torch GB':>10}{'memory':>8}")
+
+
+def table_row(key: str, r: dict, peak_flops: float | None) -> str:
+    """One run's line of the table: - where a side did not run (or did not fit)."""
+    def cell(x, width, form):
+        return f"{x:>{width}{form}}" if x is not None else f"{'-':>{width}}"
+
+    def ratio(a, b):
+        return a / b if a is not None and b is not None else None
+
+    tokens = r["B"] * r["T"]
+    ours_tps, torch_tps = (tokens / ms * 1e3 if ms else None for ms in (r["ours_ms"], r["torch_ms"]))
+    mfu = r["flops_per_step"] / (r["ours_ms"] * 1e-3) / peak_flops if r["ours_ms"] and peak_flops else None
+    return (f"{key:<26}{cell(r['ours_ms'], 9, '.1f')}{cell(r['torch_ms'], 10, '.1f')}{cell(ours_tps, 12, ',.0f')}"
+            f"{cell(torch_tps, 13, ',.0f')}{cell(ratio(r['torch_ms'], r['ours_ms']), 7, '.2f')}{cell(mfu, 6, '.2f')}"
+            f"{cell(r['ours_bytes'] and r['ours_bytes'] / 1e9, 9, '.1f')}"
+            f"{cell(r['torch_bytes'] and r['torch_bytes'] / 1e9, 10, '.1f')}"
+            f"{cell(ratio(r['ours_bytes'], r['torch_bytes']), 8, '.2f')}")
+
+
+def run_spec(text: str) -> tuple[str, int, int]:
+    """PRESET:B:T -> (preset, B, T)."""
+    try:
+        name, B, T = text.split(":")
+        get_preset(name)
+        return name, int(B), int(T)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PRESET:B:T, e.g. llama3.2-1b:1:8192") from None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--runs", nargs="+", type=run_spec, help="PRESET:B:T instead of --configs")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="the models' precision")
+    parser.add_argument("--recompute", choices=("none", "partial", "full"), default=None,
+                        help="ours: the plan's recompute (default partial); full also checkpoints torch's blocks")
+    parser.add_argument("--optimizer", choices=("adamw", "adamw8bit"), default="adamw",
+                        help="adamw8bit: 8-bit moments on both sides (torchao's AdamW8bit for torch)")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3, help="our untimed steps (the first captures the graphs)")
+    parser.add_argument("--no-torch", action="store_true", help="time ours only")
+    parser.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel breakdown")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    from torch_llama import bench_torch  # after the arguments: --help works without torch
+    runs = args.runs or [(name, *CONFIGS[name]) for name in args.configs]
+    if not args.no_torch:
+        from torch_llama import bench_torch  # after the arguments: --help works without torch
     runtime()  # our context first (the primary one, which torch shares)
     print(gpu_line())
+    peak_flops = next((v for k, v in BF16_PEAK_FLOPS.items() if k in runtime().name), None)
     results = {}
-    for name in args.configs:
-        B, T = CONFIGS[name]
+    for name, B, T in runs:
         c = get_preset(name).replace(vocab_size=VOCAB)
-        ours_ms, ours_peak, breakdown = bench_ours(c, B, T, args.steps, args.dtype)
-        torch_ms, torch_peak = bench_torch(c, B, T, args.steps, args.dtype)
-        results[name] = {"B": B, "T": T, "ours_ms": ours_ms, "torch_ms": torch_ms, "ours_bytes": ours_peak,
-                         "torch_bytes": torch_peak, "breakdown_ms": breakdown}
-        print(f"\n{name} (B{B} x T{T}): per-kernel breakdown of one eager step of ours, ms")
-        for label, ms in breakdown.items():
-            print(f"  {label:<28}{ms:8.2f}")
+        key = f"{name} B{B} T{T}"
+        plan = make_plan(c, "cuda", args.dtype, args.recompute, args.optimizer)
+        need, free = sum(training_buffers(plan, c, B, T).values()), gpu_free()
+        print(f"\n{key}: {plan.summary()}; needs at least {size_text(need)}, {size_text(free)} free", flush=True)
+        r = results[key] = {"B": B, "T": T, "recipe": f"recompute {plan.recompute} | {plan.optimizer}", "ours_ms": None,
+                            "torch_ms": None, "ours_bytes": None, "torch_bytes": None, "breakdown_ms": {},
+                            "flops_per_step": matmul_flops_per_token(c, T) * B * T}
+        if need <= free:
+            r["ours_ms"], r["ours_bytes"], r["breakdown_ms"] = bench_ours(c, B, T, args.steps, args.dtype, plan,
+                                                                          not args.no_breakdown, args.warmup)
+            print(f"{HEADER}\n{table_row(key, r, peak_flops)}", flush=True)  # ours at once: torch may not finish
+        if not args.no_torch:
+            import torch
+            try:
+                r["torch_ms"], r["torch_bytes"] = bench_torch(c, B, T, args.steps, args.dtype,
+                                                              checkpoint=plan.recompute == "full", optimizer=args.optimizer)
+            except torch.OutOfMemoryError:
+                print(f"{key}: torch ran out of memory", flush=True)
+                torch.cuda.empty_cache()
+        print(f"{HEADER}\n{table_row(key, r, peak_flops)}", flush=True)  # each run's row at once, the table at the end
+        if r["breakdown_ms"]:
+            print(f"{key}: per-kernel breakdown of one eager step of ours, ms")
+            for label, ms in r["breakdown_ms"].items():
+                print(f"  {label:<28}{ms:8.2f}")
     print(f"\n{gpu_line()}\nours = {args.dtype} kernels + CUDA graphs; torch = "
-          f"{'bf16 autocast' if args.dtype == 'bf16' else 'fp32'} + torch.compile + fused AdamW")
-    print(f"{'config':<14}{'ours ms':>9}{'torch ms':>10}{'ours tok/s':>12}{'torch tok/s':>13}{'speed':>7}"
-          f"{'ours GB':>9}{'torch GB':>10}{'memory':>8}")
-    for name, r in results.items():
-        tokens = r["B"] * r["T"]
-        print(f"{name:<14}{r['ours_ms']:>9.1f}{r['torch_ms']:>10.1f}{tokens / r['ours_ms'] * 1e3:>12,.0f}"
-              f"{tokens / r['torch_ms'] * 1e3:>13,.0f}{r['torch_ms'] / r['ours_ms']:>7.2f}"
-              f"{r['ours_bytes'] / 1e9:>9.1f}{r['torch_bytes'] / 1e9:>10.1f}{r['ours_bytes'] / r['torch_bytes']:>8.2f}")
+          f"{'bf16 autocast' if args.dtype == 'bf16' else 'fp32'} + torch.compile + "
+          f"{'torchao AdamW8bit' if args.optimizer == 'adamw8bit' else 'fused AdamW'}"
+          + (" + activation checkpointing" if args.recompute == "full" else "") + "; - where it did not fit")
+    print(HEADER)
+    for key, r in results.items():
+        print(table_row(key, r, peak_flops))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,6 +1,7 @@
 """The PyTorch side of scripts/bench_step.py: our architecture written in PyTorch (RMSNorm, RoPE, SDPA
 with GQA, SwiGLU, the head tied to the embedding where the preset ties it), and one training step of
-it timed with bf16 autocast (or in fp32), fused AdamW, global-norm clipping and torch.compile.
+it timed with bf16 autocast (or in fp32), fused AdamW (or torchao's AdamW8bit), global-norm clipping and
+torch.compile, with activation checkpointing of every block as an option.
 bench_step.py imports it once its arguments are parsed, so that --help works where torch is not
 installed."""
 
@@ -45,9 +46,10 @@ def rope(x, cos, sin):
 
 
 class TorchLlama(torch.nn.Module):
-    def __init__(self, c, T):
+    def __init__(self, c, T, checkpoint=False):
+        """checkpoint: each block keeps its input only and runs again in the backward."""
         super().__init__()
-        self.c = c
+        self.c, self.checkpoint = c, checkpoint
         self.tok_embeddings = torch.nn.Embedding(c.vocab_size, c.dim)
         self.layers = torch.nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = torch.nn.Parameter(torch.ones(c.dim))
@@ -61,16 +63,25 @@ class TorchLlama(torch.nn.Module):
     def forward(self, tokens, targets):
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
-            x = layer(x, self.cos, self.sin)
+            if self.checkpoint:
+                x = torch.utils.checkpoint.checkpoint(layer, x, self.cos, self.sin, use_reentrant=False)
+            else:
+                x = layer(x, self.cos, self.sin)
         logits = self.output(F.rms_norm(x, (self.c.dim,), self.norm, self.c.norm_eps))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def bench_torch(c, B, T, steps, dtype="bf16"):
-    """ms per step and peak allocated bytes; dtype 'bf16' (autocast over fp32 weights) or 'fp32'."""
+def bench_torch(c, B, T, steps, dtype="bf16", checkpoint=False, optimizer="adamw"):
+    """ms per step and peak allocated bytes; dtype 'bf16' (autocast over fp32 weights) or 'fp32';
+    optimizer 'adamw' (fused) or 'adamw8bit' (torchao.optim.AdamW8bit, block-wise 8-bit moments)."""
     torch.manual_seed(0)
-    model = TorchLlama(c, T).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    with torch.device("cuda"):  # initialized on the GPU: an 8B model's host init would take minutes
+        model = TorchLlama(c, T, checkpoint)
+    if optimizer == "adamw8bit":
+        from torchao.optim import AdamW8bit
+        opt = AdamW8bit(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     compiled = torch.compile(model)
     tokens = torch.randint(0, c.vocab_size, (B, T), device="cuda")
     targets = torch.randint(0, c.vocab_size, (B, T), device="cuda")
