@@ -158,6 +158,12 @@ class DeviceArray:
         """Zero the array, in order on the runtime's stream (capturable in a Graph)."""
         runtime().drv.memset_d8_async(self.ptr, 0, self.nbytes, runtime().stream)
 
+    def copy_from(self, other: "DeviceArray") -> None:
+        """This array = other (same dtype and size), in order on the runtime's stream (capturable)."""
+        if other.dtype != self.dtype or other.size != self.size:
+            raise ValueError(f"copy of {other!r} into {self!r}")
+        runtime().drv.memcpy_dtod_async(self.ptr, other.ptr, self.nbytes, runtime().stream)
+
     def upload_async(self, pinned: np.ndarray) -> None:
         """Copy page-locked host memory in, in order on the runtime's stream; the host buffer must
         stay unchanged until the stream has run the copy."""

@@ -135,11 +135,14 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
 
 
 def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
-                         recompute: str = "partial", attention=None, optimizer: str = "adamw") -> dict[str, int]:
+                         recompute: str = "partial", attention=None, optimizer: str = "adamw",
+                         in_backward: bool = False) -> dict[str, int]:
     """What a GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes). bf16: the
     buffers llama/model/gpu_bf16.py allocates (ZeRO-1 shards over gpus; attention is the plan's flash
-    attention build, by default Hopper's; the moments in fp32 or 8 bits); fp32: its weights, gradients,
-    moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on top."""
+    attention build, by default Hopper's; the moments in fp32 or 8 bits; with the optimizer in the
+    backward the embedding's gradients and one buffer for the other groups in turn); fp32: its weights,
+    gradients, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
+    top."""
     layout = ParameterLayout(config)
     if dtype != "bf16":
         P = layout.size
@@ -157,7 +160,11 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     def size(shapes: dict) -> int:
         return sum(math.prod(shape) * (FLOAT32 if name in FP32_BUFFERS else 2) for name, shape in shapes.items())
 
-    buffers = {"bf16 weights": 2 * full, "fp32 gradients": FLOAT32 * full, "fp32 master weights": FLOAT32 * shard,
+    starts = layout.layer_starts()
+    groups = [end - start for start, end in zip([0, *starts], [*starts, layout.size])]
+    gradients = ({"fp32 gradients (a group at a time)": FLOAT32 * (groups[0] + max(groups[1:]))} if in_backward
+                 else {"fp32 gradients": FLOAT32 * full})
+    buffers = {"bf16 weights": 2 * full, **gradients, "fp32 master weights": FLOAT32 * shard,
                f"{optimizer} moments": (2 * FLOAT32 * shard if optimizer == "adamw" else
                                         2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK))),
                "decay mask": shard}
@@ -174,7 +181,8 @@ def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -
     """What the run that plan (llama/plan.py) describes allocates on each device, by buffer."""
     if plan.device == "cpu":
         return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
-    return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention, plan.optimizer)
+    return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention, plan.optimizer,
+                                plan.in_backward)
 
 
 # what each part of a memory recipe costs, in the order we would give it up: recomputing the norms and SwiGLU
@@ -200,8 +208,8 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
                 + ["--optimizer-in-backward"] * (in_backward and not plan.in_backward))
 
     recomputes, optimizers, in_backwards = RECIPES[plan.path]
-    if plan.device == "cuda" and gpus > 1:  # 8-bit moments run on one GPU
-        optimizers = tuple(o for o in optimizers if o != "adamw8bit")
+    if plan.device == "cuda" and gpus > 1:  # 8-bit moments and the optimizer in the backward run on one GPU
+        optimizers, in_backwards = tuple(o for o in optimizers if o != "adamw8bit"), (False,)
     now = (plan.recompute, plan.optimizer, plan.in_backward)
     by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards),
                      key=lambda recipe: sum(RECIPE_COST[part] for part in recipe))
@@ -223,11 +231,11 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
         if largest[lean] and largest[lean] > (largest[now] or 0) and lean != now:
             ways.append(" ".join(options(lean) + [f"-b {largest[lean]}"]))
         return f"{' or '.join(ways)} would fit (-d keeps the tokens per step)"
-    sharded = (now[0], "adamw", now[2])  # several GPUs shard fp32 moments
+    sharded = (now[0], "adamw", False)  # several GPUs shard fp32 moments and reduce-scatter the gradients
     more = next((n for n in (2, 4, 8) if n > gpus and fits(sharded, n=n)), None) if plan.device == "cuda" else None
     if more:
-        return (f"{more} GPUs{' with --optimizer adamw' if sharded != now else ''} would fit (ZeRO-1 shards the master "
-                "weights and moments)")
+        plain = " ".join(["--optimizer adamw"] * (now[1] != "adamw") + ["without --optimizer-in-backward"] * now[2])
+        return f"{more} GPUs{' with ' + plain if plain else ''} would fit (ZeRO-1 shards the master weights and moments)"
     return ("nothing fits at this length; train a smaller model"
             + ("; -e d12 and the Llama presets are meant for a GPU" if plan.device == "cpu" else ""))
 

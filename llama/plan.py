@@ -15,16 +15,16 @@ import numpy as np
 
 from .cuda import cuda_unavailable, runtime
 from .model.reference import RECOMPUTE
-from .optim import OPTIMIZERS
+from .optim import OPTIMIZERS, QUANT_BLOCK
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
 DTYPES = ("bf16", "fp32")
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
-# reference runs them all; the bf16 GPU model any recompute and 8-bit moments (on one GPU), updated after the
-# backward; the fp32 GPU model keeps everything, with fp32 moments
+# reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU);
+# the fp32 GPU model keeps everything, with fp32 moments updated after the backward
 RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)),
-           "bf16": (("partial", "none", "full"), tuple(OPTIMIZERS), (False,)),
+           "bf16": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
            "fp32": (("none",), ("adamw",), (False,))}
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
@@ -128,6 +128,9 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
     where = "the numpy reference" if path == "cpu" else f"the {path} GPU model"
     if optimizer == "adamw8bit" and gpus > 1:
         raise PlanError("--optimizer adamw8bit runs on one GPU: on several, ZeRO-1 divides the fp32 moments among them")
+    if in_backward and gpus > 1:
+        raise PlanError("--optimizer-in-backward runs on one GPU: on several, ZeRO-1 reduce-scatters the gradients "
+                        "as the backward goes")
     if in_backward and True not in in_backwards:
         raise PlanError(f"--optimizer-in-backward: {where} updates after the backward; the CPU reference runs every "
                         "recipe")
@@ -155,6 +158,12 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
         raise PlanError(f"--dtype bf16: {why_not_bf16}")
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
     recipe = choose_recipe(dtype, recompute, optimizer, in_backward, gpus)
+    if recipe["in_backward"] and dtype == "bf16":  # each layer's update starts a whole 16-byte vector (8-bit: block)
+        unit = QUANT_BLOCK if recipe["optimizer"] == "adamw8bit" else 16
+        if config.dim % unit:
+            raise PlanError(f"--optimizer-in-backward with {recipe['optimizer']} on the GPU needs dim a multiple of "
+                            f"{unit}, so that each layer's weights start a whole {'block' if unit > 16 else 'vector'}; "
+                            f"this model's is {config.dim}")
     rt = runtime()
     peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),

@@ -15,18 +15,19 @@ from .base import Model, rope_cos_sin
 
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
-               weight_dtype, optimizer: str = "adamw") -> np.ndarray:
+               weight_dtype, optimizer: str = "adamw", gradients: bool = True) -> np.ndarray:
         """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
         weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
-        moments' format (llama/optim.py OPTIMIZERS). Returns the starting flat fp32 params (params, or a
-        fresh initialization from seed)."""
+        moments' format (llama/optim.py OPTIMIZERS); gradients False: no full gradient buffer (the
+        model keeps them a group at a time). Returns the starting flat fp32 params (params, or a fresh
+        initialization from seed)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T, self.comm = config, B, T, comm
         self.layout = ParameterLayout(config)
         params = model_parameters(self.layout, params, seed)
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero1.for_model(self.layout, comm, params, weight_dtype, optimizer)
+        self.zero = Zero1.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients)
         self.grads = self.zero.grads
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))

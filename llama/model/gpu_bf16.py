@@ -36,7 +36,7 @@ import numpy as np
 from .. import ops
 from ..config import LlamaConfig
 from ..cuda import BF16, DeviceArray, Graph, empty, runtime, zeros
-from ..optim import AdamWConfig
+from ..optim import QUANT_BLOCK, AdamWConfig
 from ..parallel.zero import MasterReplica
 from ..plan import Plan, make_plan
 from .base import check_batch
@@ -76,10 +76,12 @@ class GPUModelBF16(GPUModelBase):
         backward recomputes and the optimizer; None makes the default bf16 plan of this model on this GPU
         (a PlanError says why the model does not fit it)."""
         self.plan = plan or make_plan(config, "cuda", "bf16")
-        self.recompute = self.plan.recompute
-        params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer)
+        self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
+        params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward)
         self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
+        if self.in_backward:
+            self._allocate_groups()
         self._allocate()
         self.graphs = {}  # (b, t, micro_steps, opt) -> (micro-step graphs (not last, last), optimizer graph)
 
@@ -112,6 +114,18 @@ class GPUModelBF16(GPUModelBase):
             event.record(runtime().stream)
         self.turn = 0
 
+    def _allocate_groups(self) -> None:
+        """The optimizer in the backward: the gradient groups (the embedding table, each layer, the final
+        norm and head, as the reference's), the embedding's gradients (a tied head adds to them in the
+        forward) and one buffer that each other group uses in turn, each group's squared norm, and the
+        previous step's squared norm, by which this step clips."""
+        starts = self.layout.layer_starts()
+        self.groups = list(zip([0, *starts], [*starts, self.layout.size]))
+        self.embedding_grads = zeros(self.groups[0][1])
+        self.group_grads = zeros(max(end - start for start, end in self.groups[1:]))
+        self.group_norms, self.previous_norm_squared = zeros(len(self.groups)), zeros(1)
+        self._previous_norm = None
+
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
         layer, shared = self._shapes(b, t)
@@ -139,6 +153,22 @@ class GPUModelBF16(GPUModelBase):
 
     def _fused(self, flat: DeviceArray, tensor) -> DeviceArray:
         return flat.view(tensor.offset, tensor.shape)
+
+    def grad(self, tensor) -> DeviceArray:
+        """Where a tensor's gradient accumulates (a Tensor of the layout or its name): its view of the flat
+        gradients, or with the optimizer in the backward of its group's buffer."""
+        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+        if not self.in_backward:
+            return self.grads.view(tensor.offset, tensor.shape)
+        group = next(g for g, (start, end) in enumerate(self.groups) if start <= tensor.offset < end)
+        buffer = self.embedding_grads if group == 0 else self.group_grads
+        return buffer.view(tensor.offset - self.groups[group][0], tensor.shape)
+
+    def zero_grad(self) -> None:
+        if not self.in_backward:
+            return super().zero_grad()
+        self.embedding_grads.fill_zero()
+        self.group_grads.fill_zero()
 
     # ---- inputs
 
@@ -217,7 +247,7 @@ class GPUModelBF16(GPUModelBase):
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
         head's dX (into dln) and dW at once."""
         C, V = self.config.dim, self.config.vocab_size
-        w_out, dw_out = self._fused(self.params_bf16, self.layout.output()), self._fused(self.grads, self.layout.output())
+        w_out, dw_out = self._fused(self.params_bf16, self.layout.output()), self.grad(self.layout.output())
         targets = self.inputs["targets"]
         for start in range(0, N, CLASSIFIER_CHUNK):
             n = min(CLASSIFIER_CHUNK, N - start)
@@ -260,7 +290,7 @@ class GPUModelBF16(GPUModelBase):
             if partial:
                 ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
             self.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
-            self.gemm(self._fused(self.grads, L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
+            self.gemm(grad(L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
                                       self.master(pre + "ffn_norm.weight"), a["rstd2"])
             self.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
@@ -271,18 +301,43 @@ class GPUModelBF16(GPUModelBase):
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
             self.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
-            self.gemm(self._fused(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
+            self.gemm(grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
                      accumulate=True)
             ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                       self.master(pre + "attention_norm.weight"), a["rstd1"])
             self._gradients_final_from(pre + "attention_norm.weight", sync)
         ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
                                     self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
+        self._gradients_final_from("tok_embeddings.weight", sync)
 
     def _gradients_final_from(self, name: str, sync: bool) -> None:
-        """The gradients from this tensor to the end of the flat buffer are final."""
-        if sync:
-            self.zero.reduce_from(self.layout.tensors[name].offset)
+        """The gradients from this tensor to the end of the flat buffer are final: reduce-scatter them
+        (several GPUs), or with the optimizer in the backward update the group this tensor starts."""
+        offset = self.layout.tensors[name].offset
+        if self.in_backward:
+            self._update_group(next(g for g, (start, _) in enumerate(self.groups) if start == offset))
+        elif sync:
+            self.zero.reduce_from(offset)
+
+    def _update_group(self, g: int) -> None:
+        """AdamW on group g's weights from its final gradients, clipped by the previous step's norm; its
+        squared norm into group_norms[g]; the shared buffer zeroed for the group the backward does next."""
+        z, (start, end) = self.zero, self.groups[g]
+        n = end - start
+        grads = (self.embedding_grads if g == 0 else self.group_grads).prefix(n)
+        ops.global_norm_squared_bf16(self.group_norms.view(g, (1,)), self.norm_scratch, grads)
+        params, weights, mask = z.master.view(start, (n,)), z.weights.view(start, (n,)), z.decay_mask.view(start, (n,))
+        if z.optimizer == "adamw8bit":
+            blocks_at, blocks_n = start // QUANT_BLOCK, -(-n // QUANT_BLOCK)
+            ops.adamw8bit_update_bf16(params, weights, grads, z.m_codes.view(start, (n,)),
+                                      z.m_scales.view(blocks_at, (blocks_n,)), z.v_codes.view(start, (n,)),
+                                      z.v_scales.view(blocks_at, (blocks_n,)), mask, self.previous_norm_squared,
+                                      self.adam_scalars, z.maps, self.step_opt)
+        else:
+            ops.adamw_update_bf16(params, weights, grads, z.m.view(start, (n,)), z.v.view(start, (n,)), mask,
+                                  self.previous_norm_squared, self.adam_scalars, self.step_opt)
+        if g > 1:
+            self.group_grads.prefix(self.groups[g - 1][1] - self.groups[g - 1][0]).fill_zero()
 
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""
@@ -369,6 +424,55 @@ class GPUModelBF16(GPUModelBase):
         self.backward(sync=last)
         if last:
             self.zero.finish_reduce()
+
+    # ---- the optimizer in the backward: one micro-batch a step, one captured graph
+
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+        """Model.train_step; with the optimizer in the backward one forward and a backward that updates
+        each group of weights as soon as its gradients are final, clipped by the previous step's norm
+        (previous_norm), as the reference does. The first step of a shape runs eagerly and captures."""
+        if not self.in_backward:
+            return super().train_step(batches, lr, step, opt)
+        if len(batches) != 1:
+            raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
+        tokens, targets = batches[0]
+        check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
+        self._set_scalars(lr, step, opt)
+        self._upload(tokens, targets)
+        self.shape, key = tokens.shape, (*tokens.shape, "in backward", opt)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._step_in_backward(opt)
+        loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
+        if graph is None:
+            self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
+        self._previous_norm = norm
+        return loss, norm
+
+    def _step_in_backward(self, opt: AdamWConfig) -> None:
+        """The launches of one step with the optimizer in the backward (captured by train_step)."""
+        self.step_opt = opt
+        self.zero_grad()
+        self.loss_total.fill_zero()
+        self._forward(1.0, True, 1.0)
+        self.backward()
+        ops.sum_values(self.norm_squared, self.group_norms)  # this step's norm, by which the next one clips
+        self.previous_norm_squared.copy_from(self.norm_squared)
+
+    @property
+    def previous_norm(self) -> float | None:
+        """The last step's grad norm (None before the first), by which the optimizer in the backward clips;
+        checkpoints keep it."""
+        return self._previous_norm if self.in_backward else None
+
+    @previous_norm.setter
+    def previous_norm(self, norm: float | None) -> None:
+        if not self.in_backward:
+            return
+        self._previous_norm = norm
+        self.previous_norm_squared.upload(np.array([0.0 if norm is None else norm * norm], np.float32))
 
     # ---- state for checkpoints: GPUModelBase's, and the norms' fp32 replica
 

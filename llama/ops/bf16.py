@@ -341,6 +341,14 @@ def adamw8bit_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: 
         *(np.float32(x) for x in (opt.eps, opt.weight_decay, opt.grad_clip)))
 
 
+def sum_values(out: DeviceArray, values: DeviceArray) -> None:
+    """out (1,) = sum(values (P,)), fp32 in a fixed order (one block): the optimizer in the backward adds
+    its groups' squared norms."""
+    check("out", out, (1,))
+    check("values", values, (values.size,))
+    kernel("global_norm", "global_norm_finish", "PPi")((1,), 1024, out.ptr, values.ptr, values.size)
+
+
 def global_norm_squared_bf16(out: DeviceArray, scratch: DeviceArray, grads: DeviceArray) -> None:
     """out (1,) = sum(grads^2) of the flat fp32 gradients, deterministic, in one launch; scratch
     float64 (NORM_BLOCKS + 1,), zeroed once (its last word holds the completion counter)."""

@@ -90,18 +90,22 @@ class Zero1:
     (one GPU) the shard buffers are the full ones and nothing is communicated.
     optimizer "adamw8bit" (one GPU): the moments in 8 bits as llama/optim.py's AdamW8bitState holds them,
     m_codes, v_codes (uint8) and m_scales, v_scales (fp32, one per QUANT_BLOCK values), instead of m, v.
+    gradients False (one GPU, the optimizer in the backward): no full gradient buffer; the model keeps
+    its gradients a group at a time.
     """
 
     def __init__(self, layout: ShardLayout, comm, params: np.ndarray, decay_mask: np.ndarray, weight_dtype,
-                 optimizer: str = "adamw"):
+                 optimizer: str = "adamw", gradients: bool = True):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if optimizer == "adamw8bit" and comm is not None:
             raise ValueError("8-bit moments run on one GPU: ZeRO-1's shards would cut their blocks")
+        if not gradients and comm is not None:
+            raise ValueError("the gradients live outside ZeRO-1 (the optimizer in the backward) on one GPU only")
         self.layout, self.comm, self.optimizer = layout, comm, optimizer
         self.rank = comm.rank if comm is not None else 0
         n = layout.padded_size
-        self.grads = zeros(n)
+        self.grads = zeros(n) if gradients else None
         self.weights = empty(n, weight_dtype)
         if comm is None:
             self.master = empty(n) if weight_dtype == BF16 else self.weights
@@ -127,10 +131,11 @@ class Zero1:
         self.set_weights(params)
 
     @classmethod
-    def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw") -> "Zero1":
+    def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw",
+                  gradients: bool = True) -> "Zero1":
         """The state of a model's flat parameters (llama/params.py layout), bucketed at its layers."""
         shards = ShardLayout(layout.size, comm.world_size if comm is not None else 1, layout.layer_starts())
-        return cls(shards, comm, params, layout.decay_mask(), weight_dtype, optimizer)
+        return cls(shards, comm, params, layout.decay_mask(), weight_dtype, optimizer, gradients)
 
     def set_weights(self, params: np.ndarray) -> None:
         """Upload the full fp32 params: the master shard and the full weight buffer (on one GPU without
@@ -261,7 +266,9 @@ class Zero1:
         """Bytes per buffer on this GPU, for the benchmark."""
         moments = ({"m": self.m, "v": self.v} if self.optimizer == "adamw" else
                    {"m_codes": self.m_codes, "v_codes": self.v_codes, "m_scales": self.m_scales, "v_scales": self.v_scales})
-        buffers = {"weights": self.weights, "grads": self.grads, "master": self.master} | moments
+        buffers = {"weights": self.weights, "master": self.master} | moments
+        if self.grads is not None:
+            buffers["grads"] = self.grads
         if self.comm is not None:
             buffers |= {"grad_shard": self.grad_shard, "weight_shard": self.weight_shard}
         seen, out = set(), {}

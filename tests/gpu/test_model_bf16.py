@@ -30,11 +30,11 @@ def bf16_params(config, seed):
     return init_parameters(config, seed).astype(BF16).astype(np.float32)
 
 
-def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw"):
+def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw", in_backward=False):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.plan import make_plan
-    return GPUModelBF16(config, B, T, params=params,
-                        plan=make_plan(config, "cuda", "bf16", recompute=recompute, optimizer=optimizer))
+    plan = make_plan(config, "cuda", "bf16", recompute=recompute, optimizer=optimizer, in_backward=in_backward)
+    return GPUModelBF16(config, B, T, params=params, plan=plan)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -150,3 +150,43 @@ def test_an_8_bit_step_is_the_twins_update_of_its_gradients():
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     # and it trains like fp32 moments: the first step is the same update, the second close to it
     assert abs(plain_norm - norm) < 1e-2 * plain_norm
+
+
+def state_bits(model):
+    return [x.view(np.uint32) for x in (model.get_params(), *model.get_optimizer_state())]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
+def test_the_optimizer_in_the_backward_updates_what_the_plain_step_updates(optimizer, tied):
+    """Unclipped, three steps give the plain step's weights and moments bit for bit: the same gradients,
+    each group updated by the same kernel as soon as they are final (a tied head's in the embedding's)."""
+    config, opt = CONFIG.replace(tie_embeddings=tied), AdamWConfig(grad_clip=0.0)
+    params = bf16_params(config, seed=11)
+    plain, inside = (bf16_model(config, 3, 80, params, optimizer=optimizer, in_backward=i) for i in (False, True))
+    assert inside.zero.grads is None  # no whole gradient buffer
+    for step in (1, 2, 3):
+        (loss_a, norm_a), (loss_b, norm_b) = (m.train_step([BATCHES[step % 2]], 1e-3, step, opt) for m in (plain, inside))
+        assert loss_a == loss_b and abs(norm_a - norm_b) < 1e-5 * norm_a  # the norm summed by group
+        for a, b in zip(state_bits(plain), state_bits(inside)):
+            assert np.array_equal(a, b)
+
+
+def test_the_optimizer_in_the_backward_clips_by_the_previous_norm_and_resumes_exactly():
+    """Step 1 is unclipped (no previous norm): the plain unclipped step. A model resumed after two steps
+    with the checkpoint's previous norm reproduces steps 3 and 4 bit for bit (graphs captured again)."""
+    opt = AdamWConfig(grad_clip=0.05)  # below every norm: each step after the first is clipped
+    params = bf16_params(CONFIG, seed=12)
+    a, b = (bf16_model(CONFIG, 3, 80, params, in_backward=True) for _ in range(2))
+    plain = bf16_model(CONFIG, 3, 80, params)
+    plain.train_step([BATCHES[1]], 1e-3, 1, AdamWConfig(grad_clip=0.0))
+    steps_a = [a.train_step([BATCHES[s % 2]], 1e-3, s, opt) for s in (1, 2, 3, 4)]
+    assert a.previous_norm == steps_a[-1][1] and all(norm > 0.05 for _, norm in steps_a)
+    b.train_step([BATCHES[1]], 1e-3, 1, opt)
+    assert all(np.array_equal(x, y) for x, y in zip(state_bits(b), state_bits(plain)))
+    b.train_step([BATCHES[0]], 1e-3, 2, opt)
+    c = bf16_model(CONFIG, 3, 80, b.get_params(), in_backward=True)
+    c.set_state(b.get_params(), *b.get_optimizer_state())
+    c.previous_norm = b.previous_norm
+    assert [c.train_step([BATCHES[s % 2]], 1e-3, s, opt) for s in (3, 4)] == steps_a[2:]
+    assert all(np.array_equal(x, y) for x, y in zip(state_bits(a), state_bits(c)))

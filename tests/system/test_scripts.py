@@ -89,7 +89,7 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "llama3.1-8b, B=1 T=2048: bf16 on 1 GPU, per GPU | recompute partial | adamw"
     assert re.fullmatch(r"  adamw moments +59\.8 GiB", out[4]) and re.fullmatch(r"  total \(at least\) +148\.6 GiB", out[8])
-    assert out[9] == "79 GiB (79.0 GiB): does not fit; 8 GPUs would fit (ZeRO-1 shards the master weights and moments)"
+    assert out[9] == "79 GiB (79.0 GiB): does not fit; --optimizer adamw8bit --optimizer-in-backward would fit"
     assert memory_plan(["llama3.1-8b", "-b", "1", "-t", "2048", "--gpus", "8", "--memory", "79"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "79 GiB (79.0 GiB): fits"
     assert memory_plan(["small", "-b", "16", "-t", "64", "--device", "cpu", "--recompute", "full", "--optimizer",
@@ -106,7 +106,8 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
     (["--gpus", "2", "--optimizer", "adamw8bit"], "--optimizer adamw8bit runs on one GPU"),
     (["-t", "5000"], "-t 5000 exceeds the model's max_seq_len"),
     (["--device", "cpu", "--gpus", "2"], "--gpus needs --device cuda"),
-    (["--optimizer-in-backward"], "--optimizer-in-backward: the bf16 GPU model updates after the backward"),
+    (["--gpus", "2", "--optimizer-in-backward"], "--optimizer-in-backward runs on one GPU"),
+    (["--dtype", "fp32", "--optimizer-in-backward"], "--optimizer-in-backward: the fp32 GPU model updates after"),
 ])
 def test_memory_plan_refuses_what_no_run_can_be_in_one_line(extra, message, capsys):
     assert script("memory_plan")(["d12", "-b", "8", "-t", "1024", *extra]) == 2

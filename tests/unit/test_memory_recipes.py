@@ -84,8 +84,11 @@ def test_each_path_runs_its_recipes_and_refuses_the_others_in_one_line():
         choose_recipe("bf16", None, "adamw8bit", gpus=2)
     with pytest.raises(PlanError, match="^--optimizer adamw8bit: the fp32 GPU model runs adamw;"):
         choose_recipe("fp32", None, "adamw8bit")
-    with pytest.raises(PlanError, match="^--optimizer-in-backward: the bf16 GPU model updates after the backward;"):
-        choose_recipe("bf16", None, None, True)
+    assert choose_recipe("bf16", None, None, True)["in_backward"]
+    with pytest.raises(PlanError, match="^--optimizer-in-backward: the fp32 GPU model updates after the backward;"):
+        choose_recipe("fp32", None, None, True)
+    with pytest.raises(PlanError, match="^--optimizer-in-backward runs on one GPU"):
+        choose_recipe("bf16", None, None, True, gpus=2)
 
 
 @pytest.mark.parametrize("tied", [False, True])
