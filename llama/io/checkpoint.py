@@ -313,6 +313,16 @@ def best_checkpoint(out_dir: str | Path, newest: Path) -> Path | None:
     return min(losses, key=losses.get, default=None)
 
 
+def _newest_while_rotating(run: Path) -> Path | None:
+    """latest_checkpoint(run), listed again when the run's checkpoint folders changed while it looked: a
+    rotation can remove the newest between the listing and its DONE check, before the next is listed."""
+    while True:
+        before = sorted(run.glob("ckpt_*"))
+        found = latest_checkpoint(run)
+        if found is not None or sorted(run.glob("ckpt_*")) == before:
+            return found
+
+
 @contextlib.contextmanager
 def reading_checkpoint(path: str | Path) -> Iterator[Path]:
     """A checkpoint folder itself, or the newest complete checkpoint of a run folder, pinned while
@@ -320,7 +330,7 @@ def reading_checkpoint(path: str | Path) -> Iterator[Path]:
     newest checkpoint is rotated away before it is pinned, the then newest one is taken."""
     path = Path(path)
     while True:
-        found = path if path.name.startswith("ckpt_") else latest_checkpoint(path)
+        found = path if path.name.startswith("ckpt_") else _newest_while_rotating(path)
         if found is None:
             raise CheckpointError(f"{path} holds no complete checkpoint")
         fd = _lock_readers(found, fcntl.LOCK_SH)  # waits while rotation removes it

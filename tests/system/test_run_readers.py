@@ -91,6 +91,25 @@ for step in range(7, 87):
 """
 
 
+def test_a_reader_that_lists_the_run_as_its_newest_checkpoint_is_rotated_away_takes_the_next(run_folder,
+                                                                                               monkeypatch):
+    """The race the test below meets now and then: the listing saw only checkpoints that rotation removed
+    before their DONE marker was read, and not the one written meanwhile."""
+    from llama.io import checkpoint
+    real, calls = checkpoint.latest_checkpoint, []
+
+    def raced(run):
+        calls.append(run)
+        if len(calls) == 1:  # checkpoint 8 lands and 2-6 go while the first listing is being read
+            write_checkpoint(run, 8, keep=1)
+            return None
+        return real(run)
+
+    monkeypatch.setattr(checkpoint, "latest_checkpoint", raced)
+    with reading_checkpoint(run_folder) as newest:
+        assert newest.name == "ckpt_00000008" and len(calls) == 2
+
+
 @pytest.mark.slow
 def test_readers_of_a_run_that_rotates_at_every_step_never_fail(run_folder):
     """As a run with -n 1 -nk 1 would, another process writes checkpoints 7 to 86, keeping one, while
