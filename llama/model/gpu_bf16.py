@@ -14,7 +14,9 @@ What each layer keeps for its backward is the plan's recompute (LAYER_ACTIVATION
 ("none"); all but the RMSNorm outputs and the SwiGLU product, recomputed in the backward ("partial");
 only its input, the backward running the layer's forward again first ("full"). The recomputed
 activations are the same bits, so are the gradients. AdamW's moments are fp32, or 8-bit blocks on one
-GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16).
+GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16). With the optimizer in the
+backward (one GPU) each group of weights is updated as soon as the backward finishes its gradients,
+which live in the embedding's buffer and one buffer the other groups use in turn (train_step).
 
 The training step (llama/model/base.py drives it: start_step, micro_step, finish_step) is captured
 as CUDA graphs, a micro-step (forward and backward) and the optimizer step, on the first step of a
@@ -83,7 +85,9 @@ class GPUModelBF16(GPUModelBase):
         if self.in_backward:
             self._allocate_groups()
         self._allocate()
-        self.graphs = {}  # (b, t, micro_steps, opt) -> (micro-step graphs (not last, last), optimizer graph)
+        # (b, t, micro_steps, opt) -> (micro-step graphs (not last, last), optimizer graph); in the backward:
+        # (b, t, "in backward", opt) -> the step's graph
+        self.graphs = {}
 
     # ---- buffers
 
