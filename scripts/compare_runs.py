@@ -6,6 +6,9 @@ first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is in
     python3 scripts/compare_runs.py gpus 1 8 [-o out/scaling] [-- extra train_llama.py arguments]
     python3 scripts/compare_runs.py recipe plain adamw8bit in-backward full [--device cpu] [-- ...]
 
+A difference of a few hundredths of a nat can be the trajectory's, not the change's: `--seeds 0 1 2 3`
+trains every way from each seed (initialization and data order) and averages the differences.
+
 `dtype` runs each precision on one GPU. `gpus` runs each GPU count (llama.launch) at the same global
 batch: every run has B sequences per micro-batch, and B x T x the largest count tokens per step, so
 fewer GPUs accumulate more micro-batches. `recipe` runs each memory recipe (RECIPES below) on one GPU,
@@ -24,7 +27,7 @@ B, T = 8, 1024
 TRAIN = str(Path(__file__).resolve().parents[1] / "train_llama.py")
 RECIPES = {"plain": [], "partial": ["--recompute", "partial"], "full": ["--recompute", "full"],
            "adamw8bit": ["--optimizer", "adamw8bit"], "in-backward": ["--optimizer-in-backward"]}
-DEFAULT_RUN = ["-e", "d12", "-b", str(B), "-t", str(T), "-x", "300", "-v", "0", "-s", "0", "-n", "0", "--seed", "0"]
+DEFAULT_RUN = ["-e", "d12", "-b", str(B), "-t", str(T), "-x", "300", "-v", "0", "-s", "0", "-n", "0"]
 
 
 def command(vary: str, value: str, values: list[str]) -> list[str]:
@@ -42,6 +45,8 @@ def main() -> int:
     parser.add_argument("values", nargs="+", help=f"bf16 fp32, GPU counts, or recipes: {', '.join(RECIPES)}")
     parser.add_argument("-o", "--output-dir", default="out/compare")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: recipes only")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="train every way from each seed; the differences are averaged over them")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]  # after --: train_llama.py arguments
@@ -52,23 +57,42 @@ def main() -> int:
                                               "recipe": ", ".join(RECIPES)}[args.vary])
     if args.device == "cpu" and args.vary != "recipe":
         parser.error(f"--device cpu: {args.vary} needs GPUs")
-    out = Path(args.output_dir)
+    out, first = Path(args.output_dir), args.values[0]
+    differences = {value: [] for value in args.values[1:]}
+    for seed in args.seeds:
+        folder = out if len(args.seeds) == 1 else out / f"seed{seed}"
+        means = compare(args, extra, seed, folder)
+        if means is None:
+            return 1
+        for value in differences:
+            differences[value].append(means[value] - means[first])
+    if len(args.seeds) > 1:
+        print(f"over {len(args.seeds)} seeds, the mean difference from {args.vary} {first}: " + ", ".join(
+            f"{args.vary} {v} {sum(d) / len(d):+.4f} (each {' '.join(f'{x:+.4f}' for x in d)})"
+            for v, d in differences.items()))
+    return 0
+
+
+def compare(args, extra: list[str], seed: int, out: Path) -> dict[str, float] | None:
+    """Every run of one seed, its line of mean losses and its PNG; the means (None if a run failed)."""
     means, logs = {}, []
     for value in args.values:
         log = out / f"{args.vary}_{value}"
-        run = [*command(args.vary, value, args.values), *extra, "--device", args.device, "-o", str(log)]
+        run = [*command(args.vary, value, args.values), "--seed", str(seed), *extra, "--device", args.device,
+               "-o", str(log)]
         print(" ".join(run[1:]), flush=True)
         if subprocess.run(run).returncode != 0:
-            return 1
+            return None
         train, _ = read_log(log / "main.log")
         last = [train[s] for s in sorted(train)[-50:]]
         means[value], logs = sum(last) / len(last), logs + [str(log / "main.log")]
     first = args.values[0]
-    print("mean train loss over the last 50 steps: " + ", ".join(f"{args.vary} {v} {m:.4f}" for v, m in means.items())
+    print(f"seed {seed}: mean train loss over the last 50 steps: "
+          + ", ".join(f"{args.vary} {v} {m:.4f}" for v, m in means.items())
           + f" | largest |difference| from {args.vary} {first}: "
-          f"{max(abs(m - means[first]) for m in means.values()):.4f} nats")
+          f"{max(abs(m - means[first]) for m in means.values()):.4f} nats", flush=True)
     subprocess.run([sys.executable, str(Path(__file__).parent / "plot_log.py"), *logs, "-o", str(out / "compare.png")])
-    return 0
+    return means
 
 
 if __name__ == "__main__":

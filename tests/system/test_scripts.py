@@ -129,6 +129,22 @@ def test_compare_runs_compares_memory_recipes_on_the_cpu(corpus, tmp_path):
     assert re.search(r"largest \|difference\| from recipe plain: 0\.0[01]\d\d nats$", line), line
 
 
+def test_compare_runs_averages_the_differences_over_seeds(corpus, tmp_path):
+    """Each seed trains both ways from its own initialization and data order; full recompute differs by
+    nothing from any seed."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "recipe", "plain", "full",
+                             "--seeds", "0", "1", "--device", "cpu", "-o", str(tmp_path / "cmp"), "--", "-e", "tiny",
+                             "-b", "2", "-t", "16", "-x", "55", *corpus], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                 "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})  # offline: byte-level tokens
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "mean" in line]
+    plain = [float(re.search(r"recipe plain ([\d.]+)", line).group(1)) for line in lines if line.startswith("seed")]
+    assert len(plain) == 2 and plain[0] != plain[1]  # two trajectories
+    assert lines[-1] == "over 2 seeds, the mean difference from recipe plain: recipe full +0.0000 (each +0.0000 +0.0000)"
+    assert (tmp_path / "cmp" / "seed1" / "recipe_full" / "main.log").exists()
+
+
 @pytest.mark.parametrize("args, message", [(["recipe", "plain", "fancy"], "recipe takes plain, partial, full"),
                                            (["dtype", "bf16", "--device", "cpu"], "--device cpu: dtype needs GPUs")])
 def test_compare_runs_refuses_what_it_cannot_compare(args, message):
