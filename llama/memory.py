@@ -115,8 +115,7 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
     backward = FLOAT32 * (5 * (every + attention) // 2 + 3 * logits + (every - kept if recompute != "none" else 0))
     gradients, updated = P, P  # values whose gradients exist at once; values one AdamW update takes
     if in_backward:
-        starts = ParameterLayout(c).layer_starts()
-        groups = [end - start for start, end in zip([0, *starts], [*starts, P])]
+        groups = [end - start for start, end in ParameterLayout(c).gradient_groups()]
         updated = max(groups)
         gradients = groups[0] + max(groups[1:]) if c.tie_embeddings else updated
     if optimizer == "adamw8bit":
@@ -160,8 +159,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     def size(shapes: dict) -> int:
         return sum(math.prod(shape) * (FLOAT32 if name in FP32_BUFFERS else 2) for name, shape in shapes.items())
 
-    starts = layout.layer_starts()
-    groups = [end - start for start, end in zip([0, *starts], [*starts, layout.size])]
+    groups = [end - start for start, end in layout.gradient_groups()]
     gradients = ({"fp32 gradients (a group at a time)": FLOAT32 * (groups[0] + max(groups[1:]))} if in_backward
                  else {"fp32 gradients": FLOAT32 * full})
     buffers = {"bf16 weights": 2 * full, **gradients, "fp32 master weights": FLOAT32 * shard,

@@ -88,6 +88,12 @@ class ParameterLayout:
         names = [f"layers.{i}.attention_norm.weight" for i in range(self.config.n_layers)] + ["norm.weight"]
         return [self.tensors[name].offset for name in names]
 
+    def gradient_groups(self) -> list[tuple[int, int]]:
+        """[start, end) of the groups whose gradients the backward finishes one after another, as the
+        optimizer in the backward updates them: the embedding table, each layer, the final norm and head."""
+        starts = self.layer_starts()
+        return list(zip([0, *starts], [*starts, self.size]))
+
     def norm_names(self) -> list[str]:
         """The RMSNorm weights, in layout order."""
         return [t.name for t in self.tensors.values() if len(t.shape) == 1]

@@ -123,8 +123,7 @@ class GPUModelBF16(GPUModelBase):
         norm and head, as the reference's), the embedding's gradients (a tied head adds to them in the
         forward) and one buffer that each other group uses in turn, each group's squared norm, and the
         previous step's squared norm, by which this step clips."""
-        starts = self.layout.layer_starts()
-        self.groups = list(zip([0, *starts], [*starts, self.layout.size]))
+        self.groups = self.layout.gradient_groups()
         self.embedding_grads = zeros(self.groups[0][1])
         self.group_grads = zeros(max(end - start for start, end in self.groups[1:]))
         self.group_norms, self.previous_norm_squared = zeros(len(self.groups)), zeros(1)

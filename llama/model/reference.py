@@ -313,8 +313,7 @@ class ReferenceModel(Model):
         self.decay_mask = self.layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.acts = None
-        starts = self.layout.layer_starts()  # gradient groups: the embedding, each layer, the final norm and head
-        self.groups = list(zip([0, *starts], [*starts, self.layout.size]))
+        self.groups = self.layout.gradient_groups()
         self.open_groups = {}  # optimizer-in-backward: (start, end) -> the group's gradients while it is open
         self.update_settings = None  # optimizer-in-backward: (lr, step, opt, clip factor) during train_step
 

@@ -300,7 +300,6 @@ def loss_accumulate_bf16(total: DeviceArray, losses: DeviceArray, scale: float) 
     kernel("classifier", "loss_accumulate_bf16", "PPif")((1,), 1024, total.ptr, losses.ptr, losses.size, np.float32(scale))
 
 
-
 MAP_SIZE = 256  # entries of each table of quantization_maps(), as in kernels/adamw.cu
 
 
