@@ -30,7 +30,7 @@ from llama.config import get_preset
 from llama.cuda import allocated_bytes, runtime, time_ms
 from llama.memory import gpu_free, size_text, training_buffers
 from llama.optim import AdamWConfig
-from llama.plan import BF16_PEAK_FLOPS, make_plan
+from llama.plan import make_plan
 from llama.trainer import matmul_flops_per_token
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
@@ -128,7 +128,7 @@ HEADER = (f"{'run':<26}{'ours ms':>9}{'torch ms':>10}{'ours tok/s':>12}{'torch t
           f"{'ours GB':>9}{'torch GB':>10}{'memory':>8}")
 
 
-def table_row(key: str, r: dict, peak_flops: float | None) -> str:
+def table_row(key: str, r: dict) -> str:
     """One run's line of the table: - where a side did not run (or did not fit)."""
     def cell(x, width, form):
         return f"{x:>{width}{form}}" if x is not None else f"{'-':>{width}}"
@@ -138,7 +138,7 @@ def table_row(key: str, r: dict, peak_flops: float | None) -> str:
 
     tokens = r["B"] * r["T"]
     ours_tps, torch_tps = (tokens / ms * 1e3 if ms else None for ms in (r["ours_ms"], r["torch_ms"]))
-    mfu = r["flops_per_step"] / (r["ours_ms"] * 1e-3) / peak_flops if r["ours_ms"] and peak_flops else None
+    mfu = r["flops_per_step"] / (r["ours_ms"] * 1e-3) / r["peak_flops"] if r["ours_ms"] and r["peak_flops"] else None
     return (f"{key:<26}{cell(r['ours_ms'], 9, '.1f')}{cell(r['torch_ms'], 10, '.1f')}{cell(ours_tps, 12, ',.0f')}"
             f"{cell(torch_tps, 13, ',.0f')}{cell(ratio(r['torch_ms'], r['ours_ms']), 7, '.2f')}{cell(mfu, 6, '.2f')}"
             f"{cell(r['ours_bytes'] and r['ours_bytes'] / 1e9, 9, '.1f')}"
@@ -178,7 +178,6 @@ def main():
         from torch_llama import bench_torch  # after the arguments: --help works without torch
     runtime()  # our context first (the primary one, which torch shares)
     print(gpu_line())
-    peak_flops = next((v for k, v in BF16_PEAK_FLOPS.items() if k in runtime().name), None)
     results = {}
     for name, B, T in runs:
         c = get_preset(name).replace(vocab_size=VOCAB)
@@ -188,11 +187,11 @@ def main():
         print(f"\n{key}: {plan.summary()}; needs at least {size_text(need)}, {size_text(free)} free", flush=True)
         r = results[key] = {"B": B, "T": T, "recipe": plan.summary().split(" | ", 3)[-1], "ours_ms": None,
                             "torch_ms": None, "ours_bytes": None, "torch_bytes": None, "breakdown_ms": {},
-                            "flops_per_step": matmul_flops_per_token(c, T) * B * T}
+                            "flops_per_step": matmul_flops_per_token(c, T) * B * T, "peak_flops": plan.peak_flops}
         if need <= free:
             r["ours_ms"], r["ours_bytes"], r["breakdown_ms"] = bench_ours(c, B, T, args.steps, args.dtype, plan,
                                                                           not args.no_breakdown, args.warmup)
-            print(f"{HEADER}\n{table_row(key, r, peak_flops)}", flush=True)  # ours at once: torch may not finish
+            print(f"{HEADER}\n{table_row(key, r)}", flush=True)  # ours at once: torch may not finish
         if not args.no_torch:
             import torch
             try:
@@ -201,7 +200,7 @@ def main():
             except torch.OutOfMemoryError:
                 print(f"{key}: torch ran out of memory", flush=True)
                 torch.cuda.empty_cache()
-        print(f"{HEADER}\n{table_row(key, r, peak_flops)}", flush=True)  # each run's row at once, the table at the end
+        print(f"{HEADER}\n{table_row(key, r)}", flush=True)  # each run's row at once, the table at the end
         if r["breakdown_ms"]:
             print(f"{key}: per-kernel breakdown of one eager step of ours, ms")
             for label, ms in r["breakdown_ms"].items():
@@ -212,7 +211,7 @@ def main():
           + (" + activation checkpointing" if args.recompute == "full" else "") + "; - where it did not fit")
     print(HEADER)
     for key, r in results.items():
-        print(table_row(key, r, peak_flops))
+        print(table_row(key, r))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -129,6 +129,15 @@ def test_compare_runs_compares_memory_recipes_on_the_cpu(corpus, tmp_path):
     assert re.search(r"largest \|difference\| from recipe plain: 0\.0[01]\d\d nats$", line), line
 
 
+def test_bench_step_rows_give_mfu_from_the_plans_peak_and_dashes_for_what_did_not_run():
+    table_row = script("bench_step").__globals__["table_row"]
+    run = {"B": 4, "T": 4096, "ours_ms": 2000.0, "torch_ms": None, "ours_bytes": 113.2e9, "torch_bytes": None,
+           "flops_per_step": 0.39 * 989e12 * 2.0, "peak_flops": 989e12}
+    cells = table_row("llama3.1-8b B4 T4096", run).split()
+    assert cells[3:] == ["2000.0", "-", "8,192", "-", "-", "0.39", "113.2", "-", "-"], cells
+    assert table_row("x", run | {"peak_flops": None}).split()[6] == "-"  # no datasheet peak: no MFU
+
+
 def test_compare_runs_averages_the_differences_over_seeds(corpus, tmp_path):
     """Each seed trains both ways from its own initialization and data order; full recompute differs by
     nothing from any seed."""
