@@ -9,6 +9,11 @@
 //   block to finish (counter: zero before and after the launch) adds the partials in a fixed order
 //   into out[0]. The grid is fixed (ops.NORM_BLOCKS), so the result is the same on every GPU.
 //   The n % 4 tail goes to block 0.
+//
+// clip_norm_estimate: the squared norm the optimizer in the backward clips group g's update by: the sum of
+//   this step's squared norms of the groups g..n-1 the backward has finished (current) and of the last
+//   step's of the others (previous (n,), zeros before the first step). One thread, in a fixed order:
+//   llama/optim.py's clip_norm_estimate.
 #include "bf16.cuh"
 
 #define GRAD_NORM_UNROLL 4
@@ -55,4 +60,12 @@ extern "C" __global__ void __launch_bounds__(256) global_norm_squared_bf16(float
     for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + b);
     total = block_sum(total);
     if (threadIdx.x == 0) out[0] = (float)total;
+}
+
+extern "C" __global__ void clip_norm_estimate(float* out, const float* current, const float* previous, int g, int n) {
+    if (threadIdx.x != 0) return;
+    float finished = 0.0f, unfinished_last = 0.0f;
+    for (int i = g; i < n; i++) finished += current[i];
+    for (int i = 0; i < g; i++) unfinished_last += previous[i];
+    out[0] = finished + unfinished_last;
 }

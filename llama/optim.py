@@ -48,6 +48,14 @@ def clip_scale(norm: float, max_norm: float) -> float:
     return max_norm / norm if max_norm > 0 and norm > max_norm else 1.0
 
 
+def clip_norm_estimate(current: np.ndarray, previous: np.ndarray, group: int) -> float:
+    """The squared norm by which the optimizer in the backward clips a group's update, before the groups
+    0..group-1 have their gradients: the finished groups' squared norms of this step (current[group:])
+    plus the unfinished groups' of the last step (previous[:group]; zeros before the first step). For
+    the last group (0) it is this step's squared norm."""
+    return float(np.sum(current[group:])) + float(np.sum(previous[:group]))
+
+
 def adamw_update(params: np.ndarray, grads: np.ndarray, m: np.ndarray, v: np.ndarray,
                  decay_mask: np.ndarray, step: int, lr: float, opt: AdamWConfig,
                  grad_scale: float = 1.0) -> None:

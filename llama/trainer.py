@@ -266,7 +266,7 @@ class Trainer:
         except ValueError as e:
             raise UserError(f"--resume: {e}") from None
         self.sample_rng.bit_generator.state = state["sample_rng"]
-        self.model.previous_norm = state.get("previous_norm")
+        self.model.group_norms_squared = state.get("group_norms_squared")
         self.start, self.log_bytes = state["step"], state.get("log_bytes")
         print(f"resuming from {resume['path']} (step {self.start})", file=sys.stderr)
         if self.start >= self.steps:
@@ -326,7 +326,7 @@ class Trainer:
         state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.train_loader.state_dict(),
                  "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
                  "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": vars(self.args),
-                 "previous_norm": self.model.previous_norm}
+                 "group_norms_squared": self.model.group_norms_squared}
         self.last_good = save_checkpoint(self.out, done_steps, self.config, params, adam_m, adam_v, state,
                                          keep=self.args.keep_checkpoints)
 

@@ -7,8 +7,9 @@ A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
   train_step(batches, lr, step, opt) -> (mean loss, grad norm), below
   get_params(), get_optimizer_state() -> (m, v), set_state(params, m, v): the state a checkpoint holds
   (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run)
-  previous_norm                   the last step's grad norm, by which optimizer-in-backward clips (the
-                                  trainer keeps it in checkpoints)
+  group_norms_squared             with the optimizer in the backward, each gradient group's squared norm
+                                  from the step that last finished it: the clipping norm is estimated
+                                  from them (None otherwise; the trainer keeps it in checkpoints)
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Model:
     """The training step every model takes: zero the gradients, a forward and backward per
     micro-batch, then clip, AdamW and read the loss and norm. The three parts below run eagerly (the
     reference and the fp32 GPU model); the bf16 GPU model replays them as captured CUDA graphs."""
-    previous_norm: float | None = None
+    group_norms_squared: list[float] | None = None
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
         """One optimizer step over the micro-batches [(tokens, targets), ...] (step counts from 1):

@@ -121,13 +121,12 @@ class GPUModelBF16(GPUModelBase):
     def _allocate_groups(self) -> None:
         """The optimizer in the backward: the gradient groups (the embedding table, each layer, the final
         norm and head, as the reference's), the embedding's gradients (a tied head adds to them in the
-        forward) and one buffer that each other group uses in turn, each group's squared norm, and the
-        previous step's squared norm, by which this step clips."""
+        forward) and one buffer that each other group uses in turn, and the groups' squared norms of this
+        step and of the last."""
         self.groups = self.layout.gradient_groups()
         self.embedding_grads = zeros(self.groups[0][1])
         self.group_grads = zeros(max(end - start for start, end in self.groups[1:]))
-        self.group_norms, self.previous_norm_squared = zeros(len(self.groups)), zeros(1)
-        self._previous_norm = None
+        self.step_group_norms, self.group_norms = zeros(len(self.groups)), zeros(len(self.groups))
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
@@ -323,22 +322,14 @@ class GPUModelBF16(GPUModelBase):
             self.zero.reduce_from(offset)
 
     def _update_group(self, g: int) -> None:
-        """AdamW on group g's weights from its final gradients, clipped by the previous step's norm; its
-        squared norm into group_norms[g]; the shared buffer zeroed for the group the backward does next."""
-        z, (start, end) = self.zero, self.groups[g]
-        n = end - start
-        grads = (self.embedding_grads if g == 0 else self.group_grads).prefix(n)
-        ops.global_norm_squared_bf16(self.group_norms.view(g, (1,)), self.norm_scratch, grads)
-        params, weights, mask = z.master.view(start, (n,)), z.weights.view(start, (n,)), z.decay_mask.view(start, (n,))
-        if z.optimizer == "adamw8bit":
-            blocks_at, blocks_n = start // QUANT_BLOCK, -(-n // QUANT_BLOCK)
-            ops.adamw8bit_update_bf16(params, weights, grads, z.m_codes.view(start, (n,)),
-                                      z.m_scales.view(blocks_at, (blocks_n,)), z.v_codes.view(start, (n,)),
-                                      z.v_scales.view(blocks_at, (blocks_n,)), mask, self.previous_norm_squared,
-                                      self.adam_scalars, z.maps, self.step_opt)
-        else:
-            ops.adamw_update_bf16(params, weights, grads, z.m.view(start, (n,)), z.v.view(start, (n,)), mask,
-                                  self.previous_norm_squared, self.adam_scalars, self.step_opt)
+        """AdamW on group g's weights from its final gradients: its squared norm into step_group_norms[g],
+        clipped by the norm estimated from this step's and the last step's group norms (norm_squared), and
+        the shared buffer zeroed for the group the backward does next."""
+        start, end = self.groups[g]
+        grads = (self.embedding_grads if g == 0 else self.group_grads).prefix(end - start)
+        ops.global_norm_squared_bf16(self.step_group_norms.view(g, (1,)), self.norm_scratch, grads)
+        ops.clip_norm_estimate(self.norm_squared, self.step_group_norms, self.group_norms, g)
+        self._adamw(start, grads, self.step_opt)
         if g > 1:
             self.group_grads.prefix(self.groups[g - 1][1] - self.groups[g - 1][0]).fill_zero()
 
@@ -377,15 +368,29 @@ class GPUModelBF16(GPUModelBase):
         z = self.zero
         ops.global_norm_squared_bf16(self.norm_squared, self.norm_scratch, z.grad_shard)
         z.sum_over_ranks(self.norm_squared)
-        if z.optimizer == "adamw8bit":
-            ops.adamw8bit_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m_codes, z.m_scales, z.v_codes,
-                                      z.v_scales, z.decay_mask, self.norm_squared, self.adam_scalars, z.maps, opt)
-        else:
-            ops.adamw_update_bf16(z.master, z.weight_shard, z.grad_shard, z.m, z.v, z.decay_mask, self.norm_squared,
-                                  self.adam_scalars, opt)
+        self._adamw(0, z.grad_shard, opt)
         if self.norm_weights is not None:
             self.norm_weights.collect()
         z.gather_weights(extra=[self.norm_weights.values] if self.norm_weights is not None else [])
+
+    def _adamw(self, start: int, grads: DeviceArray, opt: AdamWConfig) -> None:
+        """AdamW, with the run's moments (fp32 or 8-bit), on the grads.size values of this rank's shard from
+        start, clipped by the norm whose square norm_squared holds; the new bf16 weights into the shard."""
+        z, n = self.zero, grads.size
+
+        def shard(a: DeviceArray) -> DeviceArray:
+            return a.view(start, (n,))
+
+        def blocks(a: DeviceArray) -> DeviceArray:  # one scale per QUANT_BLOCK values
+            return a.view(start // QUANT_BLOCK, (-(-n // QUANT_BLOCK),))
+
+        if z.optimizer == "adamw8bit":
+            ops.adamw8bit_update_bf16(shard(z.master), shard(z.weight_shard), grads, shard(z.m_codes), blocks(z.m_scales),
+                                      shard(z.v_codes), blocks(z.v_scales), shard(z.decay_mask), self.norm_squared,
+                                      self.adam_scalars, z.maps, opt)
+        else:
+            ops.adamw_update_bf16(shard(z.master), shard(z.weight_shard), grads, shard(z.m), shard(z.v),
+                                  shard(z.decay_mask), self.norm_squared, self.adam_scalars, opt)
 
     def start_step(self, batches: list, opt: AdamWConfig) -> None:
         """The captured graphs of this step's shape when they exist (the first step of a shape runs
@@ -432,8 +437,9 @@ class GPUModelBF16(GPUModelBase):
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
         """Model.train_step; with the optimizer in the backward one forward and a backward that updates
-        each group of weights as soon as its gradients are final, clipped by the previous step's norm
-        (previous_norm), as the reference does. The first step of a shape runs eagerly and captures."""
+        each group of weights as soon as its gradients are final, clipped by the norm estimated from the
+        groups' norms so far and the last step's (group_norms_squared), as the reference does. The first
+        step of a shape runs eagerly and captures."""
         if not self.in_backward:
             return super().train_step(batches, lr, step, opt)
         if len(batches) != 1:
@@ -451,7 +457,6 @@ class GPUModelBF16(GPUModelBase):
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
         if graph is None:
             self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
-        self._previous_norm = norm
         return loss, norm
 
     def _step_in_backward(self, opt: AdamWConfig) -> None:
@@ -460,22 +465,20 @@ class GPUModelBF16(GPUModelBase):
         self.zero_grad()
         self.loss_total.fill_zero()
         self._forward(1.0, True, 1.0)
-        self.backward()
-        ops.sum_values(self.norm_squared, self.group_norms)  # this step's norm, by which the next one clips
-        self.previous_norm_squared.copy_from(self.norm_squared)
+        self.backward()  # the last group's update leaves this step's squared norm in norm_squared
+        self.group_norms.copy_from(self.step_group_norms)
 
     @property
-    def previous_norm(self) -> float | None:
-        """The last step's grad norm (None before the first), by which the optimizer in the backward clips;
-        checkpoints keep it."""
-        return self._previous_norm if self.in_backward else None
+    def group_norms_squared(self) -> list[float] | None:
+        """Each gradient group's squared norm of the last step, from which the optimizer in the backward
+        estimates the norm it clips by (Model); checkpoints keep it."""
+        return [float(x) for x in self.group_norms.download()] if self.in_backward else None
 
-    @previous_norm.setter
-    def previous_norm(self, norm: float | None) -> None:
-        if not self.in_backward:
-            return
-        self._previous_norm = norm
-        self.previous_norm_squared.upload(np.array([0.0 if norm is None else norm * norm], np.float32))
+    @group_norms_squared.setter
+    def group_norms_squared(self, norms: list[float] | None) -> None:
+        if self.in_backward:
+            self.group_norms.upload(np.zeros(len(self.groups), np.float32) if norms is None
+                                    else np.asarray(norms, np.float32))
 
     # ---- state for checkpoints: GPUModelBase's, and the norms' fp32 replica
 

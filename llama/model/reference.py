@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..generate import HostSampling
-from ..optim import OPTIMIZERS, QUANT_BLOCK, AdamWConfig, clip_scale, global_norm, squared_norm
+from ..optim import OPTIMIZERS, QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
 
@@ -289,9 +289,11 @@ class ReferenceModel(Model):
     AdamW updates them as soon as they are final, whole QUANT_BLOCKs at a time (a block cut by a group
     boundary waits for the next group), so a step updates the same values as the plain path's one
     update. Clipping needs the global norm before the first update, when no gradient but the last
-    group's exists: the clip factor comes from the previous step's norm (none on the first step, where
-    Adam's first update does not depend on the gradient's scale anyway, up to eps). A step takes one
-    micro-batch (no gradient accumulation)."""
+    group's exists: each update is clipped by an estimate (optim.clip_norm_estimate), the finished
+    groups' squared norms of this step plus the others' of the last step (on the first step the finished
+    groups' alone: Adam's first update does not depend on the gradient's scale anyway, up to eps). The last group's update sees this step's whole
+    norm. Checkpoints keep the groups' norms (group_norms_squared). A step takes one micro-batch (no
+    gradient accumulation)."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
                  optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False):
@@ -315,7 +317,9 @@ class ReferenceModel(Model):
         self.acts = None
         self.groups = self.layout.gradient_groups()
         self.open_groups = {}  # optimizer-in-backward: (start, end) -> the group's gradients while it is open
-        self.update_settings = None  # optimizer-in-backward: (lr, step, opt, clip factor) during train_step
+        self.update_settings = None  # optimizer-in-backward: (lr, step, opt) during train_step
+        self.step_norms = None  # optimizer-in-backward: the groups' squared norms of this step
+        self.group_norms_squared = None  # optimizer-in-backward: the last step's (zeros before the first)
 
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
@@ -441,12 +445,13 @@ class ReferenceModel(Model):
         if self.update_settings is None:
             raise RuntimeError("with the optimizer in the backward, the backward runs inside train_step")
         start, _ = group
-        grads = self.open_groups.pop(group)
-        self.norm_squared += squared_norm(grads)
+        grads, g = self.open_groups.pop(group), self.groups.index(group)
+        self.step_norms[g] = squared_norm(grads)
         self.pending = np.concatenate([grads, self.pending])  # the gradients from start up to the frontier
         first = -(-start // QUANT_BLOCK) * QUANT_BLOCK if start else 0
         if first < self.frontier:
-            lr, step, opt, scale = self.update_settings
+            lr, step, opt = self.update_settings
+            scale = clip_scale(np.sqrt(clip_norm_estimate(self.step_norms, self._group_norms, g)), opt.grad_clip)
             done = slice(first, self.frontier)
             self.optimizer.update(self.params[done], self.pending[first - start:], self.decay_mask[done], step, lr,
                                   opt, grad_scale=scale, start=first)
@@ -454,7 +459,7 @@ class ReferenceModel(Model):
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
         """Model.train_step; with in_backward one forward and a backward that updates the weights as it
-        goes, clipped by the previous step's norm (self.previous_norm), which becomes this step's."""
+        goes, each update clipped by the norm estimated from the groups' norms so far and the last step's."""
         if not self.in_backward:
             return super().train_step(batches, lr, step, opt)
         if len(batches) != 1:
@@ -462,15 +467,24 @@ class ReferenceModel(Model):
         loss = self.forward(*batches[0])
         if not np.isfinite(loss):
             return loss, float("nan")
-        scale = clip_scale(self.previous_norm, opt.grad_clip) if self.previous_norm is not None else 1.0
-        self.update_settings, self.norm_squared = (lr, step, opt, scale), 0.0
+        self.update_settings, self.step_norms = (lr, step, opt), np.zeros(len(self.groups))
         self.pending, self.frontier = np.zeros(0, self.dtype), self.layout.size
         try:
             self.backward()
         finally:
             self.update_settings = None
-        self.previous_norm = float(np.sqrt(self.norm_squared))
-        return loss, self.previous_norm
+        self._group_norms = self.step_norms
+        return loss, float(np.sqrt(self._group_norms.sum()))
+
+    @property
+    def group_norms_squared(self) -> list[float] | None:
+        """With in_backward, each group's squared norm of the last step (Model)."""
+        return [float(x) for x in self._group_norms] if self.in_backward else None
+
+    @group_norms_squared.setter
+    def group_norms_squared(self, norms: list[float] | None) -> None:
+        if self.in_backward:
+            self._group_norms = np.zeros(len(self.groups)) if norms is None else np.array(norms, np.float64)
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig) -> float:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm."""

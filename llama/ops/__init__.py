@@ -13,10 +13,11 @@ sample           token sampling on the GPU (greedy, temperature, top-k, top-p; s
 """
 # flake8: noqa: F401  (the package re-exports every launcher)
 
-from .bf16 import (ADAMW_SCALARS, adamw8bit_update_bf16, adamw_scalars, adamw_update_bf16, embedding_backward_bf16,
+from .bf16 import (ADAMW_SCALARS, adamw8bit_update_bf16, adamw_scalars, adamw_update_bf16, clip_norm_estimate,
+                   embedding_backward_bf16,
                    embedding_bf16_scratch_size, embedding_forward_bf16, fused_classifier_bf16, gemm, global_norm_squared_bf16,
                    loss_accumulate_bf16, rmsnorm_backward_bf16, rmsnorm_bf16_scratch_size, rmsnorm_forward_bf16,
-                   quantization_maps, rmsnorm_residual_forward_bf16, sum_values, swiglu_backward_bf16,
+                   quantization_maps, rmsnorm_residual_forward_bf16, swiglu_backward_bf16,
                    swiglu_forward_bf16, token_segments)
 from .common import NORM_BLOCKS
 from .decode import (MAX_GROUP, MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,

@@ -340,12 +340,17 @@ def adamw8bit_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: 
         *(np.float32(x) for x in (opt.eps, opt.weight_decay, opt.grad_clip)))
 
 
-def sum_values(out: DeviceArray, values: DeviceArray) -> None:
-    """out (1,) = sum(values (P,)), fp32 in a fixed order (one block): the optimizer in the backward adds
-    its groups' squared norms."""
+def clip_norm_estimate(out: DeviceArray, current: DeviceArray, previous: DeviceArray, group: int) -> None:
+    """out (1,) = the squared norm by which the optimizer in the backward clips `group`'s update:
+    sum(current[group:]) + sum(previous[:group]), this step's squared group norms (current (P,), final
+    from `group` on) and the last step's (llama/optim.py's clip_norm_estimate), fp32 in a fixed order."""
     check("out", out, (1,))
-    check("values", values, (values.size,))
-    kernel("global_norm", "global_norm_finish", "PPi")((1,), 1024, out.ptr, values.ptr, values.size)
+    check("current", current, (current.size,))
+    check("previous", previous, (current.size,))
+    if not 0 <= group < current.size:
+        raise ValueError(f"group {group} outside the {current.size} groups")
+    kernel("global_norm", "clip_norm_estimate", "PPPii")((1,), 32, out.ptr, current.ptr, previous.ptr, group,
+                                                         current.size)
 
 
 def global_norm_squared_bf16(out: DeviceArray, scratch: DeviceArray, grads: DeviceArray) -> None:

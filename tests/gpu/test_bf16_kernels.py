@@ -10,7 +10,7 @@ import pytest
 
 from llama.model import reference as ref
 from llama.cuda import BF16
-from llama.optim import AdamWConfig, adamw_update
+from llama.optim import AdamWConfig, adamw_update, clip_norm_estimate
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
 
 pytestmark = pytest.mark.gpu
@@ -35,6 +35,7 @@ TOL = {
     "loss_accumulate_bf16": 1e-6,               # fp32 total, double sum
     "global_norm_squared_bf16": 1e-6,             # fp32 result, double sums
     "adamw_bf16": 1e-5,                    # fp32 update, m, v (as the fp32 kernel's test)
+    "clip_norm_estimate": 1e-6,            # fp32 sums of a few dozen positive values
 }
 
 
@@ -204,6 +205,21 @@ def test_global_norm_squared_bf16(ops, n):
         results.append(bits(out))
     check("global_norm_squared_bf16", out, np.array([np.sum(g.astype(np.float64) ** 2)]), TOL["global_norm_squared_bf16"])
     assert np.array_equal(results[0], results[1])  # deterministic
+
+
+@pytest.mark.parametrize("groups", [1, 3, 34])
+def test_clip_norm_estimate(ops, groups):
+    """Against optim.clip_norm_estimate for every group: with a last step, and on the first (zeros)."""
+    current = rng.uniform(0.1, 10.0, groups).astype(np.float32)
+    for previous in (rng.uniform(0.1, 10.0, groups).astype(np.float32), np.zeros(groups, np.float32)):
+        for g in range(groups):
+            out = poisoned((1,))
+            ops.clip_norm_estimate(out, dev(current), dev(previous), g)
+            check("clip_norm_estimate", out, np.array([clip_norm_estimate(current.astype(np.float64),
+                                                                          previous.astype(np.float64), g)]),
+                  TOL["clip_norm_estimate"])
+    with pytest.raises(ValueError, match=f"group {groups} outside the {groups} groups"):
+        ops.clip_norm_estimate(out, dev(current), dev(previous), groups)
 
 
 @pytest.mark.parametrize("grad_clip, step, n", [(0.0, 1, 10_001), (1.0, 3, 8), (1e9, 7, 100_003), (1.0, 2, 5)])

@@ -7,8 +7,9 @@ bf16 activations and weight copies: each gradient within ‖g − ref‖ / ‖re
 import numpy as np
 import pytest
 
+from llama import ops
 from llama.config import get_preset
-from llama.cuda import BF16
+from llama.cuda import BF16, zeros
 from llama.optim import AdamWConfig
 from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
@@ -172,21 +173,34 @@ def test_the_optimizer_in_the_backward_updates_what_the_plain_step_updates(optim
             assert np.array_equal(a, b)
 
 
-def test_the_optimizer_in_the_backward_clips_by_the_previous_norm_and_resumes_exactly():
-    """Step 1 is unclipped (no previous norm): the plain unclipped step. A model resumed after two steps
-    with the checkpoint's previous norm reproduces steps 3 and 4 bit for bit (graphs captured again)."""
-    opt = AdamWConfig(grad_clip=0.05)  # below every norm: each step after the first is clipped
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
+def test_the_optimizer_in_the_backward_clips_by_the_estimated_norm_and_resumes_exactly(optimizer):
+    """Clipped, each group's update is the plain path's gradients' update of that group by the norm
+    estimated from this step's group norms so far and the last step's (ops.clip_norm_estimate), bit for
+    bit. A model resumed after two steps with the checkpoint's group norms reproduces steps 3 and 4."""
+    opt = AdamWConfig(grad_clip=0.05)  # below every norm: every update is clipped
     params = bf16_params(CONFIG, seed=12)
-    a, b = (bf16_model(CONFIG, 3, 80, params, in_backward=True) for _ in range(2))
-    plain = bf16_model(CONFIG, 3, 80, params)
-    plain.train_step([BATCHES[1]], 1e-3, 1, AdamWConfig(grad_clip=0.0))
-    steps_a = [a.train_step([BATCHES[s % 2]], 1e-3, s, opt) for s in (1, 2, 3, 4)]
-    assert a.previous_norm == steps_a[-1][1] and all(norm > 0.05 for _, norm in steps_a)
-    b.train_step([BATCHES[1]], 1e-3, 1, opt)
-    assert all(np.array_equal(x, y) for x, y in zip(state_bits(b), state_bits(plain)))
-    b.train_step([BATCHES[0]], 1e-3, 2, opt)
-    c = bf16_model(CONFIG, 3, 80, b.get_params(), in_backward=True)
-    c.set_state(b.get_params(), *b.get_optimizer_state())
-    c.previous_norm = b.previous_norm
-    assert [c.train_step([BATCHES[s % 2]], 1e-3, s, opt) for s in (3, 4)] == steps_a[2:]
-    assert all(np.array_equal(x, y) for x, y in zip(state_bits(a), state_bits(c)))
+    inside, plain = (bf16_model(CONFIG, 3, 80, params, optimizer=optimizer, in_backward=i) for i in (True, False))
+    groups, current, last = inside.groups, zeros(len(inside.groups)), zeros(len(inside.groups))
+    steps = []
+    for step in (1, 2, 3, 4):
+        batch = BATCHES[step % 2]
+        steps.append(inside.train_step([batch], 1e-3, step, opt))
+        plain.start_step([batch], opt)
+        plain.micro_step(*batch, 1, last=True)  # the whole gradients, then the groups from the last
+        plain._set_scalars(1e-3, step, opt)
+        for g in reversed(range(len(groups))):
+            grads = plain.zero.grads.view(groups[g][0], (groups[g][1] - groups[g][0],))
+            ops.global_norm_squared_bf16(current.view(g, (1,)), plain.norm_scratch, grads)
+            ops.clip_norm_estimate(plain.norm_squared, current, last, g)
+            plain._adamw(groups[g][0], grads, opt)
+        last.copy_from(current)
+        assert steps[-1][1] == float(np.sqrt(plain.norm_squared.download()[0])) > 0.05
+        assert all(np.array_equal(x, y) for x, y in zip(state_bits(inside), state_bits(plain)))
+        if step == 2:
+            resumed = bf16_model(CONFIG, 3, 80, inside.get_params(), optimizer=optimizer, in_backward=True)
+            resumed.set_state(inside.get_params(), *inside.get_optimizer_state())
+            resumed.group_norms_squared = inside.group_norms_squared
+    assert inside.group_norms_squared == last.download().tolist()
+    assert [resumed.train_step([BATCHES[s % 2]], 1e-3, s, opt) for s in (3, 4)] == steps[2:]
+    assert all(np.array_equal(x, y) for x, y in zip(state_bits(inside), state_bits(resumed)))

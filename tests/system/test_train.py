@@ -32,8 +32,9 @@ def test_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
 @pytest.mark.parametrize("recipe", [["--recompute", "full", "--optimizer", "adamw8bit"],
                                     ["--optimizer-in-backward", "--optimizer", "adamw8bit"]])
 def test_memory_recipes_resume_exactly(corpus, tmp_path, recipe):
-    """Each recipe's run and its resume agree bit for bit (with the optimizer in the backward the clip
-    norm of the step before the checkpoint comes back from it), and train about as the plain run does."""
+    """Each recipe's run and its resume agree bit for bit (with the optimizer in the backward each
+    gradient group's latest norm, from which the clip norm is estimated, comes back from the checkpoint),
+    and train about as the plain run does."""
     check_resume_is_exact(tmp_path, corpus, "cpu", *recipe)
     assert run(*BASE, *corpus, "-x", "8", "-n", "4", "-o", "plain") == 0
     mine, plain = losses(tmp_path / "a"), losses(tmp_path / "plain")

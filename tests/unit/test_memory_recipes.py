@@ -6,7 +6,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.model.reference import RECOMPUTE, ReferenceModel
-from llama.optim import AdamWConfig, clip_scale, global_norm
+from llama.optim import QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
 from llama.plan import PlanError, choose_recipe
 
 CONFIG = get_preset("tiny").replace(dim=32, n_heads=4, n_kv_heads=2, vocab_size=61)
@@ -108,22 +108,47 @@ def test_optimizer_in_backward_updates_what_the_plain_step_updates(optimizer, re
         np.testing.assert_array_equal(mine, theirs)
 
 
-def test_optimizer_in_backward_clips_by_the_previous_norm():
+def test_clip_norm_estimate():
+    previous, current = np.array([4.0, 1.0, 2.0, 1.0]), np.array([np.nan, 3.0, 4.0, 3.0])  # groups 1-3 finished
+    assert clip_norm_estimate(current, previous, 1) == 10.0 + 4.0
+    assert clip_norm_estimate(current, previous, 3) == 3.0 + 7.0
+    assert clip_norm_estimate(current, np.zeros(4), 2) == 7.0  # the first step: the finished groups alone
+    assert clip_norm_estimate(np.array([5.0, *current[1:]]), previous, 0) == 15.0  # the last group: the step's norm
+
+
+def test_optimizer_in_backward_clips_by_the_estimated_norm():
+    """Each update is clipped by clip_norm_estimate of this step's group norms so far and the last step's;
+    the last group's by this step's norm. The twin: the plain path's gradients, the groups updated from the
+    last, whole blocks at a time."""
     opt = AdamWConfig(grad_clip=0.05)  # below every norm here: each step is clipped
     plain, fused = ReferenceModel(CONFIG, seed=6), ReferenceModel(CONFIG, seed=6, in_backward=True)
-    previous = None
+    last = np.zeros(len(fused.groups))
     for step, micro in enumerate(_batches(3, seed=7), 1):
         plain.zero_grad()
         plain.forward(*micro[0])
         plain.backward()
-        norm = global_norm(plain.grads)
-        assert norm > opt.grad_clip
-        scale = 1.0 if previous is None else clip_scale(previous, opt.grad_clip)
-        plain.optimizer.update(plain.params, plain.grads, plain.decay_mask, step, 3e-3, opt, grad_scale=scale)
-        assert fused.train_step(micro, 3e-3, step, opt)[1] == pytest.approx(norm, rel=1e-9)
+        current, estimates, frontier = np.zeros(len(fused.groups)), [], plain.layout.size
+        for g, (start, end) in reversed(list(enumerate(fused.groups))):
+            current[g] = squared_norm(plain.grads[start:end])
+            first = -(-start // QUANT_BLOCK) * QUANT_BLOCK
+            if first < frontier:  # a block cut by the group's start waits for the next group
+                estimates.append(np.sqrt(clip_norm_estimate(current, last, g)))
+                done = slice(first, frontier)
+                plain.optimizer.update(plain.params[done], plain.grads[done], plain.decay_mask[done], step, 3e-3,
+                                       opt, grad_scale=clip_scale(estimates[-1], opt.grad_clip), start=first)
+                frontier = first
+        norm, last = global_norm(plain.grads), current
+        assert estimates[-1] == pytest.approx(norm, rel=1e-12) and max(abs(e / norm - 1) for e in estimates) > 0.01
+        assert fused.train_step(micro, 3e-3, step, opt)[1] == pytest.approx(norm, rel=1e-12)
         np.testing.assert_array_equal(fused.params, plain.params)
-        previous = norm
-    assert fused.previous_norm == pytest.approx(previous, rel=1e-9)
+    assert fused.group_norms_squared == last.tolist()
+    resumed = ReferenceModel(CONFIG, params=fused.params, in_backward=True)
+    assert resumed.group_norms_squared == [0.0] * len(fused.groups)
+    resumed.set_state(fused.params, *fused.get_optimizer_state())
+    resumed.group_norms_squared = fused.group_norms_squared
+    for step, micro in enumerate(_batches(2, seed=8), 4):
+        assert resumed.train_step(micro, 3e-3, step, opt) == fused.train_step(micro, 3e-3, step, opt)
+    np.testing.assert_array_equal(resumed.params, fused.params)
 
 
 def test_optimizer_in_backward_takes_one_micro_batch_and_runs_inside_a_step():
