@@ -8,8 +8,8 @@ A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
   get_params(), get_optimizer_state() -> (m, v), set_state(params, m, v): the state a checkpoint holds
   (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run)
   group_norms_squared             with the optimizer in the backward, each gradient group's squared norm
-                                  from the step that last finished it: the clipping norm is estimated
-                                  from them (None otherwise; the trainer keeps it in checkpoints)
+                                  of the last step, from which the clipping norm is estimated (None
+                                  otherwise; the trainer keeps it in checkpoints)
 """
 
 from __future__ import annotations
