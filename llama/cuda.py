@@ -46,37 +46,57 @@ class Runtime:
         self.device = drv.Context.get_device()
         self.name = self.device.name()
         self.arch, self.code = gpu_target(self.device.compute_capability())
-        self.modules = {}
+        self.dependent_launches = self.device.compute_capability() >= (9, 0)  # programmatic, from sm_90
+        self.modules, self.cubins, self.driver_modules = {}, {}, {}
         self.stream = drv.Stream()  # every launch goes here, so that a Graph can capture it
 
     def module(self, name: str, directory: Path | None = None):
         """The compiled kernels/<name>.cu (or <directory>/<name>.cu, e.g. a dev/cuda version)."""
         path = (directory or kernel_dir()) / f"{name}.cu"
         if path not in self.modules:
-            from pycuda.compiler import SourceModule
-            self.modules[path] = SourceModule(path.read_text(), no_extern_c=True, arch=self.arch, code=self.code,
+            from pycuda.compiler import compile as compile_cubin
+            self.cubins[path] = compile_cubin(path.read_text(), no_extern_c=True, arch=self.arch, code=self.code,
                                               include_dirs=[str(kernel_dir()), str(path.parent)],
                                               options=["-std=c++17"])
+            self.modules[path] = self.drv.module_from_buffer(self.cubins[path])
         return self.modules[path]
+
+    def function_handle(self, module: str, name: str, directory: Path | None = None) -> ctypes.c_void_p:
+        """The driver's CUfunction of a kernel, from a second load of its module (PyCUDA does not give
+        out its handles), for the launches PyCUDA cannot make (cuLaunchKernelEx)."""
+        self.module(module, directory)
+        path = (directory or kernel_dir()) / f"{module}.cu"
+        if path not in self.driver_modules:
+            handle = ctypes.c_void_p()
+            _check_driver(_driver().cuModuleLoadData(ctypes.byref(handle), self.cubins[path]), "cuModuleLoadData")
+            self.driver_modules[path] = handle
+        function = ctypes.c_void_p()
+        _check_driver(_driver().cuModuleGetFunction(ctypes.byref(function), self.driver_modules[path],
+                                                    name.encode()), f"cuModuleGetFunction({name})")
+        return function
 
     def kernel(self, module: str, name: str, signature: str, directory: Path | None = None) -> "Kernel":
         """A prepared kernel; signature in PyCUDA's struct letters (P pointer, i int, q int64, f float)."""
         function = self.module(module, directory).get_function(name)
         function.prepare(signature)
-        return Kernel(function)
+        return Kernel(function, name, lambda: self.function_handle(module, name, directory))
 
     def synchronize(self) -> None:
         self.drv.Context.synchronize()
 
 
 class Kernel:
-    def __init__(self, function):
-        self.function = function
+    def __init__(self, function, name: str, find_handle):
+        self.function, self.name, self.find_handle, self.handle = function, name, find_handle, None
         self.max_shared = 48 * 1024  # dynamic shared memory allowed without opting in
 
-    def __call__(self, grid, block, *args, shared: int = 0):
-        """Launch on the default stream; block is a thread count or a tuple; shared is the dynamic
-        shared memory in bytes (above 48 KB the kernel is opted in once)."""
+    def __call__(self, grid, block, *args, shared: int = 0, dependent: bool = False, cluster: tuple | None = None):
+        """Launch on the runtime's stream; block is a thread count or a tuple; shared is the dynamic
+        shared memory in bytes (above 48 KB the kernel is opted in once). dependent: a programmatic
+        dependent launch (sm_90, see kernels/common.cuh), for kernels that call wait_for_previous_grid()
+        before they read what earlier kernels wrote (an ordinary launch before sm_90 or with
+        DEPENDENT_LAUNCHES off). cluster: the thread-block cluster's shape (sm_90), for kernels whose
+        grid is whole clusters."""
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         block = (block,) if isinstance(block, int) else tuple(block)
         block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
@@ -84,7 +104,53 @@ class Kernel:
             from pycuda.driver import function_attribute
             self.function.set_attribute(function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
             self.max_shared = int(shared)
-        self.function.prepared_async_call(grid, block, runtime().stream, *args, shared_size=int(shared))
+            self.handle = None  # found again, with the new limit
+        dependent = dependent and DEPENDENT_LAUNCHES["on"] and runtime().dependent_launches
+        if dependent or cluster is not None:
+            self._launch_ex(grid, block, args, int(shared), dependent, cluster)
+        else:
+            self.function.prepared_async_call(grid, block, runtime().stream, *args, shared_size=int(shared))
+
+    def _launch_ex(self, grid, block, args, shared: int, dependent: bool, cluster: tuple | None) -> None:
+        """cuLaunchKernelEx with the launch's attributes (PyCUDA has no such launch)."""
+        from pycuda._pvt_struct import pack
+        if self.handle is None:
+            self.handle = self.find_handle()
+            _check_driver(_driver().cuFuncSetAttribute(self.handle, _MAX_DYNAMIC_SHARED, self.max_shared),
+                          "cuFuncSetAttribute")
+        buffer = pack(self.function.arg_format, *args)
+        size = ctypes.c_size_t(len(buffer))
+        data = ctypes.create_string_buffer(buffer, len(buffer))
+        extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(data), 2, ctypes.addressof(size), 0)  # BUFFER_POINTER, SIZE, END
+        attributes = (_LaunchAttribute * 2)()
+        count = 0
+        if dependent:
+            attributes[count].id, attributes[count].value[0] = _PROGRAMMATIC_STREAM_SERIALIZATION, 1
+            count += 1
+        if cluster is not None:
+            attributes[count].id = _CLUSTER_DIMENSION
+            attributes[count].value[0:3] = [int(c) for c in cluster]
+            count += 1
+        config = _LaunchConfig(*grid, *block, shared, runtime().stream.handle,
+                               ctypes.cast(attributes, ctypes.POINTER(_LaunchAttribute)), count)
+        _check_driver(_driver().cuLaunchKernelEx(ctypes.byref(config), self.handle, None, extra), "cuLaunchKernelEx")
+
+
+DEPENDENT_LAUNCHES = {"on": True}  # off: every launch ordinary (to measure what the overlap gains)
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte value
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attributes", ctypes.POINTER(_LaunchAttribute)),
+                ("count", ctypes.c_uint)]
 
 
 @functools.cache
