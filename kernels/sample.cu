@@ -331,6 +331,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 sample_tokens(int* ids, const float* __restrict__ logits, int V, float temperature, int top_k, float top_p,
               unsigned long long seed, const int* counter) {
     __shared__ unsigned scratch[2 * MAX_BUCKETS];  // the radix histograms
+    wait_for_previous_grid();
+    allow_next_grid();
     const int b = blockIdx.x;
     const float* row = logits + (long long)b * V;  // (V,)
     const Candidate best = block_argmax(row, V);

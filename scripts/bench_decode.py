@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from llama.config import get_preset
-from llama.cuda import empty, runtime, to_device
+from llama.cuda import DEPENDENT_LAUNCHES, empty, runtime, to_device
 from llama.generate import Sampling
 from llama.model.gpu_decoder import GPUDecoder
 from llama.params import ParameterLayout
@@ -118,10 +118,14 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-prompt", type=int, default=2048, help="prompt of the prefill table (0: none)")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers' generate out")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--ordinary-launches", action="store_true",
+                   help="launch the decode kernels one after another, not as programmatic dependents")
     args = p.parse_args(argv)
+    DEPENDENT_LAUNCHES["on"] = not args.ordinary_launches
     copy = copy_bandwidth()
     print(f"{runtime().name}: device copy {copy / 1e9:,.0f} GB/s (read + write); prompt {args.prompt}, "
-          f"{args.steps} greedy decode steps; bf16 weights and KV cache")
+          f"{args.steps} greedy decode steps; bf16 weights and KV cache; "
+          f"{'ordinary' if args.ordinary_launches else 'programmatic dependent'} launches")
     print(f"{'preset':<13}{'batch':>6}{'TTFT ms':>9}{'prefill tok/s':>15}{'decode tok/s':>14}{'ms/step':>9}"
           f"{'GB/s':>8}{'of copy':>9}{'HF tok/s':>10}{'HF TTFT':>9}{'x HF':>7}  HF mode")
     rows, prefill_rows = [], []

@@ -11,7 +11,7 @@ A decode step is one token per sequence through kernels/gemv.cu and kernels/deco
 the position from device memory; with the sampler (kernels/sample.cu) and the step's end it is
 captured once as a CUDA graph (per batch and sampling settings) and replayed per token:
   embed_tokens -> per layer: gemv_qkv_rope (RMSNorm in, RoPE and the cache write out) ->
-  decode_attention (flash-decoding) -> gemv_residual (wo, + residual, next RMSNorm's rstd) ->
+  decode_attention (flash-decoding) -> gemv_residual (wo, + residual, the stream's sums of squares) ->
   gemv_swiglu (RMSNorm in, w13, SwiGLU out) -> gemv_residual (w2) -> gemv_logits (final RMSNorm, head)
   -> sample_tokens -> advance (the id into the history, position + 1).
 Only token ids cross to the host, once per burst of steps.
@@ -25,7 +25,7 @@ from .. import ops
 from ..config import LlamaConfig
 from ..cuda import BF16, DeviceArray, Graph, empty, to_device, zeros
 from ..ops.flash_attention import HEAD_DIMS
-from ..ops.decode import MAX_GROUP, MAX_HEAD_DIM
+from ..ops.decode import MAX_HEAD_DIM
 from ..ops.gemv import MAX_BATCH, DecodeScratch
 from ..params import ParameterLayout
 from ..plan import Plan, make_plan
@@ -51,10 +51,9 @@ class GPUDecoder:
             raise ValueError(f"weights must be a bfloat16 device array of {self.layout.size} values")
         if not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"the GPU decoder takes 1 to {MAX_BATCH} sequences, not {batch}")
-        if c.dim % 8 or c.head_dim % 8 or c.ffn_hidden_dim % 8 or c.head_dim > MAX_HEAD_DIM \
-                or c.n_heads // c.n_kv_heads > MAX_GROUP:
-            raise ValueError(f"the GPU decoder needs dim, head_dim and the FFN width in multiples of 8, head_dim "
-                             f"<= {MAX_HEAD_DIM} and <= {MAX_GROUP} query heads per kv head: {c}")
+        if c.dim % 8 or c.head_dim % 8 or c.ffn_hidden_dim % 8 or c.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"the GPU decoder needs dim, head_dim and the FFN width in multiples of 8 and head_dim "
+                             f"<= {MAX_HEAD_DIM}: {c}")
         self.plan = plan or make_plan(config, "cuda")
         self.params = params
         self.owns_weights = weights is None
@@ -67,12 +66,12 @@ class GPUDecoder:
         cos, sin = rope_cos_sin(config, self.max_len)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         N = B * self.chunk
-        attention_records = max(ops.attention_scratch_size(s, H, KV, D, self.max_len) for s in range(1, N + 1))
+        attention_records = max(ops.attention_scratch_size(s, H, D, self.max_len) for s in range(1, N + 1))
         self.scratch = DecodeScratch(C, attention_records)
         # a decode step's state: the fed ids, their position, the sampled ids so far, the fp32 stream
         self.tokens, self.position_d = zeros(B, np.int32), zeros(1, np.int32)
         self.history = zeros((B, self.max_len), np.int32)
-        self.step = {"x": empty((B, C)), "rstd": empty(B), "q": empty((B, 1, H, D)), "att": empty((B, 1, H * D), BF16),
+        self.step = {"x": empty((B, C)), "q": empty((B, 1, H, D)), "att": empty((B, 1, H * D), BF16),
                      "ffn": empty((B, F), BF16), "logits": empty((B, c.vocab_size))}
         # a prefill chunk's activations (bf16, as in training), for up to `chunk` positions per sequence
         self.prefill_buffers = {"tokens": empty(N, np.int32), "x": empty((N, C), BF16), "ln": empty((N, C), BF16),
@@ -80,6 +79,7 @@ class GPUDecoder:
                                 "att": empty(N * H * D, BF16), "lse": empty(B * H * self.chunk),
                                 "h": empty((N, C), BF16), "branch": empty((N, C), BF16),
                                 "gate_up": empty((N, 2 * F), BF16), "ffn": empty((N, F), BF16)}
+        self.stream_slots = 1  # partial sums of squares of the stream x in scratch.squares (per sequence)
         self.graph = None  # (sampling settings, the captured decode step): the last settings' only
         self.drawn = False  # whether self.tokens holds ids drawn by prefill() or decode(), for decode() to feed
         self.position = 0
@@ -165,27 +165,30 @@ class GPUDecoder:
         self._logits()
         self._sample(sampling)
 
+    def _stream_norm(self, name: str) -> ops.StreamNorm:
+        """The RMSNorm `name` of the stream x, with the sums of squares its last writer left."""
+        return ops.StreamNorm(self._norm(name), self.scratch.squares, self.stream_slots, self.config.norm_eps)
+
     def _decode_layers(self) -> None:
         """One position per sequence (ids in self.tokens, at position_d) through every layer."""
-        c, L, s, scratch = self.config, self.layout, self.step, self.scratch
-        ops.embed_tokens(s["x"], s["rstd"], self.tokens, self._weight("tok_embeddings.weight"), c.norm_eps)
+        c, L, s, squares = self.config, self.layout, self.step, self.scratch.squares
+        ops.embed_tokens(s["x"], squares.prefix(self.batch), self.tokens, self._weight("tok_embeddings.weight"))
+        self.stream_slots = 1
         for i in range(c.n_layers):
             pre = f"layers.{i}."
             ops.gemv_qkv_rope(s["q"].reshape(self.batch, c.n_heads, c.head_dim), self.k_cache[i], self.v_cache[i],
-                              s["x"], self._matrix(L.wqkv(i)), self._norm(pre + "attention_norm.weight"), s["rstd"],
-                              self.rope_cos, self.rope_sin, self.position_d, scratch)
-            ops.decode_attention(s["att"], s["q"], self.k_cache[i], self.v_cache[i], self.position_d, scratch)
-            ops.gemv_residual(s["x"], s["rstd"], s["att"].reshape(self.batch, -1),
-                              self._weight(pre + "attention.wo.weight"), c.norm_eps, scratch)
-            ops.gemv_swiglu(s["ffn"], s["x"], self._matrix(L.w13(i)), self._norm(pre + "ffn_norm.weight"), s["rstd"],
-                            scratch)
-            ops.gemv_residual(s["x"], s["rstd"], s["ffn"], self._weight(pre + "feed_forward.w2.weight"), c.norm_eps,
-                              scratch)
+                              s["x"], self._matrix(L.wqkv(i)), self._stream_norm(pre + "attention_norm.weight"),
+                              self.rope_cos, self.rope_sin, self.position_d)
+            ops.decode_attention(s["att"], s["q"], self.k_cache[i], self.v_cache[i], self.position_d, self.scratch)
+            self.stream_slots = ops.gemv_residual(s["x"], squares, s["att"].reshape(self.batch, -1),
+                                                  self._weight(pre + "attention.wo.weight"))
+            ops.gemv_swiglu(s["ffn"], s["x"], self._matrix(L.w13(i)), self._stream_norm(pre + "ffn_norm.weight"))
+            self.stream_slots = ops.gemv_residual(s["x"], squares, s["ffn"],
+                                                  self._weight(pre + "feed_forward.w2.weight"))
 
     def _logits(self) -> None:
-        s = self.step
-        ops.gemv_logits(s["logits"], s["x"], self._matrix(self.layout.output()), self._norm("norm.weight"), s["rstd"],
-                        self.scratch)
+        ops.gemv_logits(self.step["logits"], self.step["x"], self._matrix(self.layout.output()),
+                        self._stream_norm("norm.weight"))
 
     def _sample(self, sampling) -> None:
         """Draw the next ids into self.tokens (the RNG counter: the position of the last fed token),
@@ -196,8 +199,8 @@ class GPUDecoder:
 
     def _prefill(self, tokens: np.ndarray) -> None:
         """tokens (B, n) at positions self.position.. through every layer, in chunks: their k and v go
-        to the caches, and the stream of the last position (with its final RMSNorm's rstd) to the step's
-        x and rstd; position_d is left at the last chunk's first position."""
+        to the caches, and the stream of the last position to the step's x (its sums of squares to the
+        scratch, for the final RMSNorm); position_d is left at the last chunk's first position."""
         tokens = np.asarray(tokens)
         for start in range(0, tokens.shape[1], self.chunk):
             self._prefill_chunk(tokens[:, start:start + self.chunk], self.position + start)
@@ -238,8 +241,9 @@ class GPUDecoder:
             self._gemm(a["gate_up"], a["ln"], self._matrix(L.w13(i)))
             ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
             self._gemm(a["branch"], a["ffn"], self._weight(pre + "feed_forward.w2.weight"))
-        ops.last_residual(self.step["x"], self.step["rstd"], a["h"].reshape(B, n, C), a["branch"].reshape(B, n, C),
-                          c.norm_eps)
+        ops.last_residual(self.step["x"], self.scratch.squares.prefix(B), a["h"].reshape(B, n, C),
+                          a["branch"].reshape(B, n, C))
+        self.stream_slots = 1
 
     def _gemm(self, c: DeviceArray, a: DeviceArray, w: DeviceArray, rope: tuple | None = None) -> None:
         ops.gemm(c, a, w, trans_b=True, rope=rope, version=self.plan.gemm)

@@ -20,7 +20,7 @@ from .bf16 import (ADAMW_SCALARS, adamw8bit_update_bf16, adamw_scalars, adamw_up
                    quantization_maps, rmsnorm_residual_forward_bf16, swiglu_backward_bf16,
                    swiglu_forward_bf16, token_segments)
 from .common import NORM_BLOCKS
-from .decode import (MAX_GROUP, MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,
+from .decode import (MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,
                      embed_tokens, last_residual, to_bf16)
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,
                               flash_attention_backward_atomic_dq, flash_attention_forward,
@@ -29,5 +29,5 @@ from .fp32 import (RMSNORM_PARTS, adamw_update, attention_backward, attention_fo
                    embedding_forward, fused_classifier, global_norm_squared, matmul, matmul_backward, matmul_forward,
                    residual_forward, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, sort_tokens,
                    swiglu_backward, swiglu_forward)
-from .gemv import DecodeScratch, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
+from .gemv import DecodeScratch, StreamNorm, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
 from .sample import sample_tokens

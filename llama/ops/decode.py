@@ -12,31 +12,32 @@ from ..cuda import BF16, DeviceArray
 from .common import BLOCK, F32, I32, blocks, check, check_aligned, kernel, multiprocessors
 from .gemv import DecodeScratch
 
-ATTENTION_THREADS = 128
-MAX_GROUP = 8  # query heads per kv head
+ATTENTION_THREADS = 256
 MAX_HEAD_DIM = 128
-ATTENTION_TILE = 128  # keys scored at once
+ATTENTION_MIN_KEYS = 256  # the fewest keys a split of the cache takes: fewer cost more in the combine than they save
 MAX_SPLITS = 64
 
 
-def embed_tokens(x: DeviceArray, rstd: DeviceArray, tokens: DeviceArray, wte: DeviceArray, eps: float) -> None:
-    """x (B, C) fp32 = wte[tokens] (wte (V, C) bf16), rstd (B,) its RMSNorm's 1 / sqrt(mean(x^2) + eps)."""
+def embed_tokens(x: DeviceArray, squares: DeviceArray, tokens: DeviceArray, wte: DeviceArray) -> None:
+    """x (B, C) fp32 = wte[tokens] (wte (V, C) bf16), squares (B,) = the sums of x^2 per row (one slot of
+    the next GEMV's StreamNorm)."""
     B, (V, C) = tokens.size, wte.shape
     check("tokens", tokens, (B,), I32)
     check("wte", wte, (V, C), BF16)
     check("x", x, (B, C), F32)
-    check("rstd", rstd, (B,), F32)
-    kernel("decode", "embed_tokens", "PPPPif")((B,), BLOCK, x.ptr, rstd.ptr, tokens.ptr, wte.ptr, C, eps)
+    check("squares", squares, (B,), F32)
+    kernel("decode", "embed_tokens", "PPPPi")((B,), BLOCK, x.ptr, squares.ptr, tokens.ptr, wte.ptr, C, dependent=True)
 
 
-def last_residual(x: DeviceArray, rstd: DeviceArray, h: DeviceArray, branch: DeviceArray, eps: float) -> None:
-    """x (B, C) fp32 = h + branch at the last position of h, branch (B, n, C) bf16; rstd (B,) of x."""
+def last_residual(x: DeviceArray, squares: DeviceArray, h: DeviceArray, branch: DeviceArray) -> None:
+    """x (B, C) fp32 = h + branch at the last position (h, branch (B, n, C) bf16), squares (B,) the sums of
+    x^2 per row."""
     B, n, C = h.shape
     check("h", h, (B, n, C), BF16)
     check("branch", branch, (B, n, C), BF16)
     check("x", x, (B, C), F32)
-    check("rstd", rstd, (B,), F32)
-    kernel("decode", "last_residual", "PPPPiif")((B,), BLOCK, x.ptr, rstd.ptr, h.ptr, branch.ptr, n, C, eps)
+    check("squares", squares, (B,), F32)
+    kernel("decode", "last_residual", "PPPPii")((B,), BLOCK, x.ptr, squares.ptr, h.ptr, branch.ptr, n, C)
 
 
 def _check_caches(k_cache: DeviceArray, v_cache: DeviceArray, B: int, D: int) -> tuple[int, int]:
@@ -64,16 +65,17 @@ def cache_write(k_cache: DeviceArray, v_cache: DeviceArray, qkv: DeviceArray, n_
                                                   qkv.ptr, position.ptr, B, n, n_heads, KV, D, T_max)
 
 
-def attention_splits(sequences: int, n_kv_heads: int, max_len: int) -> int:
-    """Ranges of the keys per (sequence, query position, kv head): two blocks per multiprocessor in all,
-    each range at least ATTENTION_TILE keys long when the cache is full, at most MAX_SPLITS."""
-    return max(1, min(math.ceil(2 * multiprocessors() / (sequences * n_kv_heads)), math.ceil(max_len / ATTENTION_TILE),
-                      MAX_SPLITS))
+def attention_splits(sequences: int, n_heads: int, max_len: int) -> int:
+    """The most ranges of the keys per (sequence, query position, head): a block per multiprocessor in
+    all, each range at least ATTENTION_MIN_KEYS keys long when the cache is full, at most MAX_SPLITS
+    (the kernel uses fewer while the cache is short)."""
+    return max(1, min(math.ceil(multiprocessors() / (sequences * n_heads)),
+                      math.ceil(max_len / ATTENTION_MIN_KEYS), MAX_SPLITS))
 
 
-def attention_scratch_size(sequences: int, n_heads: int, n_kv_heads: int, head_dim: int, max_len: int) -> int:
+def attention_scratch_size(sequences: int, n_heads: int, head_dim: int, max_len: int) -> int:
     """fp32 values of decode_attention's partial results for `sequences` (batch x query positions)."""
-    splits = attention_splits(sequences, n_kv_heads, max_len)
+    splits = attention_splits(sequences, n_heads, max_len)
     return 0 if splits == 1 else sequences * splits * n_heads * (head_dim + 2)
 
 
@@ -86,8 +88,8 @@ def decode_attention(out: DeviceArray, q: DeviceArray, k_cache: DeviceArray, v_c
     D = k_cache.shape[3] if len(k_cache.shape) == 4 else 0
     KV, T_max = _check_caches(k_cache, v_cache, B, D)
     H = out.shape[-1] // D if D else 0
-    if KV == 0 or H % KV or H // KV > MAX_GROUP or D > MAX_HEAD_DIM or D % 8:
-        raise ValueError(f"decode_attention: {H} query heads over {KV} kv heads (at most {MAX_GROUP} each), "
+    if KV == 0 or H % KV or D > MAX_HEAD_DIM or D % 8:
+        raise ValueError(f"decode_attention: {H} query heads over {KV} kv heads, "
                          f"head_dim {D} (a multiple of 8, at most {MAX_HEAD_DIM})")
     check("out", out, (B, n, H * D), BF16)
     check("position", position, (1,), I32)
@@ -97,13 +99,13 @@ def decode_attention(out: DeviceArray, q: DeviceArray, k_cache: DeviceArray, v_c
     else:
         check("q", q, (B, n, (H + 2 * KV) * D), BF16)
         name, stride = "decode_attention_bf16q", (H + 2 * KV) * D
-    splits = attention_splits(B * n, KV, T_max)
-    if splits > 1 and (attention_scratch_size(B * n, H, KV, D, T_max) > scratch.partial.size
-                       or B * n * KV > scratch.counters.size):
+    splits = attention_splits(B * n, H, T_max)
+    if splits > 1 and (attention_scratch_size(B * n, H, D, T_max) > scratch.partial.size
+                       or B * n * H > scratch.counters.size):
         raise ValueError("decode_attention: the scratch is too small for this batch")
-    kernel("decode", name, "PPPPiPPPiiiii")((splits, KV, B * n), ATTENTION_THREADS, out.ptr, scratch.partial.ptr,
-                                            scratch.counters.ptr, q.ptr, stride, k_cache.ptr, v_cache.ptr,
-                                            position.ptr, n, H, KV, D, T_max)
+    kernel("decode", name, "PPPPiPPPiiiiii")((splits, H, B * n), ATTENTION_THREADS, out.ptr, scratch.partial.ptr,
+                                             scratch.counters.ptr, q.ptr, stride, k_cache.ptr, v_cache.ptr,
+                                             position.ptr, n, H, KV, D, T_max, ATTENTION_MIN_KEYS, dependent=True)
 
 
 def advance(history: DeviceArray, position: DeviceArray, ids: DeviceArray) -> None:
@@ -112,7 +114,7 @@ def advance(history: DeviceArray, position: DeviceArray, ids: DeviceArray) -> No
     check("history", history, (B, T_max), I32)
     check("ids", ids, (B,), I32)
     check("position", position, (1,), I32)
-    kernel("decode", "advance", "PPPii")((1,), 32, history.ptr, position.ptr, ids.ptr, B, T_max)
+    kernel("decode", "advance", "PPPii")((1,), 32, history.ptr, position.ptr, ids.ptr, B, T_max, dependent=True)
 
 
 def to_bf16(out: DeviceArray, x: DeviceArray) -> None:

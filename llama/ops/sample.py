@@ -43,7 +43,7 @@ def sample_tokens(ids: DeviceArray, logits: DeviceArray, temperature: float, top
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     top_k = int(top_k) if top_k < V else 0  # keeping V or more ids keeps them all
     kernel("sample", "sample_tokens", SIGNATURE)(
-        (B,), SAMPLE_BLOCK, ids.ptr, logits.ptr, V, float(temperature), top_k, float(top_p), int(seed), counter.ptr)
+        (B,), SAMPLE_BLOCK, ids.ptr, logits.ptr, V, float(temperature), top_k, float(top_p), int(seed), counter.ptr, dependent=True)
 
 
 def _real(x) -> bool:

@@ -25,57 +25,56 @@ def scratch(max_rows=4096, records=1 << 20):
     return DecodeScratch(max_rows, records)
 
 
-def normalized(x, weight, rstd):
-    """The bf16 input a norm-fused GEMV forms: (x * rstd) * weight in fp32, rounded to bf16."""
-    return bf16_round((x * rstd[:, None]).astype(np.float32) * weight.astype(np.float32))
-
-
 def norm_inputs(rng, B, K):
+    """The fp32 stream (B, K), an RMSNorm weight, the StreamNorm of them (the stream's squares as one
+    slot per sequence) and the normalized stream in float64, which the kernel rounds to bf16."""
+    from llama.ops import StreamNorm
     x = rng.standard_normal((B, K)).astype(np.float32)
     weight = (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)
-    rstd = (1 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1) + 1e-5)).astype(np.float32)
-    return x, weight, rstd
+    squares = np.sum(x.astype(np.float64) ** 2, axis=1)
+    norm = StreamNorm(dev(weight), dev(squares), 1, 1e-5)
+    return x, norm, x / np.sqrt(squares[:, None] / K + 1e-5) * weight
 
 
 @pytest.mark.parametrize("B, N, K", GEMV_SHAPES)
 def test_gemv_logits(B, N, K):
     from llama.ops import gemv_logits
     rng = np.random.default_rng(0)
-    x, weight, rstd = norm_inputs(rng, B, K)
+    x, norm, normalized = norm_inputs(rng, B, K)
     w = rng.standard_normal((N, K)) / np.sqrt(K)
     out = poisoned((B, N))
-    gemv_logits(out, dev(x), dev_bf16(w), dev(weight), dev(rstd), scratch())
-    check(f"gemv_logits[{B},{N},{K}]", out, normalized(x, weight, rstd) @ bf16_round(w).T, 1e-5)
+    gemv_logits(out, dev(x), dev_bf16(w), norm)
+    check(f"gemv_logits[{B},{N},{K}]", out, normalized @ bf16_round(w).T, 1e-2)
 
 
-@pytest.mark.parametrize("B, N, K", [(1, 768, 2048), (5, 200, 520), (16, 2048, 8192), (2, 2048, 2048)])
-def test_gemv_residual_and_the_next_rmsnorm(B, N, K):
+@pytest.mark.parametrize("B, N, K", [(1, 768, 2048), (5, 200, 520), (16, 2048, 8192), (2, 2048, 2048), (3, 64, 96)])
+def test_gemv_residual_and_the_streams_squares(B, N, K):
     from llama.ops import gemv_residual
     rng = np.random.default_rng(1)
     stream = rng.standard_normal((B, N)).astype(np.float32)
     a, w = rng.standard_normal((B, K)), rng.standard_normal((N, K)) / np.sqrt(K)
     expected = stream + bf16_round(a) @ bf16_round(w).T
-    stream_d, rstd, work = dev(stream), poisoned(B), scratch()
-    gemv_residual(stream_d, rstd, dev_bf16(a), dev_bf16(w), 1e-5, work)
+    stream_d, squares = dev(stream), poisoned(4096 * B)
+    slots = gemv_residual(stream_d, squares, dev_bf16(a), dev_bf16(w))
     check(f"gemv_residual[{B},{N},{K}]", stream_d, expected, 1e-6)
-    check(f"gemv_residual_rstd[{B},{N},{K}]", rstd, 1 / np.sqrt(np.mean(expected ** 2, axis=1) + 1e-5), 1e-6)
-    # the counters are left at zero, and the same inputs give the same bits
+    sums = squares.download()[:slots * B].reshape(slots, B).astype(np.float64).sum(axis=0)
+    check(f"gemv_residual_squares[{B},{N},{K}]", dev(sums), np.sum(expected ** 2, axis=1), 1e-6)
+    # the same inputs give the same bits
     first = stream_d.download()
     stream_d.upload(stream)
-    gemv_residual(stream_d, rstd, dev_bf16(a), dev_bf16(w), 1e-5, work)
+    gemv_residual(stream_d, squares, dev_bf16(a), dev_bf16(w))
     assert np.array_equal(stream_d.download(), first)
-    assert not work.counters.download().any()
 
 
 @pytest.mark.parametrize("B, F, K", [(1, 2048, 768), (4, 200, 136), (9, 8192, 2048), (16, 40, 64)])
 def test_gemv_swiglu(B, F, K):
     from llama.ops import gemv_swiglu
     rng = np.random.default_rng(2)
-    x, weight, rstd = norm_inputs(rng, B, K)
+    x, norm, normalized = norm_inputs(rng, B, K)
     w13 = rng.standard_normal((2 * F, K)) / np.sqrt(K)
     out = poisoned((B, F), BF16)
-    gemv_swiglu(out, dev(x), dev_bf16(w13), dev(weight), dev(rstd), scratch())
-    check(f"gemv_swiglu[{B},{F},{K}]", out, ref.swiglu_forward(normalized(x, weight, rstd) @ bf16_round(w13).T), 1e-2)
+    gemv_swiglu(out, dev(x), dev_bf16(w13), norm)
+    check(f"gemv_swiglu[{B},{F},{K}]", out, ref.swiglu_forward(normalized @ bf16_round(w13).T), 1e-2)
 
 
 @pytest.mark.parametrize("B, H, KV, D, K, p, T_max", [(1, 32, 8, 64, 2048, 0, 16), (3, 4, 2, 16, 72, 7, 9),
@@ -84,16 +83,15 @@ def test_gemv_qkv_rope_writes_the_cache_at_the_position(B, H, KV, D, K, p, T_max
     from llama.ops import gemv_qkv_rope
     config = get_preset("tiny").replace(dim=H * D, n_heads=H, n_kv_heads=KV, rope_original_context=16)
     rng = np.random.default_rng(3)
-    x, weight, rstd = norm_inputs(rng, B, K)
+    x, norm, normalized = norm_inputs(rng, B, K)
     w = rng.standard_normal(((H + 2 * KV) * D, K)) / np.sqrt(K)
     cos, sin = rope_cos_sin(config, T_max)
     q = poisoned((B, H, D))
     k_cache, v_cache = poisoned((B, KV, T_max, D), BF16), poisoned((B, KV, T_max, D), BF16)
-    gemv_qkv_rope(q, k_cache, v_cache, dev(x), dev_bf16(w), dev(weight), dev(rstd), dev(cos), dev(sin),
-                  dev(np.array([p])), scratch())
-    qkv = (normalized(x, weight, rstd) @ bf16_round(w).T)[:, None]  # (B, 1, (H + 2KV) D)
+    gemv_qkv_rope(q, k_cache, v_cache, dev(x), dev_bf16(w), norm, dev(cos), dev(sin), dev(np.array([p])))
+    qkv = (normalized @ bf16_round(w).T)[:, None]  # (B, 1, (H + 2KV) D)
     q_ref, k_ref, v_ref = ref.rope_forward(qkv, cos[p:], sin[p:], H, KV)
-    check(f"gemv_qkv_rope_q[{B},{H},{KV},{D}]", q, q_ref[:, :, 0], 1e-5)
+    check(f"gemv_qkv_rope_q[{B},{H},{KV},{D}]", q, q_ref[:, :, 0], 1e-2)
     for name, cache, expected in (("k", k_cache, k_ref), ("v", v_cache, v_ref)):
         got = cache.download().astype(np.float64)
         rel = rel_error(got[:, :, p], expected[:, :, 0])
@@ -103,7 +101,8 @@ def test_gemv_qkv_rope_writes_the_cache_at_the_position(B, H, KV, D, K, p, T_max
 
 
 @pytest.mark.parametrize("B, n, H, KV, D, p, T_max", [
-    (1, 1, 32, 8, 64, 200, 256),    # decode, split along the keys
+    (1, 1, 32, 8, 64, 600, 1024),   # decode, split along the keys (3 of 4 ranges in use)
+    (1, 1, 32, 8, 64, 100, 1024),   # decode, a cache short enough for one range of 4
     (2, 1, 6, 2, 24, 3000, 3100),   # many tiles per split, head_dim not a power of two
     (3, 37, 8, 8, 64, 0, 40),       # a prefill chunk from the start, no grouping
     (2, 5, 4, 2, 16, 3, 12),        # a chunk in the middle of the cache
@@ -141,16 +140,16 @@ def test_cache_write_embedding_and_last_residual():
         assert np.array_equal(got[:, :, p:p + n], expected)
         assert np.isnan(np.delete(got, np.s_[p:p + n], axis=2)).all()
     wte, tokens = rng.standard_normal((50, 40)), np.array([7, 49, 0])
-    x, rstd = poisoned((3, 40)), poisoned(3)
-    embed_tokens(x, rstd, dev(tokens), dev_bf16(wte), 1e-5)
+    x, squares = poisoned((3, 40)), poisoned(3)
+    embed_tokens(x, squares, dev(tokens), dev_bf16(wte))
     rows = bf16_round(wte)[tokens]
     check("embed_tokens", x, rows, 1e-7)
-    check("embed_tokens_rstd", rstd, 1 / np.sqrt(np.mean(rows ** 2, axis=1) + 1e-5), 1e-6)
+    check("embed_tokens_squares", squares, np.sum(rows ** 2, axis=1), 1e-6)
     h, branch = rng.standard_normal((3, 5, 40)), rng.standard_normal((3, 5, 40))
-    last_residual(x, rstd, dev_bf16(h), dev_bf16(branch), 1e-5)
+    last_residual(x, squares, dev_bf16(h), dev_bf16(branch))
     last = bf16_round(h)[:, -1] + bf16_round(branch)[:, -1]
     check("last_residual", x, last, 1e-7)
-    check("last_residual_rstd", rstd, 1 / np.sqrt(np.mean(last ** 2, axis=1) + 1e-5), 1e-6)
+    check("last_residual_squares", squares, np.sum(last ** 2, axis=1), 1e-6)
 
 
 CONFIG = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=512, max_seq_len=64,
@@ -255,3 +254,25 @@ def test_trainer_samples_through_the_gpu_decoder(corpus, capsys):
     assert run("-e", "tiny", "-b", "4", "-t", "32", "-s", "2", "-g", "8", "-v", "0", "-x", "3", *corpus, "-o", "out",
                device="cuda") == 0
     assert "--- sample at step 2 ---" in capsys.readouterr().out
+
+
+def test_dependent_launches_change_no_bit(monkeypatch):
+    """The decode kernels launched as programmatic dependents (each may start before the one before it
+    ends, kernels/common.cuh) give the bits of ordinary launches, eagerly and replayed from the graph."""
+    from llama import cuda
+    rng = np.random.default_rng(10)
+    params = (0.1 * rng.standard_normal(ParameterLayout(CONFIG).size)).astype(np.float32)
+    model = bf16_model(CONFIG, 2, 48, params)
+    tokens = rng.integers(0, CONFIG.vocab_size, (2, 12))
+    sampling = Sampling(temperature=1.0, top_p=0.9, seed=3)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setitem(cuda.DEPENDENT_LAUNCHES, "on", on)
+        decoder = decoder_of(model, 2, 48)
+        eager = np.stack([decoder.forward(tokens[:, i:i + 1]) for i in range(12)])
+        decoder.reset()
+        decoder.prefill(tokens[:, :4], sampling)
+        drawn = decoder.decode(30, sampling)
+        runs.append((eager, drawn, decoder.step["logits"].download()))
+    for with_overlap, without in zip(*runs):
+        np.testing.assert_array_equal(with_overlap.view(np.uint8), without.view(np.uint8))
