@@ -9,6 +9,8 @@
 //   EPILOGUE_ROPE_BF16 C (bf16) = RoPE(alpha * acc) on the first rope_cols columns, plain bf16 after:
 //                      the QKV projection, rows = tokens b * T + t (position t = row % rope_T),
 //                      columns = heads of head_dim, pairs (2i, 2i + 1) rotated by cos/sin (T, D/2).
+// FP8 GEMMs (row-wise scaling) also multiply acc by row_scales[row] * col_scales[col] first: the scales of
+// A's rows and B's rows that their FP8 casts were divided by (powers of two: the product is exact).
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -26,7 +28,14 @@ struct Epilogue {
     int ldc, M, N, mode;
     float alpha;
     int rope_T, rope_cols, head_dim;
+    const float* row_scales = nullptr;  // (M,) and (N,), FP8 GEMMs only
+    const float* col_scales = nullptr;
 };
+
+// alpha, times the FP8 scales of (row, col) when there are any
+__device__ __forceinline__ float output_scale(const Epilogue& e, int row, int col) {
+    return e.row_scales ? e.alpha * e.row_scales[row] * e.col_scales[col] : e.alpha;
+}
 
 // RoPE in the epilogue: the cos/sin table entry of the pair (col, col + 1) of token row (position row % rope_T,
 // col even), and the rotation of a pair by it
@@ -43,9 +52,9 @@ __device__ __forceinline__ void rotate_pair(const Epilogue& e, int entry, float&
 template <int MODE>
 __device__ __forceinline__ void epilogue_pair(const Epilogue& e, int batch, int row, int col, float v0, float v1) {
     if (row >= e.M || col >= e.N) return;
-    v0 *= e.alpha;
-    v1 *= e.alpha;
     const bool both = col + 1 < e.N;
+    v0 *= output_scale(e, row, col);
+    v1 *= both ? output_scale(e, row, col + 1) : 0.f;
     // a pair store is aligned when every row and batch starts at an even element
     const bool paired = both && !(e.ldc & 1) && !(e.stride_c & 1);
     const long long offset = batch * e.stride_c + (long long)row * e.ldc + col;
@@ -76,7 +85,13 @@ __device__ __forceinline__ void epilogue_pair(const Epilogue& e, int batch, int 
 template <int MODE>
 __device__ __forceinline__ void epilogue_quad(const Epilogue& e, int batch, int row, int col, float4 v) {
     if (row >= e.M || col >= e.N) return;
-    v = make_float4(v.x * e.alpha, v.y * e.alpha, v.z * e.alpha, v.w * e.alpha);
+    if (e.row_scales) {
+        const float4 s = *(const float4*)(e.col_scales + col);
+        const float r = e.alpha * e.row_scales[row];
+        v = make_float4(v.x * (r * s.x), v.y * (r * s.y), v.z * (r * s.z), v.w * (r * s.w));
+    } else {
+        v = make_float4(v.x * e.alpha, v.y * e.alpha, v.z * e.alpha, v.w * e.alpha);
+    }
     const long long offset = batch * e.stride_c + (long long)row * e.ldc + col;
     if (MODE == EPILOGUE_F32 || MODE == EPILOGUE_ACC_F32) {
         float4* c = (float4*)((float*)e.C + offset);

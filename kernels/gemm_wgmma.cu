@@ -21,6 +21,10 @@
 // - Operand layouts: K-major tiles are one box {64 (K), rows}; M- or N-major tiles are boxes of
 //   {64 (M or N), 64 (K)}, one per 64-wide slab, 8 KB apart. wgmma reads either through its
 //   transpose immediates (descriptor LBO = slab distance 8192 B, SBO = 8-row distance 1024 B).
+// - FP8 (e4m3, --dtype fp8): the same kernels with FP8 = true take both operands K-major (FP8 wgmma reads
+//   nothing else) in k-blocks of 128 values, 128 bytes per row as bf16's 64, so the swizzle, the descriptors and
+//   the stage sizes are bf16's; each k32 wgmma takes the 32 bytes a bf16 k16 does. The epilogue multiplies by
+//   the rows' scales (gemm_epilogue.cuh).
 #include <cuda_bf16.h>
 
 #include "gemm_epilogue.cuh"
@@ -28,6 +32,7 @@
 
 #define WG_BM 128
 #define WG_BK 64
+#define WG_BK_BYTES 128  // a k-block row: 64 bf16 or 128 FP8 values
 #define WG_THREADS 384
 
 #ifdef WGMMA_ENABLED
@@ -41,6 +46,22 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr) {
 // bytes to advance the descriptor by one k16 step inside a 64-deep slice
 template <bool KMAJOR>
 __device__ __forceinline__ uint32_t k16_step() { return KMAJOR ? 32 : 16 * 128; }
+
+// the k-block's values: WG_BK_BYTES of bf16 or of FP8
+template <bool FP8>
+__device__ __forceinline__ constexpr int kblock_values() { return FP8 ? WG_BK_BYTES : WG_BK; }
+
+// one k-step (k16 bf16 or k32 FP8, 32 bytes of each row) of a 64 x N accumulator from shared memory
+template <bool FP8, int N, bool A_KMAJOR, bool B_KMAJOR>
+__device__ __forceinline__ void wgmma_kstep(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+    if constexpr (FP8) {
+        static_assert(A_KMAJOR && B_KMAJOR, "FP8 wgmma reads K-major operands only");
+        if constexpr (N == 256) wgmma_m64n256k32_e4m3(d, da, db, scale_d);
+        else wgmma_m64n128k32_e4m3(d, da, db, scale_d);
+    } else {
+        wgmma_ss<N, !A_KMAJOR, !B_KMAJOR>(d, da, db, scale_d);
+    }
+}
 
 // A consumer thread's accumulators: register 4j + {0, 1} holds (row, col + 8j + {0, 1}),
 // 4j + {2, 3} holds row + 8 (the m64nNk16 fragment layout).
@@ -98,16 +119,17 @@ __device__ __forceinline__ void store_accumulators_staged(const Epilogue& e, con
         store_half_staged<MODE>(e, *(const float(*)[64])(d + 64 * h), batch, row0, col0 + 128 * h, staging);
 }
 
-template <int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
+template <int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED, bool FP8 = false>
 __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
                                            int batches) {
+    constexpr int BK = kblock_values<FP8>();
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
     const uint32_t staging = base + STAGES * STAGE_BYTES;  // version 6: the warps' epilogue rows
     const uint32_t full = staging + (STAGED ? STAGING_BYTES : 0), empty = full + STAGES * 8;
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + BN - 1) / BN;
-    const int tiles = tiles_m * tiles_n, total = tiles * batches, KT = (K + WG_BK - 1) / WG_BK;
+    const int tiles = tiles_m * tiles_n, total = tiles * batches, KT = (K + BK - 1) / BK;
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -131,7 +153,7 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
                     mbarrier_wait(empty + 8 * stage, phase ^ 1);
                     const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES, bar = full + 8 * stage;
                     mbarrier_expect_tx(bar, STAGE_BYTES);
-                    const int k0 = kt * WG_BK;
+                    const int k0 = kt * BK;
                     if (A_KMAJOR) {
                         tma_load(a, map_a, k0, m0, batch, bar);
                     } else {
@@ -166,8 +188,7 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
                 for (int k = 0; k < WG_BK / 16; k++) {
                     const uint64_t da = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
                     const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
-                    if (BN == 256) wgmma_m64n256k16<!A_KMAJOR, !B_KMAJOR>(*(float(*)[128])d, da, db, kt > 0 || k > 0);
-                    else           wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(*(float(*)[64])d, da, db, kt > 0 || k > 0);
+                    wgmma_kstep<FP8, BN, A_KMAJOR, B_KMAJOR>(d, da, db, kt > 0 || k > 0);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage
@@ -223,7 +244,7 @@ __device__ __forceinline__ void load_b_kblock_128(uint32_t b, const CUtensorMap*
 // One 64-deep k-block into a warpgroup's 128 x 128 accumulators (versions 3-5): rows 0-63 of A at a, rows 64-127
 // at a + 8192 (one 64-row slab further, K- or M-major alike), B at b; the first k16 step overwrites unless
 // accumulate.
-template <bool A_KMAJOR, bool B_KMAJOR>
+template <bool A_KMAJOR, bool B_KMAJOR, bool FP8 = false>
 __device__ __forceinline__ void mma_kblock_128x128(float (&d0)[64], float (&d1)[64], uint32_t a, uint32_t b,
                                                    bool accumulate) {
     #pragma unroll
@@ -231,21 +252,22 @@ __device__ __forceinline__ void mma_kblock_128x128(float (&d0)[64], float (&d1)[
         const uint64_t db = smem_descriptor<B_KMAJOR>(b + k * k16_step<B_KMAJOR>());
         const uint64_t da0 = smem_descriptor<A_KMAJOR>(a + k * k16_step<A_KMAJOR>());
         const uint64_t da1 = smem_descriptor<A_KMAJOR>(a + 8192 + k * k16_step<A_KMAJOR>());
-        wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d0, da0, db, accumulate || k > 0);
-        wgmma_m64n128k16<!A_KMAJOR, !B_KMAJOR>(d1, da1, db, accumulate || k > 0);
+        wgmma_kstep<FP8, 128, A_KMAJOR, B_KMAJOR>(d0, da0, db, accumulate || k > 0);
+        wgmma_kstep<FP8, 128, A_KMAJOR, B_KMAJOR>(d1, da1, db, accumulate || k > 0);
     }
 }
 
-template <int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
+template <int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED, bool FP8 = false>
 __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
                                               int batches, int splits, int split_kb) {
+    constexpr int BK = kblock_values<FP8>();
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
     const uint32_t staging = base + STAGES * STAGE_BYTES;  // version 5: the warps' epilogue rows
     const uint32_t full = staging + (STAGED ? STAGING_BYTES : 0), empty = full + STAGES * 8, order = empty + STAGES * 8;
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + PP_BN - 1) / PP_BN;
-    const int tiles = tiles_m * tiles_n, units = tiles * batches * splits, KT = (K + WG_BK - 1) / WG_BK;
+    const int tiles = tiles_m * tiles_n, units = tiles * batches * splits, KT = (K + BK - 1) / BK;
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -273,7 +295,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
                     mbarrier_wait(empty + 8 * stage, phase ^ 1);
                     const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES, bar = full + 8 * stage;
                     mbarrier_expect_tx(bar, STAGE_BYTES);
-                    const int k0 = (kb0 + kt) * WG_BK;
+                    const int k0 = (kb0 + kt) * BK;
                     if (A_KMAJOR) {
                         tma_load(a, map_a, k0, m0, batch, bar);
                     } else {
@@ -311,7 +333,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
                 mbarrier_wait(full + 8 * stage, phase);
                 const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES;
                 wgmma_fence();
-                mma_kblock_128x128<A_KMAJOR, B_KMAJOR>(d0, d1, a, b, kt > 0);
+                mma_kblock_128x128<A_KMAJOR, B_KMAJOR, FP8>(d0, d1, a, b, kt > 0);
                 wgmma_commit();
                 wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage
                 if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
@@ -490,6 +512,40 @@ GEMM_PINGPONG_ENTRY(gemm_wgmma3_tn, PP_STAGES, false, false, false)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_nt, PP5_STAGES, true, true, true)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_nn, PP5_STAGES, true, false, true)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_tn, PP5_STAGES, false, false, true)
+
+
+// FP8 entry points (both operands K-major, the nt layout only; row_scales (M,) and col_scales (N,) fp32):
+// gemm_wgmma6_fp8_128x<BN> (version 6's kernel, the same stages and shared memory) and gemm_wgmma5_fp8
+// (version 5's).
+#ifdef WGMMA_ENABLED
+#define FP8_EPILOGUE                                                                                      \
+    Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};            \
+    e.row_scales = row_scales;                                                                            \
+    e.col_scales = col_scales;
+#define GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)                                                                \
+    FP8_EPILOGUE gemm_wgmma<BN_, STAGES_, true, true, true, true>(maps, maps + 1, e, K, batches);
+#define GEMM_WGMMA5_FP8_BODY                                                                              \
+    FP8_EPILOGUE gemm_pingpong<PP5_STAGES, true, true, true, true>(maps, maps + 1, e, K, batches, splits, split_kb);
+#else
+#define GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)
+#define GEMM_WGMMA5_FP8_BODY
+#endif
+#define GEMM_WGMMA6_FP8_ENTRY(name, BN_, STAGES_)                                                             \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
+        const CUtensorMap* maps, void* C, const float* row_scales, const float* col_scales, const float* cos,  \
+        const float* sin, long long stride_c, int M, int N, int K, int batches, int ldc, int mode, int rope_T,   \
+        int rope_cols, int head_dim, float alpha) {                                                           \
+        GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)                                                                    \
+    }
+GEMM_WGMMA6_FP8_ENTRY(gemm_wgmma6_fp8_128x256, 256, 4)
+GEMM_WGMMA6_FP8_ENTRY(gemm_wgmma6_fp8_128x128, 128, 6)
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma5_fp8(
+    const CUtensorMap* maps, void* C, const float* row_scales, const float* col_scales, const float* cos,
+    const float* sin, long long stride_c, int M, int N, int K, int batches, int splits, int split_kb, int ldc,
+    int mode, int rope_T, int rope_cols, int head_dim, float alpha) {
+    GEMM_WGMMA5_FP8_BODY
+}
 
 
 // Version 4 entry points gemm_wgmma4_<layout>: clusters of 2 CTAs (launch an even grid), each CTA a 256 x 128

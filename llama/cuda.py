@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import os
 import weakref
 from pathlib import Path
@@ -19,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)  # bf16 device arrays hold these; numpy computes them in float32
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)  # --dtype fp8's GEMM operands (llama/ops/fp8.py)
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -242,8 +244,8 @@ class DeviceArray:
 
 
 def _raw(host: np.ndarray) -> np.ndarray:
-    """The bytes of a host array as a type PyCUDA's buffer copies take (bf16 as uint16 bits)."""
-    return host.view(np.uint16) if host.dtype == BF16 else host
+    """The bytes of a host array as a type PyCUDA's buffer copies take (bf16 as uint16 bits, fp8 as uint8)."""
+    return host.view(np.uint16) if host.dtype == BF16 else host.view(np.uint8) if host.dtype == FP8 else host
 
 
 _ALLOCATED = {"bytes": 0}
@@ -316,12 +318,20 @@ class Graph:
 
     def __init__(self, fn):
         lib, stream = _driver(), ctypes.c_void_p(runtime().stream.handle)
+        # the cyclic garbage collector stays off while capturing: a device array it freed then would call
+        # cuMemFree, which a capture does not allow (the capture fails with CUresult 901 at its end)
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
         _check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         graph = ctypes.c_void_p()
         try:
             fn()
         finally:
-            _check_driver(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
+            ended = lib.cuStreamEndCapture(stream, ctypes.byref(graph))
+            if collecting:
+                gc.enable()
+            _check_driver(ended, "cuStreamEndCapture")
         self.graph, self.executable = graph, ctypes.c_void_p()
         _check_driver(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.executable), graph, ctypes.c_ulonglong(0)),
                       "cuGraphInstantiate")

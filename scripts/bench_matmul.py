@@ -1,4 +1,5 @@
-"""bf16 GEMM benchmark: our kernels against torch.matmul (cuBLAS) in bf16, measured in the same run.
+"""GEMM benchmark: our kernels against torch.matmul (cuBLAS) in bf16, or with --dtype fp8 against
+torch._scaled_mm (cuBLASLt) with row-wise scales, measured in the same run.
 
 For each projection of d12 (dim 768) and llama3.2-1b (dim 2048) at 16,384 tokens, in the three
 layouts a training step runs (forward y = x @ W^T, dX = dY @ W, dW += dY^T @ x), plus 8192^3,
@@ -6,8 +7,12 @@ it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, their ratios,
 geometric mean of the ratios per version. Timing: CUDA
 events, median of many batches after warm-up, on random data, rotating input buffers so that L2
 does not flatter small shapes. Our dW accumulates into fp32 (as training does); the others store bf16.
+FP8: every GEMM runs with both operands K-major (dX and dW on the transposed copies the casts write), e4m3
+with one fp32 scale per row of each operand; _scaled_mm's outputs are bf16 (what it takes with row-wise
+scales), our dW still accumulates into fp32.
 
     python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3 wgmma4 wgmma5 wgmma6]
+    python3 scripts/bench_matmul.py --dtype fp8 [--versions wgmma5 wgmma6 auto]
 """
 
 import argparse
@@ -18,7 +23,7 @@ import numpy as np
 
 from llama import ops
 from llama.config import get_preset
-from llama.cuda import BF16, DeviceArray, runtime, time_ms
+from llama.cuda import BF16, FP8, DeviceArray, runtime, time_ms
 from llama.plan import gemm_chooser
 
 TOKENS = 16384
@@ -46,9 +51,40 @@ def problems():
 
 
 def as_device(t) -> DeviceArray:
-    """Our view of a torch tensor's memory (bf16 or fp32), kept alive by the tensor."""
-    dtype = BF16 if str(t.dtype) == "torch.bfloat16" else np.dtype(np.float32)
+    """Our view of a torch tensor's memory (bf16, FP8 e4m3 or fp32), kept alive by the tensor."""
+    dtype = {"torch.bfloat16": BF16, "torch.float8_e4m3fn": FP8}.get(str(t.dtype), np.dtype(np.float32))
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, t)
+
+
+def bench_fp8(layout, M, N, K, versions):
+    """bench's FP8 twin: the problem as the FP8 step runs it, (M, K) x (N, K) K-major, against _scaled_mm."""
+    import torch
+
+    per_set = M * K + N * K
+    sets = max(1, min(8, math.ceil(L2_FLUSH_BYTES / per_set)))
+
+    def operand(rows):  # values and per-row scales
+        return torch.randn((rows, K), device="cuda").to(torch.float8_e4m3fn), torch.rand(rows, device="cuda") + 0.5
+    inputs = [(operand(M), operand(N)) for _ in range(sets)]
+    flops = 2 * M * N * K
+    counter = iter(range(1 << 62))
+
+    def cublas():
+        (a, sa), (b, sb) = inputs[next(counter) % sets]
+        torch._scaled_mm(a, b.t(), scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
+
+    result = {"cublas": flops / time_ms(cublas) / 1e9}
+    c_dev = as_device(torch.zeros((M, N), device="cuda", dtype=torch.float32 if layout == "tn" else torch.bfloat16))
+    dev_inputs = [tuple(as_device(t) for t in (a, sa, b, sb)) for (a, sa), (b, sb) in inputs]
+    for version in versions:
+        def ours():
+            a, sa, b, sb = dev_inputs[next(counter) % sets]
+            ops.gemm_fp8(c_dev, a, sa, b, sb, accumulate=layout == "tn",
+                         version=gemm_chooser() if version == "auto" else version)
+        result[version] = flops / time_ms(ours) / 1e9
+    del inputs, dev_inputs
+    torch.cuda.empty_cache()
+    return result
 
 
 def bench(layout, M, N, K, versions):
@@ -89,19 +125,30 @@ def main():
     parser.add_argument("--versions", nargs="+", default=None,
                         help="GEMM versions to time; 'auto' is the production choice of llama/plan.py (default: all)")
     parser.add_argument("--only", default=None, help="only problems whose label contains this")
+    parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                        help="operands: bf16 (against torch.matmul) or FP8 e4m3 with row-wise scales (sm_90, "
+                             "against torch._scaled_mm)")
     args = parser.parse_args()
     hopper = runtime().device.compute_capability() == (9, 0)
-    versions = args.versions or (["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "auto"] if hopper
-                                 else ["mma"])
-    print(f"device: {runtime().name}; TFLOP/s, bf16 operands, fp32 accumulation; ratio = ours / cuBLAS")
+    if args.dtype == "fp8" and not hopper:
+        raise SystemExit("--dtype fp8: our FP8 GEMMs need sm_90a")
+    all_versions = ["wgmma5", "wgmma6", "auto"] if args.dtype == "fp8" else (
+        ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "auto"] if hopper else ["mma"])
+    versions = args.versions or all_versions
+    reference = "torch._scaled_mm" if args.dtype == "fp8" else "cuBLAS"
+    print(f"device: {runtime().name}; TFLOP/s, {args.dtype} operands, fp32 accumulation; "
+          f"ratio = ours / {reference}")
     rows = []
     for label, layout, M, N, K in problems():
         if args.only and args.only not in label:
             continue
-        r = bench(layout, M, N, K, versions)
+        if args.dtype == "fp8":  # every GEMM as (M, K) x (N, K): dX's M, N, K are the forward's tokens, in, out
+            r = bench_fp8(layout, M, N, K, versions)
+        else:
+            r = bench(layout, M, N, K, versions)
         rows.append({"problem": label, "layout": layout, "M": M, "N": N, "K": K, **r})
         print(f"  measured {label}: " + ", ".join(f"{k} {v:.0f}" for k, v in r.items()), flush=True)
-    header = f"{'problem':<22}{'M x N x K':>22}{'cuBLAS':>9}" + "".join(f"{v:>9}{'ratio':>7}" for v in versions)
+    header = f"{'problem':<22}{'M x N x K':>22}{reference[-8:]:>9}" + "".join(f"{v:>9}{'ratio':>7}" for v in versions)
     print(header)
     for row in rows:
         line = f"{row['problem']:<22}{row['M']:>8}x{row['N']:>6}x{row['K']:>6}{row['cublas']:>9.0f}"

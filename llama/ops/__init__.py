@@ -7,6 +7,7 @@ gemm_problem     one GEMM as its versions receive it
 gemm_mma         GEMM version 1 (mma.sync, from sm_80) and the split-K reduce
 gemm_wgmma       GEMM versions 2 and 3 (Hopper: wgmma fed by TMA)
 flash_attention  bf16 causal GQA flash attention reading the packed qkv projection
+fp8              --dtype fp8: float8 e4m3 casts with power-of-two scales per row or column, the FP8 GEMM
 gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch
 decode           the decoder's embedding, cache write, flash-decoding attention and step end
 sample           token sampling on the GPU (greedy, temperature, top-k, top-p; seeded)
@@ -25,6 +26,7 @@ from .decode import (MAX_HEAD_DIM, advance, attention_scratch_size, cache_write,
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,
                               flash_attention_backward_atomic_dq, flash_attention_forward,
                               flash_attention_scratch_size)
+from .fp8 import cast_fp8, gemm_fp8
 from .fp32 import (RMSNORM_PARTS, adamw_update, attention_backward, attention_forward, embedding_backward,
                    embedding_forward, fused_classifier, global_norm_squared, matmul, matmul_backward, matmul_forward,
                    residual_forward, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, sort_tokens,

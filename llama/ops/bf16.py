@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray, empty, runtime
+from ..cuda import BF16, FP8, DeviceArray, empty, runtime
 from ..optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, MIDPOINTS, QUANT_BLOCK, AdamWConfig
 from .common import (BLOCK, CLASSIFIER_BLOCK, F32, F64, I32, NORM_BLOCKS, U8, blocks, check, check_aligned, kernel,
                      multiprocessors)
@@ -72,34 +72,50 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     check("b", b, lead + ((N, K) if trans_b else (K, N)), BF16)
     if trans_a and trans_b:
         raise ValueError("gemm: op(a)^T with op(b)^T is not a layout the model needs")
-    if c.dtype not in (BF16, F32) or (accumulate and c.dtype != F32) or (rope is not None and c.dtype != BF16):
-        raise ValueError(f"gemm: c must be bf16 or fp32, fp32 to accumulate, bf16 with rope; got {c.dtype}")
-    if min(M, N, K) < 1:
-        raise ValueError(f"gemm: empty problem M={M} N={N} K={K}")
-    for name, array in (("a", a), ("b", b), ("c", c)):
-        if array.ptr % 16 or array.shape[-1] % 8:
-            raise ValueError(f"gemm: {name} {array.shape} needs a 16-byte aligned start and rows of a multiple of "
-                             f"8 elements (16 bytes); got row length {array.shape[-1]}")
+    epilogue = gemm_epilogue("gemm", c, (a, b), M, N, K, accumulate, rope)
     if accumulate and alpha == 0:
         return
-    mode = "acc_f32" if accumulate else "rope_bf16" if rope is not None else "bf16" if c.dtype == BF16 else "f32"
-    rope_args = {}
-    if rope is not None:
-        cos, sin, rope_T, rope_cols = rope
-        head_dim = 2 * cos.shape[1]
-        if (cos.shape[0] < rope_T or sin.shape != cos.shape or cos.dtype != F32 or rope_cols % head_dim or M % rope_T
-                or head_dim % 4):
-            raise ValueError("gemm: rope needs fp32 cos/sin (>= T, D/2), rows = batches of T tokens, whole heads "
-                             "of a multiple of 4")
-        rope_args = dict(cos=cos.ptr, sin=sin.ptr, rope_T=rope_T, rope_cols=rope_cols, head_dim=head_dim)
     layout = "tn" if trans_a else "nt" if trans_b else "nn"
-    problem = GemmProblem(layout, batch, M, N, K, a.ptr, a.shape[-1], M * K, b.ptr, b.shape[-1], K * N, c.ptr, M * N,
-                          mode, alpha, **rope_args)
+    launch_gemm(GemmProblem(layout, batch, M, N, K, a.ptr, a.shape[-1], M * K, b.ptr, b.shape[-1], K * N, c.ptr,
+                            M * N, alpha=alpha, **epilogue), c, accumulate, version, GEMM_VERSIONS)
+
+
+def gemm_epilogue(name: str, c: DeviceArray, operands: tuple, M: int, N: int, K: int, accumulate: bool,
+                  rope: tuple | None) -> dict:
+    """The GemmProblem fields of c's epilogue (mode, and RoPE's table), after the checks every GEMM front makes:
+    c's dtype for the mode, a non-empty problem, 16-byte aligned arrays with rows of a multiple of 8 elements
+    (16 for FP8 operands)."""
+    if c.dtype not in (BF16, F32) or (accumulate and c.dtype != F32) or (rope is not None and c.dtype != BF16):
+        raise ValueError(f"{name}: c must be bf16 or fp32, fp32 to accumulate, bf16 with rope; got {c.dtype}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"{name}: empty problem M={M} N={N} K={K}")
+    for label, array in zip(("a", "b", "c"), (*operands, c)):
+        multiple = 16 if array.dtype == FP8 else 8  # elements: whole 16-byte vectors (and 4-column quads)
+        if array.ptr % 16 or array.shape[-1] % multiple:
+            raise ValueError(f"{name}: {label} {array.shape} needs a 16-byte aligned start and rows of a multiple of "
+                             f"{multiple} elements; got row length {array.shape[-1]}")
+    mode = "acc_f32" if accumulate else "rope_bf16" if rope is not None else "bf16" if c.dtype == BF16 else "f32"
+    if rope is None:
+        return dict(mode=mode)
+    cos, sin, rope_T, rope_cols = rope
+    head_dim = 2 * cos.shape[1]
+    if (cos.shape[0] < rope_T or sin.shape != cos.shape or cos.dtype != F32 or rope_cols % head_dim or M % rope_T
+            or head_dim % 4):
+        raise ValueError(f"{name}: rope needs fp32 cos/sin (>= T, D/2), rows = batches of T tokens, whole heads "
+                         "of a multiple of 4")
+    return dict(mode=mode, cos=cos.ptr, sin=sin.ptr, rope_T=rope_T, rope_cols=rope_cols, head_dim=head_dim)
+
+
+def launch_gemm(problem: GemmProblem, c: DeviceArray, accumulate: bool,
+                version: str | Callable[[int, int, int], str], versions: dict) -> None:
+    """Run a checked problem on `version` (a name in versions, or a chooser of one by (M, N, K)), split along K
+    where that version's rule says so."""
+    M, N, K, alpha = problem.M, problem.N, problem.K, problem.alpha
     if callable(version):
         version = version(M, N, K)
-    if version not in GEMM_VERSIONS:
-        raise ValueError(f"gemm: unknown version {version!r} ({', '.join(GEMM_VERSIONS)})")
-    launch = GEMM_VERSIONS[version]
+    if version not in versions:
+        raise ValueError(f"gemm: unknown version {version!r} ({', '.join(versions)})")
+    launch = versions[version]
     splits = splitk_splits3(problem, multiprocessors()) if version in SPLIT_IN_KERNEL else splitk_splits(problem)
     if splits == 1:
         launch(problem)

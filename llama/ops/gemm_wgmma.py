@@ -26,7 +26,7 @@ PINGPONG_STAGED_STAGES, STAGING_BYTES = 6, 2 * 4 * 8 * 132 * 4  # version 5: PP5
 # version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
 # 132 SMs; the reduce pass's bandwidth and its launch
 KBLOCK_SECONDS, REDUCE_BYTES_PER_SECOND, REDUCE_LAUNCH_SECONDS, MAX_SPLITS = 0.43e-6, 3e12, 3e-6, 32
-BF16_TYPE, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO = 9, 0, 3, 3, 0
+UINT8_TYPE, BF16_TYPE, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO = 0, 9, 0, 3, 3, 0
 
 
 @functools.cache
@@ -41,25 +41,31 @@ def _encode():
 
 
 @functools.lru_cache(maxsize=4096)
-def tensor_map(ptr: int, inner: int, rows: int, batches: int, ld: int, batch_stride: int, box_rows: int) -> bytes:
-    """The 128-byte CUtensorMap of a (batches, rows, inner) bf16 array with row stride ld and batch
-    stride batch_stride (elements), read in boxes of 64 (inner) x box_rows, 128-byte swizzled."""
+def tensor_map(ptr: int, inner: int, rows: int, batches: int, ld: int, batch_stride: int, box_rows: int,
+               element_bytes: int = 2) -> bytes:
+    """The 128-byte CUtensorMap of a (batches, rows, inner) bf16 (element_bytes 2) or FP8 (1) array with row
+    stride ld and batch stride batch_stride (elements), read in boxes of 128 bytes (inner) x box_rows,
+    128-byte swizzled."""
     storage = ctypes.create_string_buffer(128 + 64)
     address = (ctypes.addressof(storage) + 63) & ~63  # the map must be 64-byte aligned
     dims = (ctypes.c_uint64 * 3)(inner, rows, batches)
-    strides = (ctypes.c_uint64 * 2)(ld * 2, max(batch_stride, rows * ld) * 2)
-    box = (ctypes.c_uint32 * 3)(64, box_rows, 1)
+    strides = (ctypes.c_uint64 * 2)(ld * element_bytes, max(batch_stride, rows * ld) * element_bytes)
+    box = (ctypes.c_uint32 * 3)(128 // element_bytes, box_rows, 1)
     unit = (ctypes.c_uint32 * 3)(1, 1, 1)
-    result = _encode()(address, BF16_TYPE, 3, ptr, dims, strides, box, unit, INTERLEAVE_NONE, SWIZZLE_128B,
+    element_type = BF16_TYPE if element_bytes == 2 else UINT8_TYPE
+    result = _encode()(address, element_type, 3, ptr, dims, strides, box, unit, INTERLEAVE_NONE, SWIZZLE_128B,
                        L2_PROMOTION_256B, OOB_FILL_ZERO)
     if result != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {result} for a ({batches}, {rows}, {inner}) "
-                           f"bf16 array with row stride {ld}")
+                           f"{'bf16' if element_bytes == 2 else 'FP8'} array with row stride {ld}")
     return ctypes.string_at(address, 128)
 
 
 def operand_maps(p: GemmProblem, bn: int) -> tuple[bytes, bytes]:
-    """A's and B's maps: K-major operands in boxes of 64 (K) x tile rows, M/N-major in 64 x 64 slabs."""
+    """A's and B's maps: K-major operands in boxes of 128 bytes (K) x tile rows, M/N-major in 64 x 64 slabs."""
+    if p.fp8:  # 'nt' only: both K-major, 128 values per row of a box
+        return (tensor_map(p.a, p.K, p.M, p.batch, p.lda, p.stride_a, BM, 1),
+                tensor_map(p.b, p.K, p.N, p.batch, p.ldb, p.stride_b, bn, 1))
     if p.layout == "tn":  # A stored (K, M)
         map_a = tensor_map(p.a, p.M, p.K, p.batch, p.lda, p.stride_a, BK)
     else:                 # A stored (M, K)
@@ -90,9 +96,20 @@ def _cooperative(p: GemmProblem, bn: int | None, entry: str, staging: int) -> No
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
     maps = device_maps(b"".join(operand_maps(p, bn)))
     shared = STAGES[bn] * (BM + bn) * BK * 2 + staging + 1024 + 16 * STAGES[bn]
-    kernel("gemm_wgmma", f"{entry}_{p.layout}_128x{bn}", "PPPPqiiiiiiiiif")(
-        (min(tiles, sms),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
+    kind, scales = _variant(p, entry)
+    kernel("gemm_wgmma", f"{entry}_{kind}_128x{bn}", "PP" + "PP" * p.fp8 + "PPqiiiiiiiiif")(
+        (min(tiles, sms),), 384, maps.ptr, p.c, *scales, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
+
+
+def _variant(p: GemmProblem, entry: str) -> tuple[str, tuple]:
+    """The kernel name's operand part (the layout, or 'fp8': versions 5 and 6, 'nt') and the scale arguments."""
+    if not p.fp8:
+        return p.layout, ()
+    if entry not in ("gemm_wgmma5", "gemm_wgmma6") or p.layout != "nt":
+        raise ValueError(f"FP8 GEMMs are versions 5 and 6 with both operands K-major ('nt'), not {entry} "
+                         f"{p.layout!r}")
+    return "fp8", (p.row_scales, p.col_scales)
 
 
 def gemm_wgmma3(p: GemmProblem, splits: int = 1) -> None:
@@ -110,7 +127,7 @@ def gemm_wgmma5(p: GemmProblem, splits: int = 1) -> None:
 
 def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int) -> None:
     """Launch a ping-pong version's kernel `entry`_<layout> (versions 3 and 5)."""
-    k_blocks = math.ceil(p.K / BK)
+    k_blocks = math.ceil(p.K / p.k_block)
     split_kb = math.ceil(k_blocks / splits)
     if splits > 1 and (p.batch != 1 or p.mode != "f32" or math.ceil(k_blocks / split_kb) != splits):
         raise ValueError(f"{entry}: {splits} splits of {k_blocks} k-blocks (fp32 partials of one batch, "
@@ -118,9 +135,10 @@ def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int
     units = math.ceil(p.M / BM) * math.ceil(p.N / 128) * p.batch * splits
     maps = device_maps(b"".join(operand_maps(p, 128)))
     shared = stages * (BM + 128) * BK * 2 + staging + 1024 + 16 * stages + 16
-    kernel("gemm_wgmma", f"{entry}_{p.layout}", "PPPPqiiiiiiiiiiif")(
-        (min(units, multiprocessors()),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
-        splits, split_kb, *p.epilogue_args(), shared=shared)
+    kind, scales = _variant(p, entry)
+    kernel("gemm_wgmma", f"{entry}_{kind}", "PP" + "PP" * p.fp8 + "PPqiiiiiiiiiiif")(
+        (min(units, multiprocessors()),), 384, maps.ptr, p.c, *scales, p.cos, p.sin, p.stride_c, p.M, p.N, p.K,
+        p.batch, splits, split_kb, *p.epilogue_args(), shared=shared)
 
 
 def gemm_wgmma4(p: GemmProblem) -> None:
@@ -136,13 +154,13 @@ def gemm_wgmma4(p: GemmProblem) -> None:
 
 
 def splitk_splits3(p: GemmProblem, sms: int) -> int:
-    """Version 3's (and 5's) split-K count for a weight gradient (tn, fp32 out, one batch) on sms multiprocessors:
-    the one that minimizes a model of the time, rounds of 128 x 128 work units over the multiprocessors
-    times k-blocks per split, plus the reduce pass (reads the partials and c, writes c). Any count of
-    non-empty splits."""
-    if p.layout != "tn" or p.batch != 1 or p.mode not in ("f32", "acc_f32"):
+    """Version 3's (and 5's) split-K count for a weight gradient (tn or FP8's nt, fp32 out, one batch) on sms
+    multiprocessors: the one that minimizes a model of the time, rounds of 128 x 128 work units over the
+    multiprocessors times k-blocks per split, plus the reduce pass (reads the partials and c, writes c). Any
+    count of non-empty splits."""
+    if (p.layout != "tn" and not p.fp8) or p.batch != 1 or p.mode not in ("f32", "acc_f32"):
         return 1
-    tiles, k_blocks = math.ceil(p.M / BM) * math.ceil(p.N / 128), math.ceil(p.K / BK)
+    tiles, k_blocks = math.ceil(p.M / BM) * math.ceil(p.N / 128), math.ceil(p.K / p.k_block)
     best, best_seconds = 1, math.inf
     for splits in range(1, min(MAX_SPLITS, k_blocks) + 1):
         split_kb = math.ceil(k_blocks / splits)

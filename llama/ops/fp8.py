@@ -1,0 +1,112 @@
+"""--dtype fp8's launchers: the FP8 casts (kernels/fp8.cu), float8 e4m3fn (llama.cuda.FP8) with one power-of-two
+fp32 scale per row or per column, bit for bit llama/model/reference.py's quantize_fp8; and the FP8 GEMM
+(kernels/gemm_wgmma.cu's versions 5 and 6 with FP8 operands), which multiplies the casts and applies their
+scales in its epilogue."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..cuda import BF16, FP8, DeviceArray, empty
+from .bf16 import gemm_epilogue, launch_gemm
+from .common import I32, check, check_aligned, kernel
+from .gemm_problem import GemmProblem
+from .gemm_wgmma import gemm_wgmma5, gemm_wgmma6
+
+U32 = np.dtype(np.uint32)
+AMAX_ROWS, AMAX_ROW_WARPS, AMAX_COLUMNS = 64, 8, 256  # fp8_amax's block: rows, warps, columns, as in kernels/fp8.cu
+TILE = 64  # fp8_cast's tile of x: TILE rows and columns, as in kernels/fp8.cu
+_AMAX = {}
+
+
+def _amax_workspace(size: int) -> DeviceArray:
+    """fp8_amax's output when the caller gives none, grown on demand (the first call of a shape allocates
+    it, not later ones, so a CUDA graph can capture those)."""
+    if _AMAX.get("array") is None or _AMAX["array"].size < size:
+        _AMAX["array"] = empty(size, U32)
+    return _AMAX["array"]
+
+
+def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: DeviceArray | None = None,
+             cols: DeviceArray | None = None, col_scales: DeviceArray | None = None,
+             amax: DeviceArray | None = None) -> None:
+    """The FP8 casts of the bf16 x (R, C) (a 3D (B, T, C) is taken as (B * T, C)), as requested:
+    rows (R, C) fp8 with row_scales (R,) fp32 = reference.quantize_fp8(x, axis=-1), and/or
+    cols (C, R) fp8 = the transpose of the values of quantize_fp8(x, axis=0), with col_scales (C,) fp32.
+    x / scale is exact and rounds to nearest even. amax: uint32 or int32 scratch of at least R + C
+    elements (zeroed here before each use), else a workspace of this module's.
+    x 16-byte aligned with C a multiple of 8; rows need C, cols R a multiple of 16; both 16-byte aligned."""
+    if len(x.shape) == 3:
+        x = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
+    if len(x.shape) != 2:
+        raise ValueError(f"x: expected a 2D (R, C) or 3D (B, T, C) array, got {x.shape}")
+    R, C = x.shape
+    check("x", x, (R, C), BF16)
+    if min(R, C) < 1:
+        raise ValueError(f"cast_fp8: empty x {x.shape}")
+    if (rows is None) != (row_scales is None) or (cols is None) != (col_scales is None):
+        raise ValueError("cast_fp8: give rows with row_scales and cols with col_scales")
+    if rows is None and cols is None:
+        raise ValueError("cast_fp8: no output requested (rows, cols)")
+    if C % 8:
+        raise ValueError(f"x: needs C a multiple of 8 (16-byte loads), got C = {C}")
+    outputs = {}
+    if rows is not None:
+        check("rows", rows, (R, C), FP8)
+        check("row_scales", row_scales, (R,))
+        if C % 16:
+            raise ValueError(f"rows: needs C a multiple of 16 (16-byte rows), got C = {C}")
+        outputs["rows"] = rows
+    if cols is not None:
+        check("cols", cols, (C, R), FP8)
+        check("col_scales", col_scales, (C,))
+        if R % 16:
+            raise ValueError(f"cols: needs R a multiple of 16 (16-byte rows), got R = {R}")
+        outputs["cols"] = cols
+    check_aligned(x=x, **outputs)
+    if amax is not None and (amax.dtype not in (U32, I32) or amax.size < R + C):
+        raise ValueError(f"amax: needs {R + C} uint32 or int32, has {amax.size} {amax.dtype}")
+    amax = (amax if amax is not None else _amax_workspace(R + C)).view(0, (R + C,))
+    amax.fill_zero()
+    row_amax = 0 if rows is None else amax.ptr  # null: not computed
+    col_amax = 0 if cols is None else amax.ptr + R * amax.dtype.itemsize
+    kernel("fp8", "fp8_amax", "PPPii")((math.ceil(R / AMAX_ROWS), math.ceil(C / AMAX_COLUMNS)), (32, AMAX_ROW_WARPS),
+                                       row_amax, col_amax, x.ptr, R, C)
+    kernel("fp8", "fp8_cast", "PPPPPPPii")((math.ceil(R / TILE), math.ceil(C / TILE)), 256, _ptr(rows),
+                                           _ptr(row_scales), _ptr(cols), _ptr(col_scales), x.ptr, row_amax, col_amax,
+                                           R, C)
+
+
+def _ptr(array: DeviceArray | None) -> int:
+    """A kernel's pointer argument: null for an output not requested."""
+    return 0 if array is None else array.ptr
+
+
+# ---- the FP8 GEMM (versions 5 and 6 of kernels/gemm_wgmma.cu with FP8 = true)
+
+FP8_GEMM_VERSIONS = {"wgmma5": gemm_wgmma5, "wgmma6": gemm_wgmma6}
+
+
+def gemm_fp8(c: DeviceArray, a: DeviceArray, a_scales: DeviceArray, b: DeviceArray, b_scales: DeviceArray,
+             alpha: float = 1.0, accumulate: bool = False, rope: tuple | None = None, *,
+             version: str | Callable[[int, int, int], str]) -> None:
+    """c (M, N) = alpha * (a_scales[:, None] * a) @ (b_scales[:, None] * b)^T: FP8 e4m3 a (M, K) and b (N, K),
+    both K-major as FP8 wgmma reads them (cast_fp8 writes the transposed copies a GEMM on another layout needs),
+    fp32 accumulation, the power-of-two scales (M,) and (N,) applied in the epilogue. c, alpha, accumulate and
+    rope as ops.gemm's. version: 'wgmma5' or 'wgmma6', or a chooser of one by (M, N, K) (the plan's)."""
+    M, N = c.shape
+    K = a.shape[-1]
+    check("a", a, (M, K), FP8)
+    check("b", b, (N, K), FP8)
+    check("a_scales", a_scales, (M,))
+    check("b_scales", b_scales, (N,))
+    check_aligned(a_scales=a_scales, b_scales=b_scales)
+    epilogue = gemm_epilogue("gemm_fp8", c, (a, b), M, N, K, accumulate, rope)
+    if accumulate and alpha == 0:
+        return
+    launch_gemm(GemmProblem("nt", 1, M, N, K, a.ptr, K, M * K, b.ptr, K, N * K, c.ptr, M * N, alpha=alpha, fp8=True,
+                            row_scales=a_scales.ptr, col_scales=b_scales.ptr, **epilogue),
+                c, accumulate, version, FP8_GEMM_VERSIONS)

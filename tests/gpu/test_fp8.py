@@ -1,0 +1,125 @@
+"""The FP8 casts (kernels/fp8.cu) against llama/model/reference.py's quantize_fp8 of the same bf16 inputs,
+bit for bit (values and scales): both layouts, shapes that are not multiples of the tiles, rows and
+columns of wildly different magnitudes, of zeros and of denormals, amax at the scales' boundaries, ties,
+NaN-poisoned outputs, a reused amax scratch, reruns and a CUDA-graph replay that give the same bits."""
+
+import numpy as np
+import pytest
+
+from llama.cuda import BF16, FP8
+from llama.model.reference import quantize_fp8
+from tests.gpu_helpers import dev, dev_bf16, poisoned
+
+pytestmark = pytest.mark.gpu
+rng = np.random.default_rng(448)
+E4M3 = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(FP8).astype(np.float64)))
+E4M3 = E4M3[np.isfinite(E4M3)]  # 0 .. 448
+TIES = (E4M3[1:] + E4M3[:-1]) / 2  # halfway between neighbours: to the even one
+
+
+def outputs(R, C, rows=True, cols=True) -> dict:
+    """NaN-poisoned outputs of a cast of x (R, C), as requested (0x7F is NaN in e4m3fn)."""
+    return (dict(rows=poisoned((R, C), FP8), row_scales=poisoned((R,))) if rows else {}) | (
+        dict(cols=poisoned((C, R), FP8), col_scales=poisoned((C,))) if cols else {})
+
+
+def cast(x: np.ndarray, rows=True, cols=True, amax=None) -> dict:
+    """ops.cast_fp8 of the bf16 x: each requested output downloaded."""
+    from llama import ops
+    out = outputs(*x.reshape(-1, x.shape[-1]).shape, rows, cols)
+    ops.cast_fp8(dev_bf16(x), **out, amax=amax)
+    return {name: array.download() for name, array in out.items()}
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.view({1: np.uint8, 4: np.uint32}[a.dtype.itemsize])
+
+
+def assert_twin(x: np.ndarray, got: dict) -> None:
+    """got holds quantize_fp8's bits of x (bf16, taken as (rows, C)) for each layout it has."""
+    exact = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    expected = {}
+    if "rows" in got:
+        expected["rows"], expected["row_scales"] = quantize_fp8(exact, -1)
+    if "cols" in got:
+        values, expected["col_scales"] = quantize_fp8(exact, 0)
+        expected["cols"] = np.ascontiguousarray(values.T)
+    for name, array in got.items():
+        assert array.shape == expected[name].shape, name
+        np.testing.assert_array_equal(bits(array), bits(expected[name]), err_msg=name)
+
+
+def wild(R: int, C: int) -> np.ndarray:
+    """Normal values with each row scaled by e^uniform(-30, 30) and each column by e^uniform(-10, 10),
+    then one row and one column of zeros, in bf16."""
+    x = rng.standard_normal((R, C)) * np.exp(rng.uniform(-30, 30, (R, 1))) * np.exp(rng.uniform(-10, 10, (1, C)))
+    x[rng.integers(R)] = 0
+    x[:, rng.integers(C)] = 0
+    return x.astype(BF16)
+
+
+@pytest.mark.parametrize("R, C, layouts", [
+    (16, 16, "both"), (1000, 784, "rows"), (48, 8192, "both"), (16384, 768, "both"), (33 * 16, 48, "both"),
+    (33 * 16, 48, "rows"), (33 * 16, 48, "cols"), (80, 24, "cols"), (64, 64, "both"), (130, 208, "rows"),
+])
+def test_cast_is_the_twin_bit_for_bit(R, C, layouts):
+    x = wild(R, C)
+    rows, cols = layouts in ("rows", "both"), layouts in ("cols", "both")
+    got = cast(x, rows, cols)
+    assert_twin(x, got)
+    again = cast(x, rows, cols)
+    for name in got:
+        np.testing.assert_array_equal(bits(again[name]), bits(got[name]), err_msg=f"rerun {name}")
+
+
+def test_every_scale_boundary_and_denormals_in_both_layouts():
+    """Slices whose amax (either sign) is each bf16 exponent with mantissa 1, 1.75 (448 * 2^k) and the
+    bf16 values either side of both, the largest mantissa, denormals included; the rest of each slice
+    is random below its amax."""
+    exponents, mantissas = np.arange(255, dtype=np.uint16), np.uint16([0, 1, 0x5F, 0x60, 0x61, 0x7F])
+    amax = ((exponents[:, None] << 7) | mantissas).ravel().view(BF16).astype(np.float64)
+    amax = np.concatenate([amax[amax > 0], [0.0] * (-(amax > 0).sum() % 16)])  # whole 16s of slices
+    x = rng.uniform(-1, 1, (amax.size, 64)) * amax[:, None]
+    x[:, 0] = amax * rng.choice([-1, 1], amax.size)
+    x = x.astype(BF16)
+    assert_twin(x, cast(x, cols=False))
+    xt = np.ascontiguousarray(x.T)
+    assert_twin(xt, cast(xt, rows=False))
+
+
+def test_ties_round_to_even_at_every_scale():
+    """Every midpoint between neighbouring e4m3 values (either sign) beside 448, times 2^k: each slice's
+    scale is 2^k and each value a tie."""
+    row = np.concatenate([[448.0], TIES, -TIES])
+    row = np.concatenate([row, np.zeros(-row.size % 16)])
+    x = (row[None, :] * np.exp2(np.arange(-120, 120, 5))[:, None]).astype(BF16)
+    assert (x.astype(np.float64) == row * np.exp2(np.arange(-120, 120, 5))[:, None]).all()  # exact in bf16
+    assert_twin(x, cast(x, cols=False))
+    xt = np.ascontiguousarray(x.T)
+    assert_twin(xt, cast(xt, rows=False))
+
+
+def test_a_reused_amax_scratch_starts_from_zero():
+    big, small = (rng.standard_normal((64, 96)) * 1e6).astype(BF16), rng.standard_normal((64, 96)).astype(BF16)
+    for amax in (None, dev(np.full(64 + 96 + 5, -1, dtype=np.int32))):  # the module's workspace, or a dirty one
+        cast(big, amax=amax)
+        assert_twin(small, cast(small, amax=amax))
+
+
+def test_a_batch_of_sequences_is_cast_as_its_rows():
+    x = wild(2 * 24, 48).reshape(2, 24, 48)
+    assert_twin(x, cast(x))
+
+
+def test_graph_replay_casts_the_new_input():
+    from llama import ops
+    from llama.cuda import Graph
+    R, C = 256, 320
+    x, out = dev_bf16(wild(R, C)), outputs(R, C)
+    ops.cast_fp8(x, **out)  # compiled and its workspace allocated before the capture
+    graph = Graph(lambda: ops.cast_fp8(x, **out))
+    for _ in range(2):
+        host = wild(R, C)
+        x.upload(host)
+        graph.replay()
+        assert_twin(host, {name: array.download() for name, array in out.items()})
