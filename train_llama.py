@@ -39,7 +39,7 @@ from llama.memory import NotEnoughMemory
 from llama.model.reference import RECOMPUTE
 from llama.optim import OPTIMIZERS, SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
-from llama.plan import PlanError
+from llama.plan import DTYPES, PlanError
 from llama.signals import StopNow
 from llama.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
 
@@ -117,9 +117,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--print-every", type=positive_int, default=1,
                    help="when the step lines show (stdout is not a terminal), print one every N steps")
     g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
-    g.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                   help="GPU precision: bf16 mixed precision or exact fp32 (default: bf16 where its kernels take "
-                        "the model)")
+    g.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="GPU precision: bf16 mixed precision, fp8 (bf16 with the linear layers' GEMMs in FP8 e4m3, "
+                        "Hopper) or exact fp32 (default: bf16 where its kernels take the model)")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the initialization, data and sampling")
     g.add_argument("--dist-timeout", type=positive_float, default=600.0,
                    help="several GPUs: seconds a rank waits for the others (rendezvous, one step) before it "

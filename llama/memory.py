@@ -26,6 +26,8 @@ import resource
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from .config import LlamaConfig
 from .optim import QUANT_BLOCK, AdamW8bitState
 from .params import ParameterLayout, count_parameters
@@ -143,11 +145,11 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     gradients, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
     top."""
     layout = ParameterLayout(config)
-    if dtype != "bf16":
+    if dtype == "fp32":
         P = layout.size
         return {"fp32 weights": FLOAT32 * P, "fp32 gradients": FLOAT32 * P, "adamw moments": 2 * FLOAT32 * P // gpus,
                 "logits": B * T * config.vocab_size * FLOAT32}
-    from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes
+    from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
     from .ops import bf16 as ops
     from .parallel.zero import ShardLayout
     from .plan import ATTENTION_HOPPER
@@ -172,6 +174,11 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     buffers["shared activations, a logits chunk, scratch"] = (
         size(shared) + FLOAT32 * (ops.rmsnorm_bf16_scratch_size(config.dim) + ops.embedding_bf16_scratch_size(N, config.dim))
         + 7 * N * 4 + FLOAT32 * T * config.head_dim)  # the scratches, the int32 inputs, the RoPE tables
+    if dtype == "fp8":  # each linear weight cast along its rows and transposed, with their scales; the casts' scratch
+        weights = [t for i in range(config.n_layers) for t in linear_weights(layout, i)]
+        buffers["FP8 weight copies"] = sum(2 * t.size + FLOAT32 * sum(t.shape) for t in weights)
+        buffers["FP8 casts' scratch"] = sum(math.prod(shape) * np.dtype(kind).itemsize
+                                            for shape, kind in fp8_shapes(config, B, T).values())
     return buffers
 
 

@@ -19,13 +19,15 @@ from .optim import OPTIMIZERS, QUANT_BLOCK
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
-DTYPES = ("bf16", "fp32")
+DTYPES = ("bf16", "fp8", "fp32")
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
-# reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU);
-# the fp32 GPU model keeps everything, with fp32 moments updated after the backward
+# reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU),
+# and so its FP8 linear layers; the fp32 GPU model keeps everything, with fp32 moments updated after the backward
 RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)),
            "bf16": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
+           "fp8": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
            "fp32": (("none",), ("adamw",), (False,))}
+FP8_ROW = 16  # FP8 rows hold a multiple of this many values: TMA reads rows of whole 16-byte units
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
 # the flash attention build and its name in the plan's line: the ladder's v3 (kernels/flash_attention_wgmma.cu)
@@ -65,7 +67,8 @@ def gemm_chooser() -> GemmChooser:
 @dataclass(frozen=True)
 class Plan:
     device: str  # "cuda" or "cpu"
-    dtype: str  # "bf16" (mixed precision) or "fp32" (the exact path, or the numpy reference on the CPU)
+    dtype: str  # "bf16" (mixed precision), "fp8" (bf16 with FP8 linear layers) or "fp32" (the exact path, or the
+    # numpy reference on the CPU)
     hardware: str  # "GPU NVIDIA H200 (sm_90a)" or "CPU"
     gemm: GemmChooser | None = None  # bf16 GEMM version per problem shape (GPU)
     attention: FlashSource | None = None  # the flash attention build (GPU)
@@ -78,15 +81,16 @@ class Plan:
 
     @property
     def path(self) -> str:
-        """The model that runs: "cpu" (the numpy reference), "bf16" or "fp32" (a GPU model)."""
+        """The model that runs: "cpu" (the numpy reference), "bf16", "fp8" or "fp32" (a GPU model)."""
         return "cpu" if self.device == "cpu" else self.dtype
 
     def summary(self) -> str:
         """The one line the trainer prints: what runs where."""
         if self.device == "cpu":
             runs = "the numpy reference"
-        elif self.dtype == "bf16":
-            runs = f"gemm {self.gemm.name}, attention {self.attention_name}, CUDA graphs"
+        elif self.dtype in ("bf16", "fp8"):
+            fp8 = " (FP8 e4m3, row-wise scales, in the linear layers)" if self.dtype == "fp8" else ""
+            runs = f"gemm {self.gemm.name}{fp8}, attention {self.attention_name}, CUDA graphs"
         else:
             runs = "fp32 kernels (the exact path)"
         return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer}"
@@ -120,6 +124,16 @@ def bf16_unsupported(config) -> str | None:
     return None
 
 
+def fp8_unsupported(config) -> str | None:
+    """Why the FP8 linear layers cannot train this model on this GPU, or None when they can."""
+    if runtime().code != "sm_90a":
+        return f"FP8 GEMMs are wgmma kernels for sm_90a (Hopper), this GPU is {runtime().code}"
+    widths = {"dim": config.dim, "n_heads * head_dim": config.n_heads * config.head_dim,
+              "ffn_hidden_dim": config.ffn_hidden_dim}
+    odd = [f"{name} {value}" for name, value in widths.items() if value % FP8_ROW]
+    return f"FP8 rows hold multiples of {FP8_ROW} values: {', '.join(odd)}" if odd else None
+
+
 def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_backward: bool | None = None,
                   gpus: int = 1) -> dict:
     """The path's memory recipe: what was asked for, else its defaults; PlanError for what it does not run
@@ -149,23 +163,25 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     and in_backward None take the path's defaults (RECIPES)."""
     device, why_no_gpu = _device(device)
     if device == "cpu":
-        if dtype == "bf16":
-            raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32")
+        if dtype in ("bf16", "fp8"):
+            raise PlanError(f"--dtype {dtype} needs a CUDA GPU; the CPU reference computes in fp32")
         return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
                     **choose_recipe("cpu", recompute, optimizer, in_backward))
     why_not_bf16 = bf16_unsupported(config)
-    if dtype == "bf16" and why_not_bf16:
-        raise PlanError(f"--dtype bf16: {why_not_bf16}")
+    if dtype in ("bf16", "fp8") and why_not_bf16:
+        raise PlanError(f"--dtype {dtype}: {why_not_bf16}")
+    if dtype == "fp8" and fp8_unsupported(config):
+        raise PlanError(f"--dtype fp8: {fp8_unsupported(config)}")
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
     recipe = choose_recipe(dtype, recompute, optimizer, in_backward, gpus)
-    if recipe["in_backward"] and dtype == "bf16":  # each layer's update starts a whole 16-byte vector (8-bit: block)
+    if recipe["in_backward"] and dtype != "fp32":  # each layer's update starts a whole 16-byte vector (8-bit: block)
         unit = QUANT_BLOCK if recipe["optimizer"] == "adamw8bit" else 16
         if config.dim % unit:
             raise PlanError(f"--optimizer-in-backward with {recipe['optimizer']} on the GPU needs dim a multiple of "
                             f"{unit}, so that each layer's weights start a whole {'block' if unit > 16 else 'vector'}; "
                             f"this model's is {config.dim}")
     rt = runtime()
-    peaks = BF16_PEAK_FLOPS if dtype == "bf16" else FP32_PEAK_FLOPS
+    peaks = FP32_PEAK_FLOPS if dtype == "fp32" else BF16_PEAK_FLOPS  # fp8: MFU against the bf16 peak
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),

@@ -78,11 +78,11 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
 
 
 def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
-    """The model the plan says runs: the numpy reference, or a GPU model in bf16 or fp32."""
+    """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32."""
     if plan.device == "cpu":
         return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute,
                               in_backward=plan.in_backward)
-    if plan.dtype == "bf16":
+    if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
         from .model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
     from .model.gpu_fp32 import GPUModelFP32

@@ -1,12 +1,14 @@
 """One training step, ours against PyTorch, in one process on the GPU.
 
-Ours: the GPU model's train_step (llama.model.gpu_bf16.GPUModelBF16, or GPUModelFP32 with --dtype fp32:
-forward, backward, clip, AdamW, CUDA graphs; the loss and norm are read once per step). PyTorch: the same
-architecture in scripts/torch_llama.py (RMSNorm, RoPE, SDPA with GQA, SwiGLU, the head tied where the
-preset ties it), bf16 autocast over fp32 weights (fp32: none), fused AdamW, global-norm clipping,
-torch.compile. It prints the GPU's name and clocks, then for each config ms/step, tok/s and peak device
-memory (torch: max_memory_allocated; ours: what our allocations hold), the ratios, and a per-kernel
-breakdown of one eager step of ours (CUDA events around every launcher call).
+Ours: the GPU model's train_step (llama.model.gpu_bf16.GPUModelBF16, with FP8 linear layers under --dtype
+fp8, or GPUModelFP32 with --dtype fp32: forward, backward, clip, AdamW, CUDA graphs; the loss and norm are
+read once per step). PyTorch: the same architecture in scripts/torch_llama.py (RMSNorm, RoPE, SDPA with GQA,
+SwiGLU, the head tied where the preset ties it), bf16 autocast over fp32 weights (fp32: none), fused AdamW,
+global-norm clipping, torch.compile; with --dtype fp8 torch runs bf16, and again with torchao's float8
+training (row-wise scales, the blocks' linear layers; torchao carried to the device as a wheel). It prints
+the GPU's name and clocks, then for each config ms/step, tok/s and peak device memory (torch:
+max_memory_allocated; ours: what our allocations hold), the ratios, and a per-kernel breakdown of one eager
+step of ours (CUDA events around every launcher call).
 
     python3 scripts/bench_step.py [--configs d12 llama3.2-1b] [--dtype bf16] [--steps 12] [--json out.json]
 
@@ -41,7 +43,7 @@ def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.model.gpu_fp32 import GPUModelFP32
     before = allocated_bytes()
-    model = GPUModelBF16(c, B, T, plan=plan) if dtype == "bf16" else GPUModelFP32(c, B, T)
+    model = GPUModelFP32(c, B, T) if dtype == "fp32" else GPUModelBF16(c, B, T, plan=plan)
     rng = np.random.default_rng(0)
     batches = [[(rng.integers(0, c.vocab_size, (B, T)), rng.integers(0, c.vocab_size, (B, T)))] for _ in range(4)]
     opt, done = AdamWConfig(), [0]
@@ -62,7 +64,7 @@ def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
 def kernel_breakdown(model, batches, opt) -> dict:
     """Milliseconds per launcher (GEMMs per layout) over one eager step, from CUDA events."""
     drv, stream = runtime().drv, runtime().stream
-    names = ["gemm", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward_bf16",
+    names = ["gemm", "gemm_fp8", "cast_fp8", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward_bf16",
              "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16", "swiglu_backward_bf16",
              "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16", "loss_accumulate_bf16",
              "global_norm_squared_bf16", "adamw_update_bf16", "adamw8bit_update_bf16",  # the fp32 model's launchers:
@@ -77,6 +79,8 @@ def kernel_breakdown(model, batches, opt) -> dict:
             label = name
             if name == "gemm":
                 label = "gemm " + ("dW (tn)" if kwargs.get("trans_a") else "fwd (nt)" if kwargs.get("trans_b") else "dX (nn)")
+            elif name == "gemm_fp8":
+                label = "gemm_fp8 " + ("dW" if kwargs.get("accumulate") else "fwd and dX")
             start, end = drv.Event(), drv.Event()
             start.record(stream)
             fn(*args, **kwargs)
@@ -160,7 +164,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--runs", nargs="+", type=run_spec, help="PRESET:B:T instead of --configs")
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="the models' precision")
+    parser.add_argument("--dtype", choices=("bf16", "fp8", "fp32"), default="bf16",
+                        help="the models' precision (fp8: ours FP8 linear layers; torch bf16, and torchao float8)")
     parser.add_argument("--recompute", choices=("none", "partial", "full"), default=None,
                         help="ours: the plan's recompute (default partial); full also checkpoints torch's blocks")
     parser.add_argument("--optimizer", choices=("adamw", "adamw8bit"), default="adamw",
@@ -195,18 +200,26 @@ def main():
         if not args.no_torch:
             import torch
             try:
-                r["torch_ms"], r["torch_bytes"] = bench_torch(c, B, T, args.steps, args.dtype,
-                                                              checkpoint=plan.recompute == "full", optimizer=args.optimizer)
+                r["torch_ms"], r["torch_bytes"] = bench_torch(c, B, T, args.steps, "fp32" if args.dtype == "fp32"
+                                                              else "bf16", checkpoint=plan.recompute == "full",
+                                                              optimizer=args.optimizer)
+                if args.dtype == "fp8":
+                    r["torch_float8_ms"], r["torch_float8_bytes"] = bench_torch(
+                        c, B, T, args.steps, "bf16", checkpoint=plan.recompute == "full", optimizer=args.optimizer,
+                        float8=True)
             except torch.OutOfMemoryError:
                 print(f"{key}: torch ran out of memory", flush=True)
                 torch.cuda.empty_cache()
         print(f"{HEADER}\n{table_row(key, r)}", flush=True)  # each run's row at once, the table at the end
+        if r.get("torch_float8_ms") and r["ours_ms"]:
+            print(f"{key}: torchao float8 (row-wise) + torch.compile {r['torch_float8_ms']:.1f} ms, "
+                  f"{r['torch_float8_bytes'] / 1e9:.1f} GB; ours is {r['torch_float8_ms'] / r['ours_ms']:.2f}x its speed")
         if r["breakdown_ms"]:
             print(f"{key}: per-kernel breakdown of one eager step of ours, ms")
             for label, ms in r["breakdown_ms"].items():
                 print(f"  {label:<28}{ms:8.2f}")
     print(f"\n{gpu_line()}\nours = {args.dtype} kernels + CUDA graphs; torch = "
-          f"{'bf16 autocast' if args.dtype == 'bf16' else 'fp32'} + torch.compile + "
+          f"{'fp32' if args.dtype == 'fp32' else 'bf16 autocast'} + torch.compile + "
           f"{'torchao AdamW8bit' if args.optimizer == 'adamw8bit' else 'fused AdamW'}"
           + (" + activation checkpointing" if args.recompute == "full" else "") + "; - where it did not fit")
     print(HEADER)

@@ -1,8 +1,9 @@
 """Train the same model from the same init on the same data in two or more ways, and compare the
-loss curves: the mean train loss over the last 50 steps of each run, the largest difference from the
+loss curves: the mean train loss over the last 50 steps (--last) of each run, the largest difference from the
 first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is installed).
 
     python3 scripts/compare_runs.py dtype bf16 fp32 [-o out/compare] [-- extra train_llama.py arguments]
+    python3 scripts/compare_runs.py dtype fp8 bf16 -- -x 500
     python3 scripts/compare_runs.py gpus 1 8 [-o out/scaling] [-- extra train_llama.py arguments]
     python3 scripts/compare_runs.py recipe plain adamw8bit in-backward full [--device cpu] [-- ...]
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_log import read_log  # noqa: E402
 
 B, T = 8, 1024
+DTYPES = ("bf16", "fp8", "fp32")  # llama/plan.py's
 TRAIN = str(Path(__file__).resolve().parents[1] / "train_llama.py")
 RECIPES = {"plain": [], "partial": ["--recompute", "partial"], "full": ["--recompute", "full"],
            "adamw8bit": ["--optimizer", "adamw8bit"], "in-backward": ["--optimizer-in-backward"]}
@@ -42,18 +44,19 @@ def command(vary: str, value: str, values: list[str]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("vary", choices=("dtype", "gpus", "recipe"))
-    parser.add_argument("values", nargs="+", help=f"bf16 fp32, GPU counts, or recipes: {', '.join(RECIPES)}")
+    parser.add_argument("values", nargs="+", help=f"{' '.join(DTYPES)}, GPU counts, or recipes: {', '.join(RECIPES)}")
     parser.add_argument("-o", "--output-dir", default="out/compare")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: recipes only")
+    parser.add_argument("--last", type=int, default=50, help="steps at the end whose train loss is averaged")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0],
                         help="train every way from each seed; the differences are averaged over them")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]  # after --: train_llama.py arguments
-    allowed = {"dtype": lambda v: v in ("bf16", "fp32"), "gpus": lambda v: v.isdigit() and int(v) > 0,
+    allowed = {"dtype": lambda v: v in DTYPES, "gpus": lambda v: v.isdigit() and int(v) > 0,
                "recipe": lambda v: v in RECIPES}[args.vary]
     if not all(map(allowed, args.values)):
-        parser.error(f"{args.vary} takes " + {"dtype": "bf16 and fp32", "gpus": "GPU counts",
+        parser.error(f"{args.vary} takes " + {"dtype": ", ".join(DTYPES), "gpus": "GPU counts",
                                               "recipe": ", ".join(RECIPES)}[args.vary])
     if args.device == "cpu" and args.vary != "recipe":
         parser.error(f"--device cpu: {args.vary} needs GPUs")
@@ -84,10 +87,10 @@ def compare(args, extra: list[str], seed: int, out: Path) -> dict[str, float] | 
         if subprocess.run(run).returncode != 0:
             return None
         train, _ = read_log(log / "main.log")
-        last = [train[s] for s in sorted(train)[-50:]]
+        last = [train[s] for s in sorted(train)[-args.last:]]
         means[value], logs = sum(last) / len(last), logs + [str(log / "main.log")]
     first = args.values[0]
-    print(f"seed {seed}: mean train loss over the last 50 steps: "
+    print(f"seed {seed}: mean train loss over the last {args.last} steps: "
           + ", ".join(f"{args.vary} {v} {m:.4f}" for v, m in means.items())
           + f" | largest |difference| from {args.vary} {first}: "
           f"{max(abs(m - means[first]) for m in means.values()):.4f} nats", flush=True)

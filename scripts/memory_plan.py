@@ -22,7 +22,7 @@ from llama.config import ConfigError, get_preset
 from llama.memory import gpu_free, host_available, size_text, training_buffers, what_would_fit
 from llama.model.reference import RECOMPUTE
 from llama.optim import OPTIMIZERS
-from llama.plan import ATTENTION_HOPPER, Plan, PlanError, choose_recipe, choose_device
+from llama.plan import ATTENTION_HOPPER, DTYPES, Plan, PlanError, choose_recipe, choose_device
 
 GIB = 2**30
 # total memory of the GPUs we train on, as nvidia-smi reports it
@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-b", "--batch-size", type=positive_int, required=True, help="sequences per micro-batch")
     p.add_argument("-t", "--seq-len", type=positive_int, required=True, help="tokens per sequence")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the GPU models or the CPU reference")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="the GPU model (with --device cuda)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="the GPU model (with --device cuda)")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of a ZeRO-1 run (with --device cuda)")
     p.add_argument("--recompute", choices=RECOMPUTE, default=None, help="default: the path's (partial in bf16)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=None, help="default: adamw")

@@ -71,12 +71,17 @@ class TorchLlama(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def bench_torch(c, B, T, steps, dtype="bf16", checkpoint=False, optimizer="adamw"):
+def bench_torch(c, B, T, steps, dtype="bf16", checkpoint=False, optimizer="adamw", float8=False):
     """ms per step and peak allocated bytes; dtype 'bf16' (autocast over fp32 weights) or 'fp32';
-    optimizer 'adamw' (fused) or 'adamw8bit' (torchao.optim.AdamW8bit, block-wise 8-bit moments)."""
+    optimizer 'adamw' (fused) or 'adamw8bit' (torchao.optim.AdamW8bit, block-wise 8-bit moments); float8:
+    the blocks' linear layers in torchao's float8 training with row-wise scales (the head stays bf16)."""
     torch.manual_seed(0)
     with torch.device("cuda"):  # initialized on the GPU: an 8B model's host init would take minutes
         model = TorchLlama(c, T, checkpoint)
+    if float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
+                                   module_filter_fn=lambda module, name: name != "output")
     if optimizer == "adamw8bit":
         from torchao.optim import AdamW8bit
         opt = AdamW8bit(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)

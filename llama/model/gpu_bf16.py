@@ -24,6 +24,12 @@ shape and replayed after: tokens upload asynchronously from pinned memory, lr an
 corrections live in device memory, the loss accumulates on the device and is read once. Which GEMM
 version and flash attention build run is the plan's (llama/plan.py).
 
+With --dtype fp8 (the plan's dtype "fp8", Hopper) the seven linear layers of each block run their forward,
+dX and dW GEMMs on FP8 e4m3 casts with row-wise power-of-two scales (ops.cast_fp8, ops.gemm_fp8), whose
+twins are reference.matmul_fp8_forward/backward: the input along its rows (forward) and transposed (dW), the
+output's gradient the same two ways (dX, dW), the weight along its rows (forward) and transposed (dX), cast
+from the bf16 copy at the start of every forward. Everything else is the bf16 path's.
+
 With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO-1
 (llama/parallel/zero.py): the backward of the last micro-batch reduce-scatters each layer's
 gradients as soon as they are final, each rank updates its shard of the fp32 master weights and
@@ -37,7 +43,7 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import BF16, DeviceArray, Graph, empty, runtime, zeros
+from ..cuda import BF16, FP8, DeviceArray, Graph, empty, runtime, zeros
 from ..optim import QUANT_BLOCK, AdamWConfig
 from ..parallel.zero import MasterReplica
 from ..plan import Plan, make_plan
@@ -71,6 +77,26 @@ def activation_shapes(config: LlamaConfig, b: int, t: int, recompute: str, atten
     return layer, shared | {k: s for k, s in activations.items() if k not in layer}
 
 
+def fp8_shapes(config: LlamaConfig, b: int, t: int) -> dict:
+    """The FP8 casts' scratch for a (b, t) batch (--dtype fp8), name -> (shape, dtype): a linear layer's input
+    (the forward's row cast, or the backward's transposed one), its output's gradient (rows and transposed),
+    their scales, and the casts' amax."""
+    c = config
+    N, widest_in = b * t, max(c.dim, c.n_heads * c.head_dim, c.ffn_hidden_dim)
+    widest_out = max((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim, 2 * c.ffn_hidden_dim)
+    return {"input": ((N * widest_in,), FP8), "input_scales": ((max(N, widest_in),), np.float32),
+            "grad": ((N * widest_out,), FP8), "grad_scales": ((N,), np.float32),
+            "grad_t": ((N * widest_out,), FP8), "grad_t_scales": ((widest_out,), np.float32),
+            "amax": ((max(N, widest_in) + widest_in + widest_out,), np.uint32)}  # any cast's rows + columns
+
+
+def linear_weights(layout, layer: int) -> list:
+    """A layer's linear weights as the GEMMs read them: the fused qkv, wo, the fused w1/w3, w2."""
+    pre = f"layers.{layer}."
+    return [layout.wqkv(layer), layout.tensors[pre + "attention.wo.weight"], layout.w13(layer),
+            layout.tensors[pre + "feed_forward.w2.weight"]]
+
+
 class GPUModelBF16(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
                  comm=None, plan: Plan | None = None):
@@ -79,12 +105,15 @@ class GPUModelBF16(GPUModelBase):
         (a PlanError says why the model does not fit it)."""
         self.plan = plan or make_plan(config, "cuda", "bf16")
         self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
+        self.fp8 = self.plan.dtype == "fp8"
         params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward)
         self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         if self.in_backward:
             self._allocate_groups()
         self._allocate()
+        if self.fp8:
+            self._allocate_fp8()
         # (b, t, micro_steps, opt) -> (micro-step graphs (not last, last), optimizer graph); in the backward:
         # (b, t, "in backward", opt) -> the step's graph
         self.graphs = {}
@@ -118,6 +147,27 @@ class GPUModelBF16(GPUModelBase):
             event.record(runtime().stream)
         self.turn = 0
 
+    def _allocate_fp8(self) -> None:
+        """The casts' scratch (fp8_shapes) and each linear weight's two FP8 copies with their scales (its rows
+        for the forward, its transpose for dX), by the address of the bf16 weight they are cast from."""
+        shapes = fp8_shapes(self.config, self.B, self.T)
+        self.fp8_scratch = {name: empty(shape, dtype) for name, (shape, dtype) in shapes.items()}
+        self.fp8_weights = {}
+        for i in range(self.config.n_layers):
+            for tensor in linear_weights(self.layout, i):
+                rows, cols = tensor.shape
+                self.fp8_weights[self._fused(self.params_bf16, tensor).ptr] = (
+                    empty((rows, cols), FP8), empty(rows), empty((cols, rows), FP8), empty(cols))
+
+    def _cast_weights(self) -> None:
+        """Every linear weight's FP8 copies from its bf16 copy (the start of a forward)."""
+        for i in range(self.config.n_layers):
+            for tensor in linear_weights(self.layout, i):
+                weight = self._fused(self.params_bf16, tensor)
+                q, scales, q_t, scales_t = self.fp8_weights[weight.ptr]
+                ops.cast_fp8(weight, rows=q, row_scales=scales, cols=q_t, col_scales=scales_t,
+                             amax=self.fp8_scratch["amax"])
+
     def _allocate_groups(self) -> None:
         """The optimizer in the backward: the gradient groups (the embedding table, each layer, the final
         norm and head, as the reference's), the embedding's gradients (a tied head adds to them in the
@@ -140,6 +190,36 @@ class GPUModelBF16(GPUModelBase):
     def gemm(self, c: DeviceArray, a: DeviceArray, b: DeviceArray, **options) -> None:
         """ops.gemm with the plan's GEMM version for the problem's shape."""
         ops.gemm(c, a, b, version=self.plan.gemm, **options)
+
+    def linear_forward(self, out: DeviceArray, x: DeviceArray, weight: DeviceArray, rope: tuple | None = None) -> None:
+        """out (N, OC) = x (N, IC) @ weight (OC, IC)^T, weight a bf16 copy; rope as ops.gemm's. FP8: on the
+        casts of x along its rows and of the weight (reference.matmul_fp8_forward)."""
+        if not self.fp8:
+            self.gemm(out, x, weight, trans_b=True, rope=rope)
+            return
+        (N, IC), f = x.shape, self.fp8_scratch
+        x_q, x_scales = f["input"].prefix(N, IC), f["input_scales"].prefix(N)
+        ops.cast_fp8(x, rows=x_q, row_scales=x_scales, amax=f["amax"])
+        w_q, w_scales, _, _ = self.fp8_weights[weight.ptr]
+        ops.gemm_fp8(out, x_q, x_scales, w_q, w_scales, rope=rope, version=self.plan.gemm)
+
+    def linear_backward(self, dx: DeviceArray, dweight: DeviceArray, dout: DeviceArray, x: DeviceArray,
+                        weight: DeviceArray) -> None:
+        """dweight (fp32) += dout (N, OC)^T @ x (N, IC), then dx (N, IC) = dout @ weight (dx may be x's
+        buffer). FP8: on the casts reference.matmul_fp8_backward takes, each along its GEMM's K."""
+        if not self.fp8:
+            self.gemm(dweight, dout, x, trans_a=True, accumulate=True)
+            self.gemm(dx, dout, weight)
+            return
+        (N, IC), OC, f = x.shape, dout.shape[-1], self.fp8_scratch
+        g_q, g_scales = f["grad"].prefix(N, OC), f["grad_scales"].prefix(N)
+        g_t, g_t_scales = f["grad_t"].prefix(OC, N), f["grad_t_scales"].prefix(OC)
+        ops.cast_fp8(dout, rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales, amax=f["amax"])
+        x_t, x_t_scales = f["input"].prefix(IC, N), f["input_scales"].prefix(IC)
+        ops.cast_fp8(x, cols=x_t, col_scales=x_t_scales, amax=f["amax"])
+        ops.gemm_fp8(dweight, g_t, g_t_scales, x_t, x_t_scales, accumulate=True, version=self.plan.gemm)
+        _, _, w_t, w_t_scales = self.fp8_weights[weight.ptr]
+        ops.gemm_fp8(dx, g_q, g_scales, w_t, w_t_scales, version=self.plan.gemm)
 
     def weight(self, name: str) -> DeviceArray:
         """A weight's bf16 copy, as the GEMMs read it."""
@@ -216,6 +296,8 @@ class GPUModelBF16(GPUModelBase):
         tokens = self.inputs["tokens"].prefix(N)
         rope = (self.rope_cos, self.rope_sin, t, (H + KV) * D)
 
+        if self.fp8:
+            self._cast_weights()
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
             if i == 0:
@@ -235,15 +317,14 @@ class GPUModelBF16(GPUModelBase):
         second norm, the SwiGLU FFN; its output branch goes to s["branch"] (added to a["h"] by the next
         norm)."""
         c, L, pre = self.config, self.layout, f"layers.{i}."
-        self.gemm(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), trans_b=True,
-                  rope=rope)
+        self.linear_forward(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), rope)
         ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention)
-        self.gemm(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"), trans_b=True)
+        self.linear_forward(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
         ops.rmsnorm_residual_forward_bf16(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
                                           self.master(pre + "ffn_norm.weight"), c.norm_eps)
-        self.gemm(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)), trans_b=True)
+        self.linear_forward(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)))
         ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-        self.gemm(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"), trans_b=True)
+        self.linear_forward(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"))
 
     def _classifier(self, s: dict, N: int, loss_scale: float | None, loss_weight: float) -> None:
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
@@ -285,26 +366,24 @@ class GPUModelBF16(GPUModelBase):
                 self._layer_forward(i, a, s, N, rope)
             if partial:
                 ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            self.gemm(grad(pre + "feed_forward.w2.weight"), dx, a["ffn"], trans_a=True, accumulate=True)
             dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
-            self.gemm(dffn, dx, self.weight(pre + "feed_forward.w2.weight"))
+            self.linear_backward(dffn, grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
+                                 self.weight(pre + "feed_forward.w2.weight"))
             ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
             if partial:
                 ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
-            self.gemm(s["dln"], dgate_up, self._fused(self.params_bf16, L.w13(i)))
-            self.gemm(grad(L.w13(i)), dgate_up, a["ln2"], trans_a=True, accumulate=True)
+            self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self._fused(self.params_bf16, L.w13(i)))
             ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
                                       self.master(pre + "ffn_norm.weight"), a["rstd2"])
-            self.gemm(s["datt"].reshape(N, -1), dx, self.weight(pre + "attention.wo.weight"))
-            self.gemm(grad(pre + "attention.wo.weight"), dx, a["att"].reshape(N, -1), trans_a=True, accumulate=True)
+            self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
+                                 a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
             ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
                                          self.rope_cos, self.rope_sin, source=self.plan.attention)
             if partial:
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
-            self.gemm(s["dln"], s["dqkv"].reshape(N, -1), self._fused(self.params_bf16, L.wqkv(i)))
-            self.gemm(grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], trans_a=True,
-                     accumulate=True)
+            self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"],
+                                 self._fused(self.params_bf16, L.wqkv(i)))
             ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                       self.master(pre + "attention_norm.weight"), a["rstd1"])
             self._gradients_final_from(pre + "attention_norm.weight", sync)

@@ -293,16 +293,20 @@ class ReferenceModel(Model):
     groups' squared norms of this step plus the others' of the last step (on the first step the finished
     groups' alone: Adam's first update does not depend on the gradient's scale anyway, up to eps). The last group's update sees this step's whole
     norm. Checkpoints keep the groups' norms (group_norms_squared). A step takes one micro-batch (no
-    gradient accumulation)."""
+    gradient accumulation).
+
+    fp8: the seven linear layers of each block multiply FP8 casts (matmul_fp8_forward/backward), the twin of
+    --dtype fp8; the head and everything else as without."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
-                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False):
+                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False, fp8: bool = False):
         if recompute not in RECOMPUTE or optimizer not in OPTIMIZERS:
             raise ValueError(f"recompute {recompute!r}, optimizer {optimizer!r}: choose recompute from "
                              f"{', '.join(RECOMPUTE)} and the optimizer from {', '.join(OPTIMIZERS)}")
         self.config = config
         self.dtype = np.dtype(dtype)
         self.recompute = recompute
+        self.fp8 = fp8
         self.layout = ParameterLayout(config)
         if params is None:
             params = init_parameters(config, seed)
@@ -324,19 +328,30 @@ class ReferenceModel(Model):
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
 
+    def _linear_forward(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """A block's linear layer: matmul_forward, or its FP8 twin."""
+        return matmul_fp8_forward(x, weight).astype(self.dtype) if self.fp8 else matmul_forward(x, weight)
+
+    def _linear_backward(self, dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A block's linear layer: matmul_backward, or its FP8 twin."""
+        if not self.fp8:
+            return matmul_backward(dout, x, weight)
+        dx, dweight = matmul_fp8_backward(dout, x, weight)
+        return dx.astype(self.dtype), dweight.astype(self.dtype)
+
     def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:
         """Layer i on its input x (B, T, C): every activation its backward reads, and its output "out"."""
         c, p, L, pre = self.config, self.p, self.layout, f"layers.{i}."
         a = {"x": x}
         a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
-        qkv = matmul_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
+        qkv = self._linear_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
         a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
         a["att"], a["lse"] = attention_forward(a["q"], a["k"], a["v"])
-        a["h"] = residual_forward(x, matmul_forward(a["att"], p[pre + "attention.wo.weight"]))
+        a["h"] = residual_forward(x, self._linear_forward(a["att"], p[pre + "attention.wo.weight"]))
         a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
-        a["gate_up"] = matmul_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
+        a["gate_up"] = self._linear_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
         a["ffn"] = swiglu_forward(a["gate_up"])
-        a["out"] = residual_forward(a["h"], matmul_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
+        a["out"] = residual_forward(a["h"], self._linear_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
         return a
 
     def _kept(self, a: dict) -> dict:
@@ -404,19 +419,19 @@ class ReferenceModel(Model):
         self._gradients_final(self.groups[-1])
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", self._restored(i, acts["layers"][i], acts["rope"])
-            dffn, dw = matmul_backward(dx, a["ffn"], p[pre + "feed_forward.w2.weight"])
+            dffn, dw = self._linear_backward(dx, a["ffn"], p[pre + "feed_forward.w2.weight"])
             grad(pre + "feed_forward.w2.weight")[...] += dw
             dgate_up = swiglu_backward(dffn, a["gate_up"])
-            dln2, dw = matmul_backward(dgate_up, a["ln2"], self._matrix(self.params, L.w13(i)))
+            dln2, dw = self._linear_backward(dgate_up, a["ln2"], self._matrix(self.params, L.w13(i)))
             grad(L.w13(i))[...] += dw
             dh, dw = rmsnorm_backward(dln2, a["h"], p[pre + "ffn_norm.weight"], a["rstd2"])
             grad(pre + "ffn_norm.weight")[...] += dw
             dx = dx + dh
-            datt, dw = matmul_backward(dx, a["att"], p[pre + "attention.wo.weight"])
+            datt, dw = self._linear_backward(dx, a["att"], p[pre + "attention.wo.weight"])
             grad(pre + "attention.wo.weight")[...] += dw
             dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"])
             dqkv = rope_backward(dq, dk, dv, *acts["rope"])
-            dln1, dw = matmul_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
+            dln1, dw = self._linear_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
             grad(L.wqkv(i))[...] += dw
             dxn, dw = rmsnorm_backward(dln1, a["x"], p[pre + "attention_norm.weight"], a["rstd1"])
             grad(pre + "attention_norm.weight")[...] += dw
