@@ -8,7 +8,8 @@ global-norm clipping, torch.compile; with --dtype fp8 torch runs bf16, and again
 training (row-wise scales, the blocks' linear layers; torchao carried to the device as a wheel). It prints
 the GPU's name and clocks, then for each config ms/step, tok/s and peak device memory (torch:
 max_memory_allocated; ours: what our allocations hold), the ratios, and a per-kernel breakdown of one eager
-step of ours (CUDA events around every launcher call).
+step of ours (CUDA events around every launcher call, llama/timeline.py; --trace DIR writes that step as a
+Chrome trace that chrome://tracing and Perfetto open).
 
     python3 scripts/bench_step.py [--configs d12 llama3.2-1b] [--dtype bf16] [--steps 12] [--json out.json]
 
@@ -23,7 +24,7 @@ AdamW8bit, carried to the device as a wheel). --runs PRESET:B:T sets the models 
 import argparse
 import json
 import subprocess
-from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from llama.cuda import allocated_bytes, runtime, time_ms
 from llama.memory import gpu_free, size_text, training_buffers
 from llama.optim import AdamWConfig
 from llama.plan import make_plan
+from llama.timeline import Timeline
 from llama.trainer import matmul_flops_per_token
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
@@ -40,6 +42,7 @@ VOCAB = 128256
 
 
 def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
+    """Our ms per step, peak bytes, and the timeline of one eager step (None without breakdown)."""
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.model.gpu_fp32 import GPUModelFP32
     before = allocated_bytes()
@@ -56,41 +59,36 @@ def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
         step()
     ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     peak = allocated_bytes() - before
-    breakdown = kernel_breakdown(model, batches[0], opt) if breakdown else {}
+    timeline = kernel_breakdown(model, batches[0], opt) if breakdown else None
     del model
-    return ms, peak, breakdown
+    return ms, peak, timeline
 
 
-def kernel_breakdown(model, batches, opt) -> dict:
-    """Milliseconds per launcher (GEMMs per layout) over one eager step, from CUDA events."""
-    drv, stream = runtime().drv, runtime().stream
-    names = ["gemm", "gemm_fp8", "cast_fp8", "flash_attention_forward", "flash_attention_backward", "rmsnorm_residual_forward_bf16",
-             "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16", "swiglu_backward_bf16",
-             "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16", "loss_accumulate_bf16",
-             "global_norm_squared_bf16", "adamw_update_bf16", "adamw8bit_update_bf16",  # the fp32 model's launchers:
+LAUNCHERS = ["gemm", "gemm_fp8", "cast_fp8", "flash_attention_forward", "flash_attention_backward",
+             "rmsnorm_residual_forward_bf16", "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16",
+             "swiglu_backward_bf16", "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16",
+             "loss_accumulate_bf16", "global_norm_squared_bf16", "adamw_update_bf16", "adamw8bit_update_bf16",
+             # the fp32 model's launchers:
              "matmul_forward", "matmul_backward", "attention_forward", "attention_backward", "rope_forward",
              "rope_backward", "residual_forward", "rmsnorm_forward", "rmsnorm_backward", "swiglu_forward",
              "swiglu_backward", "embedding_forward", "embedding_backward", "sort_tokens", "fused_classifier",
              "global_norm_squared", "adamw_update"]
-    originals, events = {name: getattr(ops, name) for name in names}, []
 
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            label = name
-            if name == "gemm":
-                label = "gemm " + ("dW (tn)" if kwargs.get("trans_a") else "fwd (nt)" if kwargs.get("trans_b") else "dX (nn)")
-            elif name == "gemm_fp8":
-                label = "gemm_fp8 " + ("dW" if kwargs.get("accumulate") else "fwd and dX")
-            start, end = drv.Event(), drv.Event()
-            start.record(stream)
-            fn(*args, **kwargs)
-            end.record(stream)
-            events.append((label, start, end))
-        return wrapper
 
-    for name in names:
-        setattr(ops, name, timed(name, originals[name]))
-    try:
+def launch_label(name: str, args: tuple, kwargs: dict) -> str:
+    """A launcher call's name in the breakdown: the GEMMs by what they compute."""
+    if name == "gemm":
+        return "gemm " + ("dW (tn)" if kwargs.get("trans_a") else "fwd (nt)" if kwargs.get("trans_b") else "dX (nn)")
+    if name == "gemm_fp8":
+        return "gemm_fp8 " + ("dW" if kwargs.get("accumulate") else "fwd and dX")
+    return name
+
+
+def kernel_breakdown(model, batches, opt) -> Timeline:
+    """The timeline of one eager step (CUDA events around every launcher call): its totals are the
+    milliseconds per launcher (GEMMs per layout), its chrome_trace() the step's spans."""
+    timeline = Timeline(launch_label)
+    with timeline.recording(ops, LAUNCHERS, comm=getattr(model, "comm", None)):
         from llama.model.gpu_bf16 import GPUModelBF16
         if isinstance(model, GPUModelBF16):  # its step replays CUDA graphs: run its launches eagerly
             model.zero_grad()
@@ -104,13 +102,7 @@ def kernel_breakdown(model, batches, opt) -> dict:
         else:  # the fp32 model's step is eager
             model.train_step(batches, 1e-4, 1, opt)
         runtime().synchronize()
-    finally:
-        for name in names:
-            setattr(ops, name, originals[name])
-    totals = defaultdict(float)
-    for label, start, end in events:
-        totals[label] += end.time_since(start)
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+    return timeline
 
 
 def gpu_line() -> str:
@@ -176,6 +168,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3, help="our untimed steps (the first captures the graphs)")
     parser.add_argument("--no-torch", action="store_true", help="time ours only")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel breakdown")
+    parser.add_argument("--trace", metavar="DIR",
+                        help="also write the breakdown's eager step as a Chrome trace per run into DIR")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     runs = args.runs or [(name, *CONFIGS[name]) for name in args.configs]
@@ -194,8 +188,14 @@ def main():
                             "torch_ms": None, "ours_bytes": None, "torch_bytes": None, "breakdown_ms": {},
                             "flops_per_step": matmul_flops_per_token(c, T) * B * T, "peak_flops": plan.peak_flops}
         if need <= free:
-            r["ours_ms"], r["ours_bytes"], r["breakdown_ms"] = bench_ours(c, B, T, args.steps, args.dtype, plan,
-                                                                          not args.no_breakdown, args.warmup)
+            r["ours_ms"], r["ours_bytes"], timeline = bench_ours(c, B, T, args.steps, args.dtype, plan,
+                                                                 not args.no_breakdown, args.warmup)
+            r["breakdown_ms"] = timeline.totals() if timeline else {}
+            if timeline and args.trace:
+                Path(args.trace).mkdir(parents=True, exist_ok=True)
+                path = Path(args.trace) / f"{name}_B{B}_T{T}_{args.dtype}.json"
+                path.write_text(json.dumps(timeline.chrome_trace()))
+                print(f"{key}: the eager step's timeline in {path} (chrome://tracing, Perfetto)")
             print(f"{HEADER}\n{table_row(key, r)}", flush=True)  # ours at once: torch may not finish
         if not args.no_torch:
             import torch
