@@ -1,0 +1,53 @@
+"""--dtype fp8 in the plan and the memory check, without a GPU (a stand-in runtime): where the plan takes it,
+the one line it refuses it with, and the FP8 buffers the memory check counts."""
+
+import pytest
+
+from llama import plan as plan_module
+from llama.config import get_preset
+from llama.memory import gpu_training_buffers
+from llama.params import ParameterLayout
+from llama.plan import PlanError
+from tests.unit.test_plan_attention import fake_runtime
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    def use(capability, code):
+        monkeypatch.setattr(plan_module, "runtime", fake_runtime(capability, code))
+        monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    return use
+
+
+def test_fp8_runs_on_hopper_and_says_so(gpu):
+    gpu((9, 0), "sm_90a")
+    plan = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8")
+    assert (plan.path, plan.recompute) == ("fp8", "partial")
+    assert "| dtype fp8 | gemm wgmma5/wgmma6 (FP8 e4m3, row-wise scales, in the linear layers)," in plan.summary()
+
+
+def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpu):
+    gpu((8, 0), "sm_80")
+    with pytest.raises(PlanError, match=r"^--dtype fp8: FP8 GEMMs are wgmma kernels for sm_90a \(Hopper\), this GPU "
+                                        r"is sm_80$"):
+        plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8")
+    gpu((9, 0), "sm_90a")
+    with pytest.raises(PlanError, match=r"^--dtype fp8: FP8 rows hold multiples of 16 values: ffn_hidden_dim 2072$"):
+        plan_module.make_plan(get_preset("d12").replace(multiple_of=8, ffn_dim_multiplier=1.01), device="cuda",
+                              dtype="fp8")
+    with pytest.raises(PlanError, match=r"^--dtype fp8 needs a CUDA GPU; the CPU reference computes in fp32$"):
+        plan_module.make_plan(get_preset("d12"), device="cpu", dtype="fp8")
+
+
+@pytest.mark.parametrize("name, B, T, measured_gb", [("d12", 16, 1024, 9.9), ("llama3.2-1b", 8, 2048, 41.5)])
+def test_fp8_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_gb):
+    """The FP8 model's buffers against what its training step allocated on an H100 (scripts/bench_step.py
+    --dtype fp8): the bf16 model's, plus each linear weight's two FP8 casts and their scales, plus the casts'
+    scratch."""
+    config = get_preset(name)
+    fp8, bf16 = (gpu_training_buffers(config, B, T, dtype, 1, "partial") for dtype in ("fp8", "bf16"))
+    assert round(sum(fp8.values()) / 1e9, 1) == measured_gb
+    assert {k: v for k, v in fp8.items() if not k.startswith("FP8")} == bf16
+    matrices = sum(t.size for name_, t in ParameterLayout(config).tensors.items()
+                   if name_.startswith("layers.") and len(t.shape) == 2)
+    assert 2 * matrices < fp8["FP8 weight copies"] < 2.01 * matrices  # two casts of a byte each, and their scales
