@@ -373,7 +373,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
     const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
-    const uint32_t rank = cluster_ctarank(), partner = rank ^ 1;
+    const uint32_t rank = cluster_rank(), partner = rank ^ 1;
     const int tiles_m = (e.M + CL_BM - 1) / CL_BM, pairs_n = (e.N + 2 * PP_BN - 1) / (2 * PP_BN);
     const int tiles = tiles_m * pairs_n, units = tiles * batches, KT = (K + WG_BK - 1) / WG_BK;
     const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
@@ -386,7 +386,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    cluster_sync();  // the partner's barriers exist before anything arrives on them
+    cluster_barrier();  // the partner's barriers exist before anything arrives on them
 
     if (warpgroup == 0) {  // producer: the pair's units in the same order in both CTAs
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -447,7 +447,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
             EPILOGUE_DISPATCH(e.mode, store_tile, e, d0, d1, batch, row, col)
         }
     }
-    cluster_sync();  // no CTA leaves while its partner may still arrive on its barriers
+    cluster_barrier();  // no CTA leaves while its partner may still arrive on its barriers
 }
 
 #endif  // WGMMA_ENABLED

@@ -38,6 +38,7 @@
 #define GEMV_THREADS (GEMV_WARPS * 32)
 #define GEMV_ROWS 32     // rows of W per tile
 #define GEMV_MAX_BATCH 16
+#define GEMV_MAX_SPLITS 8  // blocks of a tile's cluster, as llama/ops/gemv.py's MAX_SPLITS
 #define GEMV_UNROLL 4    // k-steps of 32 loaded before they are multiplied
 #define GEMV_PREFETCH_BYTES 1024  // of each row's range, brought to L2 while the kernel before finishes
 #define GEMV_SQUARES_AHEAD 4  // of the stream's sums of squares per lane, loaded before the main loop
@@ -243,7 +244,7 @@ __device__ void gemv(const GemvArgs& a) {
             // threads b, b + 16, ... hold batch row b's parts: add them in thread order, then the cluster's
             // blocks' sums in rank order (each block puts its sum in block 0's shared memory)
             __shared__ float parts[GEMV_THREADS];
-            __shared__ float ranks[8][GEMV_MAX_BATCH];
+            __shared__ float ranks[GEMV_MAX_SPLITS][GEMV_MAX_BATCH];
             parts[threadIdx.x] = squares;
             __syncthreads();
             if (threadIdx.x < a.B) {

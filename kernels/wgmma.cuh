@@ -10,6 +10,7 @@
 #pragma once
 #include <cuda.h>
 #include <stdint.h>
+#include "common.cuh"
 #include "mma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -41,9 +42,9 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 
-// Thread-block clusters: a box multicast into the same shared-memory offset of every CTA in cta_mask (each
-// CTA's mbarrier at offset `bar` receives the bytes it got), this CTA's rank, an arrival on the mbarrier at
-// offset `bar` of CTA `cta`, and a barrier of every thread of the cluster.
+// Thread-block clusters (the rank and the barrier are common.cuh's cluster_rank, cluster_barrier): a box
+// multicast into the same shared-memory offset of every CTA in cta_mask (each CTA's mbarrier at offset `bar`
+// receives the bytes it got), and an arrival on the mbarrier at offset `bar` of CTA `cta`.
 __device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
                                                    uint32_t bar, uint16_t cta_mask) {
     asm volatile(
@@ -52,19 +53,11 @@ __device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorM
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
         : "memory");
 }
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-    uint32_t rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
     asm volatile(
         "{\n.reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(cta) : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // generic-proxy writes to shared memory made visible to the async proxy (wgmma operands, bulk copies)
