@@ -1,19 +1,15 @@
-"""The FP8 cast launcher's host side, without a GPU: it rejects bad shapes, dtypes, alignment and
-requests before launching anything (the arrays are descriptors of device memory that does not exist)."""
+"""The FP8 launchers' host side, without a GPU: the casts and the FP8 GEMM reject bad shapes, dtypes, alignment
+and requests before launching anything (the arrays are descriptors of device memory that does not exist)."""
 
 import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16, FP8, DeviceArray
+from llama.cuda import BF16, FP8
+from tests.unit.test_bf16_launchers import fake
 
 F32, I32, U32 = np.float32, np.int32, np.uint32
 R, C = 48, 32
-
-
-def fake(shape, dtype=BF16, offset=0):
-    """A DeviceArray at a 256-byte aligned address plus offset bytes; nothing is allocated."""
-    return DeviceArray(0x10000 + offset, shape, dtype, None)
 
 
 def both(**changes):
@@ -60,3 +56,19 @@ def test_a_batch_of_sequences_is_cast_as_its_rows():
         ops.cast_fp8(fake((3, 16, C)), fake((3, 16, C), FP8), fake((R,), F32))
     with pytest.raises(ValueError, match="col_scales: expected float32 \\(32,\\)"):
         ops.cast_fp8(fake((3, 16, C)), cols=fake((C, R), FP8), col_scales=fake((R,), F32))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"a": fake((64, 48))}, "a: expected float8_e4m3fn \\(64, 48\\), got bfloat16"),
+    ({"b": fake((48, 32), FP8)}, "b: expected float8_e4m3fn \\(32, 48\\)"),
+    ({"a_scales": fake((32,), F32)}, "a_scales: expected float32 \\(64,\\)"),
+    ({"b_scales": fake((32,), F32, offset=4)}, "b_scales: must start 16-byte aligned"),
+    ({"a": fake((64, 40), FP8), "b": fake((32, 40), FP8)}, "a \\(64, 40\\) needs .* rows of a multiple of 16"),
+    ({"c": fake((64, 32), FP8)}, "c must be bf16 or fp32"),
+    ({"version": "mma"}, "unknown version 'mma' \\(wgmma5, wgmma6\\)"),
+])
+def test_gemm_fp8_rejects(changes, message):
+    arguments = dict(c=fake((64, 32)), a=fake((64, 48), FP8), a_scales=fake((64,), F32), b=fake((32, 48), FP8),
+                     b_scales=fake((32,), F32), version="wgmma5") | changes
+    with pytest.raises(ValueError, match=message):
+        ops.gemm_fp8(**arguments)
