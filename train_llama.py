@@ -119,7 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="GPU precision: bf16 mixed precision, fp8 (bf16 with the linear layers' GEMMs in FP8 e4m3, "
-                        "Hopper) or exact fp32 (default: bf16 where its kernels take the model)")
+                        "Hopper; on the CPU the reference's FP8 twin) or exact fp32 (default: bf16 where its kernels "
+                        "take the model)")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the initialization, data and sampling")
     g.add_argument("--dist-timeout", type=positive_float, default=600.0,
                    help="several GPUs: seconds a rank waits for the others (rendezvous, one step) before it "

@@ -67,8 +67,8 @@ def gemm_chooser() -> GemmChooser:
 @dataclass(frozen=True)
 class Plan:
     device: str  # "cuda" or "cpu"
-    dtype: str  # "bf16" (mixed precision), "fp8" (bf16 with FP8 linear layers) or "fp32" (the exact path, or the
-    # numpy reference on the CPU)
+    dtype: str  # "bf16" (mixed precision), "fp8" (bf16 with FP8 linear layers) or "fp32" (the exact path); on the
+    # CPU "fp32" (the numpy reference) or "fp8" (the reference with the FP8 casts, ReferenceModel(fp8=True))
     hardware: str  # "GPU NVIDIA H200 (sm_90a)" or "CPU"
     gemm: GemmChooser | None = None  # bf16 GEMM version per problem shape (GPU)
     attention: FlashSource | None = None  # the flash attention build (GPU)
@@ -87,7 +87,7 @@ class Plan:
     def summary(self) -> str:
         """The one line the trainer prints: what runs where."""
         if self.device == "cpu":
-            runs = "the numpy reference"
+            runs = "the numpy reference" + (" with FP8 casts in the linear layers" if self.dtype == "fp8" else "")
         elif self.dtype in ("bf16", "fp8"):
             fp8 = " (FP8 e4m3, row-wise scales, in the linear layers)" if self.dtype == "fp8" else ""
             runs = f"gemm {self.gemm.name}{fp8}, attention {self.attention_name}, CUDA graphs"
@@ -162,10 +162,11 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     None picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer
     and in_backward None take the path's defaults (RECIPES)."""
     device, why_no_gpu = _device(device)
-    if device == "cpu":
-        if dtype in ("bf16", "fp8"):
-            raise PlanError(f"--dtype {dtype} needs a CUDA GPU; the CPU reference computes in fp32")
-        return Plan("cpu", "fp32", "CPU", note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
+    if device == "cpu":  # the numpy reference: fp32, or fp8 as its twin of the FP8 linear layers
+        if dtype == "bf16":
+            raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 (or fp8's casts)")
+        return Plan("cpu", dtype or "fp32", "CPU",
+                    note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
                     **choose_recipe("cpu", recompute, optimizer, in_backward))
     why_not_bf16 = bf16_unsupported(config)
     if dtype in ("bf16", "fp8") and why_not_bf16:

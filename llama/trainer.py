@@ -81,7 +81,7 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
     """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32."""
     if plan.device == "cpu":
         return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute,
-                              in_backward=plan.in_backward)
+                              in_backward=plan.in_backward, fp8=plan.dtype == "fp8")
     if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
         from .model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)

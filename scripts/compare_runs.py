@@ -10,7 +10,8 @@ first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is in
 A difference of a few hundredths of a nat can be the trajectory's, not the change's: `--seeds 0 1 2 3`
 trains every way from each seed (initialization and data order) and averages the differences.
 
-`dtype` runs each precision on one GPU. `gpus` runs each GPU count (llama.launch) at the same global
+`dtype` runs each precision on one GPU, or fp32 and fp8 on the CPU (the reference and its FP8 twin) with
+--device cpu. `gpus` runs each GPU count (llama.launch) at the same global
 batch: every run has B sequences per micro-batch, and B x T x the largest count tokens per step, so
 fewer GPUs accumulate more micro-batches. `recipe` runs each memory recipe (RECIPES below) on one GPU,
 or on the CPU with --device cpu (then pass a CPU-sized model after --, e.g. -e small -b 8 -t 64).
@@ -46,7 +47,8 @@ def main() -> int:
     parser.add_argument("vary", choices=("dtype", "gpus", "recipe"))
     parser.add_argument("values", nargs="+", help=f"{' '.join(DTYPES)}, GPU counts, or recipes: {', '.join(RECIPES)}")
     parser.add_argument("-o", "--output-dir", default="out/compare")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: recipes only")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: recipes, or dtype fp32 and fp8 (the reference and its FP8 twin)")
     parser.add_argument("--last", type=int, default=50, help="steps at the end whose train loss is averaged")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0],
                         help="train every way from each seed; the differences are averaged over them")
@@ -58,8 +60,10 @@ def main() -> int:
     if not all(map(allowed, args.values)):
         parser.error(f"{args.vary} takes " + {"dtype": ", ".join(DTYPES), "gpus": "GPU counts",
                                               "recipe": ", ".join(RECIPES)}[args.vary])
-    if args.device == "cpu" and args.vary != "recipe":
-        parser.error(f"--device cpu: {args.vary} needs GPUs")
+    if args.device == "cpu" and args.vary == "gpus":
+        parser.error("--device cpu: comparing GPU counts needs GPUs")
+    if args.device == "cpu" and args.vary == "dtype" and "bf16" in args.values:
+        parser.error("--device cpu: bf16 needs a GPU (the CPU runs fp32 and fp8)")
     out, first = Path(args.output_dir), args.values[0]
     differences = {value: [] for value in args.values[1:]}
     for seed in args.seeds:

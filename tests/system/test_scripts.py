@@ -155,7 +155,10 @@ def test_compare_runs_averages_the_differences_over_seeds(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [(["recipe", "plain", "fancy"], "recipe takes plain, partial, full"),
-                                           (["dtype", "bf16", "--device", "cpu"], "--device cpu: dtype needs GPUs")])
+                                           (["dtype", "fp32", "bf16", "--device", "cpu"],
+                                            "--device cpu: bf16 needs a GPU (the CPU runs fp32 and fp8)"),
+                                           (["gpus", "1", "2", "--device", "cpu"],
+                                            "--device cpu: comparing GPU counts needs GPUs")])
 def test_compare_runs_refuses_what_it_cannot_compare(args, message):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), *args], capture_output=True,
                             text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})

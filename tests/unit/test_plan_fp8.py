@@ -35,8 +35,21 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpu):
     with pytest.raises(PlanError, match=r"^--dtype fp8: FP8 rows hold multiples of 16 values: ffn_hidden_dim 2072$"):
         plan_module.make_plan(get_preset("d12").replace(multiple_of=8, ffn_dim_multiplier=1.01), device="cuda",
                               dtype="fp8")
-    with pytest.raises(PlanError, match=r"^--dtype fp8 needs a CUDA GPU; the CPU reference computes in fp32$"):
-        plan_module.make_plan(get_preset("d12"), device="cpu", dtype="fp8")
+    with pytest.raises(PlanError, match=r"^--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 "
+                                        r"\(or fp8's casts\)$"):
+        plan_module.make_plan(get_preset("d12"), device="cpu", dtype="bf16")
+
+
+def test_on_the_cpu_fp8_is_the_reference_with_its_fp8_casts():
+    from llama.model.reference import ReferenceModel
+    from llama.trainer import build_model
+    config = get_preset("tiny")
+    plans = {dtype: plan_module.make_plan(config, device="cpu", dtype=dtype) for dtype in (None, "fp32", "fp8")}
+    assert [plan.dtype for plan in plans.values()] == ["fp32", "fp32", "fp8"]
+    assert "| dtype fp8 | the numpy reference with FP8 casts in the linear layers |" in plans["fp8"].summary()
+    models = {dtype: build_model(plan, config, 2, 16, None) for dtype, plan in plans.items()}
+    assert all(isinstance(model, ReferenceModel) for model in models.values())
+    assert [model.fp8 for model in models.values()] == [False, False, True]
 
 
 @pytest.mark.parametrize("name, B, T, measured_gb", [("d12", 16, 1024, 9.9), ("llama3.2-1b", 8, 2048, 41.5)])
