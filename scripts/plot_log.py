@@ -2,6 +2,7 @@
 
     python scripts/plot_log.py out/main.log [-o loss.png]
     python scripts/plot_log.py out/bf16/main.log out/fp32/main.log -o compare.png   # runs side by side
+    python scripts/plot_log.py out/fp8/main.log out/bf16/main.log --smooth 20   # train loss as a 20-step mean
 
 A resumed run appends to main.log; for a step logged twice the later line wins.
 """
@@ -10,6 +11,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+
+from llama.cli import positive_int
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
 
@@ -25,10 +28,20 @@ def read_log(path: str) -> tuple[dict, dict]:
     return train, val
 
 
+def trailing_mean(values: list[float], n: int) -> list[float]:
+    """Each value replaced by the mean of it and the n - 1 before it (fewer at the start)."""
+    sums = [0.0]
+    for v in values:
+        sums.append(sums[-1] + v)
+    return [(sums[i + 1] - sums[max(0, i + 1 - n)]) / (i + 1 - max(0, i + 1 - n)) for i in range(len(values))]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", help="main.log paths; with several, each run is labelled by its folder")
     parser.add_argument("-o", "--output", default=None, help="PNG path (default: next to the log)")
+    parser.add_argument("--smooth", type=positive_int, default=1, metavar="N",
+                        help="plot the train loss as the mean of the last N steps (default 1: as logged)")
     args = parser.parse_args(argv)
     try:
         import matplotlib
@@ -52,7 +65,9 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, train, val in runs:
         if train:
-            ax.plot(sorted(train), [train[s] for s in sorted(train)], label=label + "train", linewidth=1)
+            steps = sorted(train)
+            ax.plot(steps, trailing_mean([train[s] for s in steps], args.smooth), linewidth=1,
+                    label=label + ("train" if args.smooth == 1 else f"train ({args.smooth}-step mean)"))
         if val:
             ax.plot(sorted(val), [val[s] for s in sorted(val)], "o-", label=label + "val")
     ax.set_xlabel("step")

@@ -27,6 +27,7 @@ def script(name: str, folder: str = "scripts"):
     ("generate", ["--seed", "-1"], "--seed: expected an integer >= 0"),
     ("export_hf", ["exported", "--max-shard-gb", "nan"], "--max-shard-gb: expected a finite number > 0, got 'nan'"),
     ("export_hf", ["exported", "--max-shard-gb", "0"], "--max-shard-gb: expected a finite number > 0, got '0'"),
+    ("plot_log", ["--smooth", "0"], "--smooth: expected a positive integer, got '0'"),
 ])
 def test_bad_values_are_usage_errors(tmp_path, name, extra, message, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -163,3 +164,11 @@ def test_compare_runs_refuses_what_it_cannot_compare(args, message):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), *args], capture_output=True,
                             text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_plot_log_smooths_the_train_loss_as_a_trailing_mean():
+    trailing_mean = runpy.run_path(str(REPO / "scripts" / "plot_log.py"))["trailing_mean"]
+    values = [4.0, 2.0, 6.0, 1.0, 3.0]
+    assert trailing_mean(values, 1) == values
+    assert trailing_mean(values, 3) == pytest.approx([4.0, 3.0, 4.0, 3.0, 10 / 3])
+    assert trailing_mean(values, 9) == pytest.approx([4.0, 3.0, 4.0, 13 / 4, 16 / 5])
