@@ -36,7 +36,7 @@ from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir
 from llama.memory import NotEnoughMemory
-from llama.model.reference import RECOMPUTE
+from llama.model.reference import FP8_SCALINGS, RECOMPUTE
 from llama.optim import OPTIMIZERS, SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import DTYPES, PlanError
@@ -121,6 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GPU precision: bf16 mixed precision, fp8 (bf16 with the linear layers' GEMMs in FP8 e4m3, "
                         "Hopper; on the CPU the reference's FP8 twin) or exact fp32 (default: bf16 where its kernels "
                         "take the model)")
+    g.add_argument("--fp8-scaling", choices=FP8_SCALINGS, default=None,
+                   help="--dtype fp8: one scale per row along each GEMM's K (row, the default) or one per tensor "
+                        "(tensor, kept for comparison)")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the initialization, data and sampling")
     g.add_argument("--dist-timeout", type=positive_float, default=600.0,
                    help="several GPUs: seconds a rank waits for the others (rendezvous, one step) before it "

@@ -9,6 +9,8 @@
 //            must be zero before the launch. Block (32, FP8_AMAX_ROW_WARPS): each thread 8 columns (a
 //            16-byte load), a warp 256 columns of a row; grid (ceil(R / FP8_AMAX_ROWS), ceil(C / 256)),
 //            a block FP8_AMAX_ROWS rows, reduced in the block, then one atomicMax per row and column.
+//            tensor != 0 (tensor-wise scaling): the max of all of x into row_amax[0] instead, one atomicMax
+//            per warp; col_amax must be null.
 // fp8_cast:  from the amax, as requested (pointers of outputs not wanted are null):
 //            q_rows (R, C) fp8 and row_scales (R,) fp32, the scale of each row;
 //            q_cols (C, R) fp8 = the cast of x's transpose, and col_scales (C,) fp32, the scale of each
@@ -17,6 +19,7 @@
 //            tile and writes their 16 bytes of q_rows; the tile goes through shared memory (bf16,
 //            swizzled) so that each thread writes 16 bytes of a q_cols row (16 rows of x's column).
 //            The blocks of the first tile column write row_scales, those of the first tile row col_scales.
+//            tensor != 0: every row and column takes its scale from row_amax[0] = col_amax[0] (x's amax).
 //
 // x 16-byte aligned with C a multiple of 8; q_rows needs C, q_cols R a multiple of 16 (16-byte rows,
 // 16-byte aligned). fp8 bytes as llama.cuda.FP8 (ml_dtypes.float8_e4m3fn).
@@ -61,13 +64,14 @@ __device__ __forceinline__ uint4 pack_fp8x16(const float v[16], int e) {
 }
 
 extern "C" __global__ void __launch_bounds__(32 * FP8_AMAX_ROW_WARPS) fp8_amax(
-    unsigned int* row_amax, unsigned int* col_amax, const bf16* x, int R, int C) {
+    unsigned int* row_amax, unsigned int* col_amax, const bf16* x, int R, int C, int tensor) {
     __shared__ uint4 slice_max[FP8_AMAX_ROW_WARPS][32];  // each warp's column maxima
     const int c = (blockIdx.y * 32 + threadIdx.x) * 8;
     const int first = blockIdx.x * FP8_AMAX_ROWS, last = min(R, first + FP8_AMAX_ROWS);
     // |x| of bf16 is its bits without the sign, ordered as the values are: __vmaxu2 takes the maxima of
     // the two 16-bit halves of a word at once, so col[k] holds columns c + 2k (low half) and c + 2k + 1
     uint4 col = {};
+    unsigned int warp_max = 0;  // tensor-wise: this warp's max over its rows (bf16 bits)
     for (int row = first + threadIdx.y; row < last; row += FP8_AMAX_ROW_WARPS) {
         uint4 v = {};
         if (c < C) v = *reinterpret_cast<const uint4*>(x + (long long)row * C + c);
@@ -77,8 +81,13 @@ extern "C" __global__ void __launch_bounds__(32 * FP8_AMAX_ROW_WARPS) fp8_amax(
         if (row_amax != nullptr) {
             const unsigned int pair = __vmaxu2(__vmaxu2(v.x, v.y), __vmaxu2(v.z, v.w));
             const unsigned int m = __reduce_max_sync(0xffffffffu, max(pair & 0xFFFFu, pair >> 16));
-            if (threadIdx.x == 0) atomicMax(row_amax + row, m << 16);  // bf16 bits -> float bits
+            if (tensor) warp_max = max(warp_max, m);
+            else if (threadIdx.x == 0) atomicMax(row_amax + row, m << 16);  // bf16 bits -> float bits
         }
+    }
+    if (tensor) {
+        if (threadIdx.x == 0 && warp_max != 0) atomicMax(row_amax, warp_max << 16);
+        return;
     }
     if (col_amax == nullptr) return;
     slice_max[threadIdx.y][threadIdx.x] = col;
@@ -102,17 +111,17 @@ __device__ __forceinline__ int tile_index(int row, int col) {
 
 extern "C" __global__ void __launch_bounds__(256) fp8_cast(
     unsigned char* q_rows, float* row_scales, unsigned char* q_cols, float* col_scales, const bf16* x,
-    const unsigned int* row_amax, const unsigned int* col_amax, int R, int C) {
+    const unsigned int* row_amax, const unsigned int* col_amax, int R, int C, int tensor) {
     __shared__ __align__(16) bf16 tile[FP8_TILE * FP8_TILE];  // (FP8_TILE, FP8_TILE), swizzled (tile_index)
     __shared__ int row_exponent[FP8_TILE], col_exponent[FP8_TILE];
     const int r0 = blockIdx.x * FP8_TILE, c0 = blockIdx.y * FP8_TILE, t = threadIdx.x;
     if (q_rows != nullptr && t < FP8_TILE && r0 + t < R) {
-        const int e = fp8_exponent(row_amax[r0 + t]);
+        const int e = fp8_exponent(row_amax[tensor ? 0 : r0 + t]);
         row_exponent[t] = e;
         if (blockIdx.y == 0) row_scales[r0 + t] = ldexpf(1.0f, e);
     }
     if (q_cols != nullptr && t >= FP8_TILE && t < 2 * FP8_TILE && c0 + t - FP8_TILE < C) {
-        const int e = fp8_exponent(col_amax[c0 + t - FP8_TILE]);
+        const int e = fp8_exponent(col_amax[tensor ? 0 : c0 + t - FP8_TILE]);
         col_exponent[t - FP8_TILE] = e;
         if (blockIdx.x == 0) col_scales[c0 + t - FP8_TILE] = ldexpf(1.0f, e);
     }

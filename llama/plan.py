@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cuda import cuda_unavailable, runtime
-from .model.reference import RECOMPUTE
+from .model.reference import FP8_SCALINGS, RECOMPUTE
 from .optim import OPTIMIZERS, QUANT_BLOCK
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
@@ -68,7 +68,7 @@ def gemm_chooser() -> GemmChooser:
 class Plan:
     device: str  # "cuda" or "cpu"
     dtype: str  # "bf16" (mixed precision), "fp8" (bf16 with FP8 linear layers) or "fp32" (the exact path); on the
-    # CPU "fp32" (the numpy reference) or "fp8" (the reference with the FP8 casts, ReferenceModel(fp8=True))
+    # CPU "fp32" (the numpy reference) or "fp8" (the reference with the FP8 casts, ReferenceModel(fp8="row"))
     hardware: str  # "GPU NVIDIA H200 (sm_90a)" or "CPU"
     gemm: GemmChooser | None = None  # bf16 GEMM version per problem shape (GPU)
     attention: FlashSource | None = None  # the flash attention build (GPU)
@@ -78,6 +78,7 @@ class Plan:
     recompute: str = "none"  # what the backward recomputes (RECOMPUTE)
     optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw8bit" (llama/optim.py)
     in_backward: bool = False  # the optimizer steps inside the backward, a group of gradients at a time
+    fp8_scaling: str = "row"  # dtype fp8: one scale per row along each GEMM's K, or "tensor" (the comparison)
 
     @property
     def path(self) -> str:
@@ -87,9 +88,10 @@ class Plan:
     def summary(self) -> str:
         """The one line the trainer prints: what runs where."""
         if self.device == "cpu":
-            runs = "the numpy reference" + (" with FP8 casts in the linear layers" if self.dtype == "fp8" else "")
+            runs = "the numpy reference" + (f" with FP8 casts ({self.fp8_scaling}-wise scales) in the linear layers"
+                                            if self.dtype == "fp8" else "")
         elif self.dtype in ("bf16", "fp8"):
-            fp8 = " (FP8 e4m3, row-wise scales, in the linear layers)" if self.dtype == "fp8" else ""
+            fp8 = f" (FP8 e4m3, {self.fp8_scaling}-wise scales, in the linear layers)" if self.dtype == "fp8" else ""
             runs = f"gemm {self.gemm.name}{fp8}, attention {self.attention_name}, CUDA graphs"
         else:
             runs = "fp32 kernels (the exact path)"
@@ -157,17 +159,24 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
 
 
 def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
-              optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1) -> Plan:
+              optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1,
+              fp8_scaling: str | None = None) -> Plan:
     """The plan of a run of this model on gpus GPUs: device None picks the GPU where one is usable; dtype
     None picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer
-    and in_backward None take the path's defaults (RECIPES)."""
+    and in_backward None take the path's defaults (RECIPES); fp8_scaling None is row-wise."""
+    if fp8_scaling is not None and dtype != "fp8":
+        raise PlanError(f"--fp8-scaling {fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
+                        f"{dtype or 'not fp8'}")
+    if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
+        raise PlanError(f"--fp8-scaling {fp8_scaling}: choose from {', '.join(FP8_SCALINGS)}")
+    scaling = {"fp8_scaling": fp8_scaling} if fp8_scaling else {}
     device, why_no_gpu = _device(device)
     if device == "cpu":  # the numpy reference: fp32, or fp8 as its twin of the FP8 linear layers
         if dtype == "bf16":
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 (or fp8's casts)")
         return Plan("cpu", dtype or "fp32", "CPU",
                     note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
-                    **choose_recipe("cpu", recompute, optimizer, in_backward))
+                    **choose_recipe("cpu", recompute, optimizer, in_backward), **scaling)
     why_not_bf16 = bf16_unsupported(config)
     if dtype in ("bf16", "fp8") and why_not_bf16:
         raise PlanError(f"--dtype {dtype}: {why_not_bf16}")
@@ -186,4 +195,4 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
-                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe)
+                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe, **scaling)

@@ -81,7 +81,8 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
     """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32."""
     if plan.device == "cpu":
         return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute,
-                              in_backward=plan.in_backward, fp8=plan.dtype == "fp8")
+                              in_backward=plan.in_backward,
+                              fp8=plan.fp8_scaling if plan.dtype == "fp8" else None)
     if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
         from .model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
@@ -143,7 +144,7 @@ class Trainer:
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
         self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer,
-                              args.optimizer_in_backward, self.world)
+                              args.optimizer_in_backward, self.world, args.fp8_scaling)
         print(self.plan.summary(), file=sys.stderr)
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "

@@ -28,7 +28,8 @@ With --dtype fp8 (the plan's dtype "fp8", Hopper) the seven linear layers of eac
 dX and dW GEMMs on FP8 e4m3 casts with row-wise power-of-two scales (ops.cast_fp8, ops.gemm_fp8), whose
 twins are reference.matmul_fp8_forward/backward: the input along its rows (forward) and transposed (dW), the
 output's gradient the same two ways (dX, dW), the weight along its rows (forward) and transposed (dX), cast
-from the bf16 copy at the start of every forward. Everything else is the bf16 path's.
+from the bf16 copy at the start of every forward. Everything else is the bf16 path's. The plan's fp8_scaling
+"tensor" (the comparison) gives each cast one scale, that of the whole operand's amax.
 
 With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO-1
 (llama/parallel/zero.py): the backward of the last micro-batch reduce-scatters each layer's
@@ -165,8 +166,11 @@ class GPUModelBF16(GPUModelBase):
             for tensor in linear_weights(self.layout, i):
                 weight = self._fused(self.params_bf16, tensor)
                 q, scales, q_t, scales_t = self.fp8_weights[weight.ptr]
-                ops.cast_fp8(weight, rows=q, row_scales=scales, cols=q_t, col_scales=scales_t,
-                             amax=self.fp8_scratch["amax"])
+                self._cast_fp8(weight, rows=q, row_scales=scales, cols=q_t, col_scales=scales_t)
+
+    def _cast_fp8(self, x: DeviceArray, **outputs) -> None:
+        """ops.cast_fp8 of x into outputs, with the plan's scaling and the casts' amax scratch."""
+        ops.cast_fp8(x, **outputs, amax=self.fp8_scratch["amax"], scaling=self.plan.fp8_scaling)
 
     def _allocate_groups(self) -> None:
         """The optimizer in the backward: the gradient groups (the embedding table, each layer, the final
@@ -199,7 +203,7 @@ class GPUModelBF16(GPUModelBase):
             return
         (N, IC), f = x.shape, self.fp8_scratch
         x_q, x_scales = f["input"].prefix(N, IC), f["input_scales"].prefix(N)
-        ops.cast_fp8(x, rows=x_q, row_scales=x_scales, amax=f["amax"])
+        self._cast_fp8(x, rows=x_q, row_scales=x_scales)
         w_q, w_scales, _, _ = self.fp8_weights[weight.ptr]
         ops.gemm_fp8(out, x_q, x_scales, w_q, w_scales, rope=rope, version=self.plan.gemm)
 
@@ -214,9 +218,9 @@ class GPUModelBF16(GPUModelBase):
         (N, IC), OC, f = x.shape, dout.shape[-1], self.fp8_scratch
         g_q, g_scales = f["grad"].prefix(N, OC), f["grad_scales"].prefix(N)
         g_t, g_t_scales = f["grad_t"].prefix(OC, N), f["grad_t_scales"].prefix(OC)
-        ops.cast_fp8(dout, rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales, amax=f["amax"])
+        self._cast_fp8(dout, rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales)
         x_t, x_t_scales = f["input"].prefix(IC, N), f["input_scales"].prefix(IC)
-        ops.cast_fp8(x, cols=x_t, col_scales=x_t_scales, amax=f["amax"])
+        self._cast_fp8(x, cols=x_t, col_scales=x_t_scales)
         ops.gemm_fp8(dweight, g_t, g_t_scales, x_t, x_t_scales, accumulate=True, version=self.plan.gemm)
         _, _, w_t, w_t_scales = self.fp8_weights[weight.ptr]
         ops.gemm_fp8(dx, g_q, g_scales, w_t, w_t_scales, version=self.plan.gemm)

@@ -77,15 +77,21 @@ def matmul_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tupl
 # scale per slice along the GEMM's K axis (row-wise scaling: a token's row of activations, an output row of
 # the weight; for dW, whose K is the tokens, a column of each), so the kernel multiplies the FP8 values,
 # accumulates in fp32 and applies the two scales in its epilogue. A power of two keeps x / scale exact;
-# the largest |x| / scale of a slice is in (224, 448].
+# the largest |x| / scale of a slice is in (224, 448]. Tensor-wise scaling, the comparison, gives every
+# slice of a tensor the scale of the whole tensor's amax.
 E4M3_MAX = 448.0  # the largest finite float8 e4m3fn
+FP8_SCALINGS = ("row", "tensor")  # one scale per slice along K, or one per tensor
 
 
-def quantize_fp8(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+def quantize_fp8(x: np.ndarray, axis: int = -1, scaling: str = "row") -> tuple[np.ndarray, np.ndarray]:
     """x -> (float8 e4m3fn values, float32 scales): scale = 2^ceil(log2(amax / 448)) of each slice along axis
     (1 for a slice of zeros), values = x / scale rounded to nearest even, saturating at +-448. The scales
-    have x's shape without axis."""
+    have x's shape without axis; scaling "tensor" gives each slice the scale of the whole x's amax."""
+    if scaling not in FP8_SCALINGS:
+        raise ValueError(f"scaling {scaling!r}: choose from {', '.join(FP8_SCALINGS)}")
     amax = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
+    if scaling == "tensor":
+        amax = np.full_like(amax, amax.max(initial=0.0))
     exponent = np.ceil(np.log2(np.where(amax > 0, amax, E4M3_MAX) / E4M3_MAX))
     exponent += amax > np.ldexp(E4M3_MAX, exponent.astype(int))  # exactly the least e with amax <= 448 * 2^e,
     exponent -= (amax > 0) & (amax <= np.ldexp(E4M3_MAX, exponent.astype(int) - 1))  # whatever log2's last bit did
@@ -99,19 +105,23 @@ def dequantize_fp8(q: np.ndarray, scale: np.ndarray, axis: int = -1) -> np.ndarr
     return q.astype(np.float32) * np.expand_dims(scale, axis)
 
 
-def matmul_fp8_forward(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def _fp8_cast(a: np.ndarray, axis: int, scaling: str) -> np.ndarray:
+    """The float64 values of a's FP8 cast with scales along axis."""
+    return dequantize_fp8(*quantize_fp8(a, axis, scaling), axis).astype(np.float64)
+
+
+def matmul_fp8_forward(x: np.ndarray, weight: np.ndarray, scaling: str = "row") -> np.ndarray:
     """matmul_forward on the FP8 casts of x (per token) and weight (per output row), in float64."""
-    xq, wq = (dequantize_fp8(*quantize_fp8(a)).astype(np.float64) for a in (x, weight))
-    return matmul_forward(xq, wq)
+    return matmul_forward(_fp8_cast(x, -1, scaling), _fp8_cast(weight, -1, scaling))
 
 
-def matmul_fp8_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def matmul_fp8_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray,
+                        scaling: str = "row") -> tuple[np.ndarray, np.ndarray]:
     """matmul_backward with each GEMM's operands cast along its own K: dx = dout (per token) @ weight (per
     input column); dweight = dout^T (per output column over the tokens) @ x (per input column), in float64."""
     dout2, x2 = dout.reshape(-1, dout.shape[-1]), x.reshape(-1, x.shape[-1])
-    cast = lambda a, axis: dequantize_fp8(*quantize_fp8(a, axis), axis).astype(np.float64)
-    dx = cast(dout2, -1) @ cast(weight, 0)
-    dweight = cast(dout2, 0).T @ cast(x2, 0)
+    dx = _fp8_cast(dout2, -1, scaling) @ _fp8_cast(weight, 0, scaling)
+    dweight = _fp8_cast(dout2, 0, scaling).T @ _fp8_cast(x2, 0, scaling)
     return dx.reshape(*dout.shape[:-1], -1), dweight
 
 
@@ -295,14 +305,16 @@ class ReferenceModel(Model):
     norm. Checkpoints keep the groups' norms (group_norms_squared). A step takes one micro-batch (no
     gradient accumulation).
 
-    fp8: the seven linear layers of each block multiply FP8 casts (matmul_fp8_forward/backward), the twin of
-    --dtype fp8; the head and everything else as without."""
+    fp8: None, or the scaling ("row" or "tensor") of the FP8 casts that the seven linear layers of each block
+    multiply (matmul_fp8_forward/backward), the twin of --dtype fp8; the head and everything else as without."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
-                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False, fp8: bool = False):
+                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False, fp8: str | None = None):
         if recompute not in RECOMPUTE or optimizer not in OPTIMIZERS:
             raise ValueError(f"recompute {recompute!r}, optimizer {optimizer!r}: choose recompute from "
                              f"{', '.join(RECOMPUTE)} and the optimizer from {', '.join(OPTIMIZERS)}")
+        if fp8 is not None and fp8 not in FP8_SCALINGS:
+            raise ValueError(f"fp8 {fp8!r}: None, or the scaling: {', '.join(FP8_SCALINGS)}")
         self.config = config
         self.dtype = np.dtype(dtype)
         self.recompute = recompute
@@ -330,13 +342,15 @@ class ReferenceModel(Model):
 
     def _linear_forward(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """A block's linear layer: matmul_forward, or its FP8 twin."""
-        return matmul_fp8_forward(x, weight).astype(self.dtype) if self.fp8 else matmul_forward(x, weight)
+        if self.fp8 is None:
+            return matmul_forward(x, weight)
+        return matmul_fp8_forward(x, weight, self.fp8).astype(self.dtype)
 
     def _linear_backward(self, dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A block's linear layer: matmul_backward, or its FP8 twin."""
-        if not self.fp8:
+        if self.fp8 is None:
             return matmul_backward(dout, x, weight)
-        dx, dweight = matmul_fp8_backward(dout, x, weight)
+        dx, dweight = matmul_fp8_backward(dout, x, weight, self.fp8)
         return dx.astype(self.dtype), dweight.astype(self.dtype)
 
     def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:

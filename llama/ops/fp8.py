@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..cuda import BF16, FP8, DeviceArray, empty
+from ..model.reference import FP8_SCALINGS
 from .bf16 import gemm_epilogue, launch_gemm
 from .common import I32, check, check_aligned, kernel
 from .gemm_problem import GemmProblem
@@ -32,12 +33,13 @@ def _amax_workspace(size: int) -> DeviceArray:
 
 def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: DeviceArray | None = None,
              cols: DeviceArray | None = None, col_scales: DeviceArray | None = None,
-             amax: DeviceArray | None = None) -> None:
+             amax: DeviceArray | None = None, scaling: str = "row") -> None:
     """The FP8 casts of the bf16 x (R, C) (a 3D (B, T, C) is taken as (B * T, C)), as requested:
-    rows (R, C) fp8 with row_scales (R,) fp32 = reference.quantize_fp8(x, axis=-1), and/or
-    cols (C, R) fp8 = the transpose of the values of quantize_fp8(x, axis=0), with col_scales (C,) fp32.
-    x / scale is exact and rounds to nearest even. amax: uint32 or int32 scratch of at least R + C
-    elements (zeroed here before each use), else a workspace of this module's.
+    rows (R, C) fp8 with row_scales (R,) fp32 = reference.quantize_fp8(x, axis=-1, scaling), and/or
+    cols (C, R) fp8 = the transpose of the values of quantize_fp8(x, axis=0, scaling), with col_scales (C,) fp32.
+    x / scale is exact and rounds to nearest even. scaling "tensor": every scale is the one of x's amax.
+    amax: uint32 or int32 scratch of at least R + C elements (zeroed here before each use), else a workspace
+    of this module's.
     x 16-byte aligned with C a multiple of 8; rows need C, cols R a multiple of 16; both 16-byte aligned."""
     if len(x.shape) == 3:
         x = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
@@ -47,6 +49,8 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
     check("x", x, (R, C), BF16)
     if min(R, C) < 1:
         raise ValueError(f"cast_fp8: empty x {x.shape}")
+    if scaling not in FP8_SCALINGS:
+        raise ValueError(f"cast_fp8: scaling {scaling!r}, choose from {', '.join(FP8_SCALINGS)}")
     if (rows is None) != (row_scales is None) or (cols is None) != (col_scales is None):
         raise ValueError("cast_fp8: give rows with row_scales and cols with col_scales")
     if rows is None and cols is None:
@@ -71,13 +75,17 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
         raise ValueError(f"amax: needs {R + C} uint32 or int32, has {amax.size} {amax.dtype}")
     amax = (amax if amax is not None else _amax_workspace(R + C)).view(0, (R + C,))
     amax.fill_zero()
-    row_amax = 0 if rows is None else amax.ptr  # null: not computed
-    col_amax = 0 if cols is None else amax.ptr + R * amax.dtype.itemsize
-    kernel("fp8", "fp8_amax", "PPPii")((math.ceil(R / AMAX_ROWS), math.ceil(C / AMAX_COLUMNS)), (32, AMAX_ROW_WARPS),
-                                       row_amax, col_amax, x.ptr, R, C)
-    kernel("fp8", "fp8_cast", "PPPPPPPii")((math.ceil(R / TILE), math.ceil(C / TILE)), 256, _ptr(rows),
-                                           _ptr(row_scales), _ptr(cols), _ptr(col_scales), x.ptr, row_amax, col_amax,
-                                           R, C)
+    tensor = int(scaling == "tensor")
+    if tensor:  # one amax, in the first element, for the rows and the columns
+        row_amax, col_amax = amax.ptr, amax.ptr
+    else:
+        row_amax = 0 if rows is None else amax.ptr  # null: not computed
+        col_amax = 0 if cols is None else amax.ptr + R * amax.dtype.itemsize
+    kernel("fp8", "fp8_amax", "PPPiii")((math.ceil(R / AMAX_ROWS), math.ceil(C / AMAX_COLUMNS)), (32, AMAX_ROW_WARPS),
+                                        row_amax, 0 if tensor else col_amax, x.ptr, R, C, tensor)
+    kernel("fp8", "fp8_cast", "PPPPPPPiii")((math.ceil(R / TILE), math.ceil(C / TILE)), 256, _ptr(rows),
+                                            _ptr(row_scales), _ptr(cols), _ptr(col_scales), x.ptr, row_amax, col_amax,
+                                            R, C, tensor)
 
 
 def _ptr(array: DeviceArray | None) -> int:

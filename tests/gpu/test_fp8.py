@@ -1,7 +1,8 @@
 """The FP8 casts (kernels/fp8.cu) against llama/model/reference.py's quantize_fp8 of the same bf16 inputs,
 bit for bit (values and scales): both layouts, shapes that are not multiples of the tiles, rows and
 columns of wildly different magnitudes, of zeros and of denormals, amax at the scales' boundaries, ties,
-NaN-poisoned outputs, a reused amax scratch, reruns and a CUDA-graph replay that give the same bits."""
+NaN-poisoned outputs, a reused amax scratch, reruns and a CUDA-graph replay that give the same bits; and the
+tensor-wise casts (one scale for all of x) the same way."""
 
 import numpy as np
 import pytest
@@ -23,11 +24,11 @@ def outputs(R, C, rows=True, cols=True) -> dict:
         dict(cols=poisoned((C, R), FP8), col_scales=poisoned((C,))) if cols else {})
 
 
-def cast(x: np.ndarray, rows=True, cols=True, amax=None) -> dict:
+def cast(x: np.ndarray, rows=True, cols=True, amax=None, scaling="row") -> dict:
     """ops.cast_fp8 of the bf16 x: each requested output downloaded."""
     from llama import ops
     out = outputs(*x.reshape(-1, x.shape[-1]).shape, rows, cols)
-    ops.cast_fp8(dev_bf16(x), **out, amax=amax)
+    ops.cast_fp8(dev_bf16(x), **out, amax=amax, scaling=scaling)
     return {name: array.download() for name, array in out.items()}
 
 
@@ -35,14 +36,14 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.view({1: np.uint8, 4: np.uint32}[a.dtype.itemsize])
 
 
-def assert_twin(x: np.ndarray, got: dict) -> None:
+def assert_twin(x: np.ndarray, got: dict, scaling="row") -> None:
     """got holds quantize_fp8's bits of x (bf16, taken as (rows, C)) for each layout it has."""
     exact = x.reshape(-1, x.shape[-1]).astype(np.float32)
     expected = {}
     if "rows" in got:
-        expected["rows"], expected["row_scales"] = quantize_fp8(exact, -1)
+        expected["rows"], expected["row_scales"] = quantize_fp8(exact, -1, scaling)
     if "cols" in got:
-        values, expected["col_scales"] = quantize_fp8(exact, 0)
+        values, expected["col_scales"] = quantize_fp8(exact, 0, scaling)
         expected["cols"] = np.ascontiguousarray(values.T)
     for name, array in got.items():
         assert array.shape == expected[name].shape, name
@@ -70,6 +71,27 @@ def test_cast_is_the_twin_bit_for_bit(R, C, layouts):
     again = cast(x, rows, cols)
     for name in got:
         np.testing.assert_array_equal(bits(again[name]), bits(got[name]), err_msg=f"rerun {name}")
+
+
+@pytest.mark.parametrize("R, C, layouts", [
+    (16, 16, "both"), (1000, 784, "rows"), (16384, 768, "both"), (33 * 16, 48, "cols"), (130, 208, "rows"),
+])
+def test_tensor_wise_cast_is_the_twin_bit_for_bit(R, C, layouts):
+    """Each amax of the scales' boundaries as the tensor's, then rows and columns of wild magnitudes (most of
+    whose values underflow to zero or to e4m3's denormals under one scale), then all zeros."""
+    rows, cols = layouts in ("rows", "both"), layouts in ("cols", "both")
+    for amax in (448 * 2.0 ** -3, 450 * 2.0 ** 5, 2.0 ** -130):  # bf16-exact: a boundary, just above one, a denormal
+        x = (rng.uniform(-1, 1, (R, C)) * amax).astype(BF16)
+        x[rng.integers(R), rng.integers(C)] = amax
+        assert_twin(x, cast(x, rows, cols, scaling="tensor"), "tensor")
+    x = wild(R, C)
+    got = cast(x, rows, cols, scaling="tensor")
+    assert_twin(x, got, "tensor")
+    for name in ("row_scales", "col_scales"):
+        if name in got:
+            assert len(set(got[name].tolist())) == 1, name
+    zeros = np.zeros((R, C), BF16)
+    assert_twin(zeros, cast(zeros, rows, cols, scaling="tensor"), "tensor")
 
 
 def test_every_scale_boundary_and_denormals_in_both_layouts():
@@ -111,15 +133,16 @@ def test_a_batch_of_sequences_is_cast_as_its_rows():
     assert_twin(x, cast(x))
 
 
-def test_graph_replay_casts_the_new_input():
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_graph_replay_casts_the_new_input(scaling):
     from llama import ops
     from llama.cuda import Graph
     R, C = 256, 320
     x, out = dev_bf16(wild(R, C)), outputs(R, C)
-    ops.cast_fp8(x, **out)  # compiled and its workspace allocated before the capture
-    graph = Graph(lambda: ops.cast_fp8(x, **out))
+    ops.cast_fp8(x, **out, scaling=scaling)  # compiled and its workspace allocated before the capture
+    graph = Graph(lambda: ops.cast_fp8(x, **out, scaling=scaling))
     for _ in range(2):
         host = wild(R, C)
         x.upload(host)
         graph.replay()
-        assert_twin(host, {name: array.download() for name, array in out.items()})
+        assert_twin(host, {name: array.download() for name, array in out.items()}, scaling)

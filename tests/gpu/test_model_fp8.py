@@ -1,6 +1,6 @@
 """The bf16 GPU model with FP8 linear layers (--dtype fp8) against its float64 twin, and its determinism.
 
-The twin is the reference model with fp8=True (its blocks' linear layers multiply the FP8 casts of
+The twin is the reference model with fp8="row" (its blocks' linear layers multiply the FP8 casts of
 reference.matmul_fp8_forward/backward), on the same bf16-rounded weights and batch, in float64. The GPU model
 differs from it by its bf16 activations, whose rounding can move a value across an FP8 rounding boundary (an
 e4m3 step is 1/16 of a binade), and by its GEMMs' FP8 accumulation: each gradient within FP8_TWIN_BOUND of
@@ -29,19 +29,20 @@ def hopper():
         pytest.skip("FP8 GEMMs need sm_90a")
 
 
-def fp8_model(config, B, T, params, recompute="partial"):
+def fp8_model(config, B, T, params, recompute="partial", scaling="row"):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.plan import make_plan
-    return GPUModelBF16(config, B, T, params=params, plan=make_plan(config, "cuda", "fp8", recompute=recompute))
+    return GPUModelBF16(config, B, T, params=params,
+                        plan=make_plan(config, "cuda", "fp8", recompute=recompute, fp8_scaling=scaling))
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_one_fp8_step_gradients(tied):
+@pytest.mark.parametrize("tied, scaling", [(False, "row"), (True, "row"), (False, "tensor")])
+def test_one_fp8_step_gradients(tied, scaling):
     config = CONFIG.replace(tie_embeddings=tied)
     params = bf16_params(config, seed=5)
     twin, exact = (ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64, fp8=fp8)
-                   for fp8 in (True, False))
-    gpu = fp8_model(config, 4, 96, params)
+                   for fp8 in (scaling, None))
+    gpu = fp8_model(config, 4, 96, params, scaling=scaling)
     tokens, targets = batch(1)
     losses = [model.forward(tokens, targets) for model in (twin, exact)]
     for model in (twin, exact):
@@ -49,7 +50,8 @@ def test_one_fp8_step_gradients(tied):
     gpu.zero_grad()
     gpu_loss = gpu.forward(tokens, targets, loss_scale=0.5)
     gpu.backward()
-    ERRORS.append(("fp8_model_loss_rel", abs(gpu_loss - losses[0]) / losses[0]))
+    tag = "" if scaling == "row" else "_tensor"
+    ERRORS.append((f"fp8{tag}_model_loss_rel", abs(gpu_loss - losses[0]) / losses[0]))
     assert abs(gpu_loss - losses[0]) < 1e-2 * losses[0]
     grads = gpu.grads.download()
     assert np.isfinite(grads).all()
@@ -58,9 +60,9 @@ def test_one_fp8_step_gradients(tied):
         part = slice(t.offset, t.offset + t.size)
         errors[name], fp8_cost[name] = rel_error(grads[part], twin.grads[part]), rel_error(twin.grads[part],
                                                                                             exact.grads[part])
-        ERRORS.append((f"fp8_model_grad[{name}]", errors[name]))
+        ERRORS.append((f"fp8{tag}_model_grad[{name}]", errors[name]))
     worst, costliest = max(errors, key=errors.get), max(fp8_cost, key=fp8_cost.get)
-    print(f"\nFP8 gradients (tied={tied}) against the FP8 twin: worst {worst} {errors[worst]:.2e}, median "
+    print(f"\nFP8 gradients (tied={tied}, {scaling}-wise) against the FP8 twin: worst {worst} {errors[worst]:.2e}, median "
           f"{np.median(list(errors.values())):.2e}; the twin against the exact reference: worst {costliest} "
           f"{fp8_cost[costliest]:.2e}, median {np.median(list(fp8_cost.values())):.2e}")
     assert errors[worst] < FP8_TWIN_BOUND, worst

@@ -54,6 +54,32 @@ def test_zero_rows_tiny_values_and_ties():
     np.testing.assert_array_equal(dequantize_fp8(q, scale)[2, :3], [448, 448, 16])
 
 
+@pytest.mark.parametrize("shape, axis", [((7, 300), -1), ((300, 7), 0), ((4, 5, 33), -1)])
+def test_tensor_wise_scaling_gives_every_slice_the_scale_of_the_whole_tensor(shape, axis):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * np.exp(rng.uniform(-12, 12, shape[:-1] + (1,)))).astype(np.float32)
+    q, scale = quantize_fp8(x, axis, "tensor")
+    _, whole = quantize_fp8(x.reshape(1, -1))  # the one slice of all of x
+    assert scale.shape == tuple(n for i, n in enumerate(shape) if i != axis % len(shape))
+    assert np.all(scale == whole[0])
+    scaled = x.astype(np.float64) / whole[0]
+    distance = np.abs(scaled[..., None] - E4M3).min(axis=-1)
+    np.testing.assert_array_equal(np.abs(q.astype(np.float64) - scaled), distance)  # the nearest value
+    assert np.max(np.abs(q.astype(np.float64))) >= 224  # the largest value of x lands in the top binade
+    with pytest.raises(ValueError, match="scaling 'column': choose from row, tensor"):
+        quantize_fp8(x, axis, "column")
+
+
+def test_tensor_wise_scaling_loses_the_rows_that_are_small():
+    """Rows 2^-18 apart in magnitude: row-wise, each keeps FP8's few percent; tensor-wise, the small rows fall
+    below e4m3's smallest step (2^-9 of the top's scale): almost all their values become zero."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((8, 64)) * np.exp2([[0], [-18]] * 4)).astype(np.float32)
+    small = slice(1, None, 2)
+    errors = {scaling: rel(dequantize_fp8(*quantize_fp8(x, -1, scaling))[small], x[small]) for scaling in ("row", "tensor")}
+    assert errors["row"] < 0.05 and errors["tensor"] > 0.8, errors  # measured 0.027 and 0.93
+
+
 @pytest.mark.parametrize("M, K, N", [(64, 256, 96), (33, 100, 17), (5, 1024, 48)])
 def test_fp8_linear_layer_against_float64(M, K, N):
     rng = np.random.default_rng(M)
@@ -69,10 +95,16 @@ def test_fp8_linear_layer_against_float64(M, K, N):
     xq = dequantize_fp8(*quantize_fp8(x)).astype(np.float64)
     wq = dequantize_fp8(*quantize_fp8(w)).astype(np.float64)
     np.testing.assert_allclose(out, xq @ wq.T, rtol=1e-12)  # exactly the product of the casts
+    out_t = matmul_fp8_forward(x, w, "tensor")
+    xq, wq = (dequantize_fp8(*quantize_fp8(a, -1, "tensor")).astype(np.float64) for a in (x, w))
+    np.testing.assert_allclose(out_t, xq @ wq.T, rtol=1e-12)
+    dx_t, dw_t = matmul_fp8_backward(dout, x, w, "tensor")
+    tensor_errors = rel(out_t, matmul_forward(*exact)), rel(dx_t, ref_dx), rel(dw_t, ref_dw)
+    assert all(0.01 < e < FP8_PRODUCT_TOLERANCE for e in tensor_errors), tensor_errors  # one magnitude: as good
 
 
 def test_the_fp8_reference_model_casts_only_its_blocks_linear_layers():
-    """ReferenceModel(fp8=True), the twin of --dtype fp8: the same model as the plain one up to the casts' rounding;
+    """ReferenceModel(fp8="row"), the twin of --dtype fp8: the same model as the plain one up to the casts' rounding;
     with the casts' values already exact (weights and activations that are FP8 values times their scales) it
     would be the plain model, so here the casts are what moves the loss and gradients, by a few percent."""
     from llama.config import get_preset
@@ -80,12 +112,21 @@ def test_the_fp8_reference_model_casts_only_its_blocks_linear_layers():
     config = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=96, max_seq_len=32)
     rng = np.random.default_rng(3)
     tokens, targets = rng.integers(0, 96, (2, 32)), rng.integers(0, 96, (2, 32))
-    plain, fp8 = (ReferenceModel(config, dtype=np.float64, seed=1, fp8=flag) for flag in (False, True))
-    losses = [model.forward(tokens, targets) for model in (plain, fp8)]
-    for model in (plain, fp8):
+    plain, fp8, tensor = (ReferenceModel(config, dtype=np.float64, seed=1, fp8=scaling)
+                          for scaling in (None, "row", "tensor"))
+    losses = [model.forward(tokens, targets) for model in (plain, fp8, tensor)]
+    for model in (plain, fp8, tensor):
         model.backward()
     assert losses[0] != losses[1] and abs(losses[1] - losses[0]) < 1e-2 * losses[0]
     errors = {name: rel(fp8.grads[t.offset:t.offset + t.size], plain.grads[t.offset:t.offset + t.size])
               for name, t in plain.layout.tensors.items()}
     assert 0 < max(errors.values()) < 0.15, errors  # measured 0.082 (a norm weight), the matrices 0.05-0.074
     assert all(err > 0 for name, err in errors.items() if "layers" in name), errors  # every block's weights see FP8
+    # tensor-wise: other casts (one scale per operand), as close to the plain model on these even magnitudes
+    assert losses[2] not in losses[:2] and abs(losses[2] - losses[0]) < 1e-2 * losses[0]
+    tensor_errors = {name: rel(tensor.grads[t.offset:t.offset + t.size], plain.grads[t.offset:t.offset + t.size])
+                     for name, t in plain.layout.tensors.items()}
+    assert 0 < max(tensor_errors.values()) < 0.15, tensor_errors
+    assert not np.array_equal(tensor.grads, fp8.grads)
+    with pytest.raises(ValueError, match="fp8 True: None, or the scaling: row, tensor"):
+        ReferenceModel(config, fp8=True)

@@ -24,6 +24,21 @@ def test_fp8_runs_on_hopper_and_says_so(gpu):
     plan = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8")
     assert (plan.path, plan.recompute) == ("fp8", "partial")
     assert "| dtype fp8 | gemm wgmma5/wgmma6 (FP8 e4m3, row-wise scales, in the linear layers)," in plan.summary()
+    tensor = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8", fp8_scaling="tensor")
+    assert (tensor.path, tensor.fp8_scaling) == ("fp8", "tensor")
+    assert "(FP8 e4m3, tensor-wise scales, in the linear layers)" in tensor.summary()
+
+
+@pytest.mark.parametrize("device, dtype, scaling, message", [
+    ("cuda", "bf16", "tensor", "--fp8-scaling tensor: the scaling of --dtype fp8's casts, and this run's dtype is bf16"),
+    ("cuda", None, "row", "--fp8-scaling row: the scaling of --dtype fp8's casts, and this run's dtype is not fp8"),
+    ("cpu", "fp32", "tensor", "--fp8-scaling tensor: the scaling of --dtype fp8's casts, and this run's dtype is fp32"),
+    ("cpu", "fp8", "column", "--fp8-scaling column: choose from row, tensor"),
+])
+def test_fp8_scaling_is_refused_in_one_line_without_fp8(gpu, device, dtype, scaling, message):
+    gpu((9, 0), "sm_90a")
+    with pytest.raises(PlanError, match=f"^{message}$"):
+        plan_module.make_plan(get_preset("d12"), device=device, dtype=dtype, fp8_scaling=scaling)
 
 
 def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpu):
@@ -46,10 +61,14 @@ def test_on_the_cpu_fp8_is_the_reference_with_its_fp8_casts():
     config = get_preset("tiny")
     plans = {dtype: plan_module.make_plan(config, device="cpu", dtype=dtype) for dtype in (None, "fp32", "fp8")}
     assert [plan.dtype for plan in plans.values()] == ["fp32", "fp32", "fp8"]
-    assert "| dtype fp8 | the numpy reference with FP8 casts in the linear layers |" in plans["fp8"].summary()
+    assert "| dtype fp8 | the numpy reference with FP8 casts (row-wise scales) in the linear layers |" in (
+        plans["fp8"].summary())
     models = {dtype: build_model(plan, config, 2, 16, None) for dtype, plan in plans.items()}
     assert all(isinstance(model, ReferenceModel) for model in models.values())
-    assert [model.fp8 for model in models.values()] == [False, False, True]
+    assert [model.fp8 for model in models.values()] == [None, None, "row"]
+    tensor = plan_module.make_plan(config, device="cpu", dtype="fp8", fp8_scaling="tensor")
+    assert "the numpy reference with FP8 casts (tensor-wise scales)" in tensor.summary()
+    assert build_model(tensor, config, 2, 16, None).fp8 == "tensor"
 
 
 @pytest.mark.parametrize("name, B, T, measured_gb", [("d12", 16, 1024, 9.9), ("llama3.2-1b", 8, 2048, 41.5)])
