@@ -6,6 +6,7 @@ first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is in
     python3 scripts/compare_runs.py dtype fp8 bf16 -- -x 500
     python3 scripts/compare_runs.py gpus 1 8 [-o out/scaling] [-- extra train_llama.py arguments]
     python3 scripts/compare_runs.py recipe plain adamw8bit in-backward full [--device cpu] [-- ...]
+    python3 scripts/compare_runs.py fp8-scaling row tensor [--device cpu] [-- ...]
 
 A difference of a few hundredths of a nat can be the trajectory's, not the change's: `--seeds 0 1 2 3`
 trains every way from each seed (initialization and data order) and averages the differences.
@@ -15,6 +16,8 @@ trains every way from each seed (initialization and data order) and averages the
 batch: every run has B sequences per micro-batch, and B x T x the largest count tokens per step, so
 fewer GPUs accumulate more micro-batches. `recipe` runs each memory recipe (RECIPES below) on one GPU,
 or on the CPU with --device cpu (then pass a CPU-sized model after --, e.g. -e small -b 8 -t 64).
+`fp8-scaling` runs --dtype fp8 with each scaling of its casts (row-wise, tensor-wise), on one GPU or with
+--device cpu the FP8 twin.
 """
 
 import argparse
@@ -24,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_log import read_log  # noqa: E402
+
+from llama.model.reference import FP8_SCALINGS  # noqa: E402
 
 B, T = 8, 1024
 DTYPES = ("bf16", "fp8", "fp32")  # llama/plan.py's
@@ -38,14 +43,17 @@ def command(vary: str, value: str, values: list[str]) -> list[str]:
         return [sys.executable, TRAIN, *DEFAULT_RUN, "--dtype", value]
     if vary == "recipe":
         return [sys.executable, TRAIN, *DEFAULT_RUN, *RECIPES[value]]
+    if vary == "fp8-scaling":
+        return [sys.executable, TRAIN, *DEFAULT_RUN, "--dtype", "fp8", "--fp8-scaling", value]
     launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", value, TRAIN]
     return [*launch, *DEFAULT_RUN, "-d", str(B * T * max(int(v) for v in values))]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("vary", choices=("dtype", "gpus", "recipe"))
-    parser.add_argument("values", nargs="+", help=f"{' '.join(DTYPES)}, GPU counts, or recipes: {', '.join(RECIPES)}")
+    parser.add_argument("vary", choices=("dtype", "gpus", "recipe", "fp8-scaling"))
+    parser.add_argument("values", nargs="+", help=f"{' '.join(DTYPES)}, GPU counts, recipes: {', '.join(RECIPES)}, "
+                                                  f"or FP8 scalings: {', '.join(FP8_SCALINGS)}")
     parser.add_argument("-o", "--output-dir", default="out/compare")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: recipes, or dtype fp32 and fp8 (the reference and its FP8 twin)")
@@ -56,10 +64,11 @@ def main() -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]  # after --: train_llama.py arguments
     allowed = {"dtype": lambda v: v in DTYPES, "gpus": lambda v: v.isdigit() and int(v) > 0,
-               "recipe": lambda v: v in RECIPES}[args.vary]
+               "recipe": lambda v: v in RECIPES, "fp8-scaling": lambda v: v in FP8_SCALINGS}[args.vary]
     if not all(map(allowed, args.values)):
         parser.error(f"{args.vary} takes " + {"dtype": ", ".join(DTYPES), "gpus": "GPU counts",
-                                              "recipe": ", ".join(RECIPES)}[args.vary])
+                                              "recipe": ", ".join(RECIPES),
+                                              "fp8-scaling": ", ".join(FP8_SCALINGS)}[args.vary])
     if args.device == "cpu" and args.vary == "gpus":
         parser.error("--device cpu: comparing GPU counts needs GPUs")
     if args.device == "cpu" and args.vary == "dtype" and "bf16" in args.values:

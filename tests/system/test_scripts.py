@@ -130,6 +130,20 @@ def test_compare_runs_compares_memory_recipes_on_the_cpu(corpus, tmp_path):
     assert re.search(r"largest \|difference\| from recipe plain: 0\.0[01]\d\d nats$", line), line
 
 
+def test_compare_runs_compares_fp8_scalings_with_the_twin_on_the_cpu(corpus, tmp_path):
+    """--dtype fp8 on the CPU with each scaling of its casts: two runs, two trajectories."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "fp8-scaling", "row", "tensor",
+                             "--device", "cpu", "-o", str(tmp_path / "cmp"), "--", "-e", "tiny", "-b", "2", "-t", "16",
+                             "-x", "20", *corpus], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                 "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})  # offline: byte-level tokens
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("seed 0: mean"))
+    means = dict(re.findall(r"fp8-scaling (\w+) ([\d.]+)", line))
+    assert set(means) == {"row", "tensor"} and means["row"] != means["tensor"], line
+    assert (tmp_path / "cmp" / "fp8-scaling_tensor" / "main.log").exists()
+
+
 def test_bench_step_rows_give_mfu_from_the_plans_peak_and_dashes_for_what_did_not_run():
     table_row = script("bench_step").__globals__["table_row"]
     run = {"B": 4, "T": 4096, "ours_ms": 2000.0, "torch_ms": None, "ours_bytes": 113.2e9, "torch_bytes": None,
@@ -159,7 +173,8 @@ def test_compare_runs_averages_the_differences_over_seeds(corpus, tmp_path):
                                            (["dtype", "fp32", "bf16", "--device", "cpu"],
                                             "--device cpu: bf16 needs a GPU (the CPU runs fp32 and fp8)"),
                                            (["gpus", "1", "2", "--device", "cpu"],
-                                            "--device cpu: comparing GPU counts needs GPUs")])
+                                            "--device cpu: comparing GPU counts needs GPUs"),
+                                           (["fp8-scaling", "row", "column"], "fp8-scaling takes row, tensor")])
 def test_compare_runs_refuses_what_it_cannot_compare(args, message):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), *args], capture_output=True,
                             text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
