@@ -169,14 +169,14 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
                         f"{dtype or 'not fp8'}")
     if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
         raise PlanError(f"--fp8-scaling {fp8_scaling}: choose from {', '.join(FP8_SCALINGS)}")
-    scaling = {"fp8_scaling": fp8_scaling} if fp8_scaling else {}
+    fp8_scaling = fp8_scaling or FP8_SCALINGS[0]
     device, why_no_gpu = _device(device)
     if device == "cpu":  # the numpy reference: fp32, or fp8 as its twin of the FP8 linear layers
         if dtype == "bf16":
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 (or fp8's casts)")
         return Plan("cpu", dtype or "fp32", "CPU",
                     note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
-                    **choose_recipe("cpu", recompute, optimizer, in_backward), **scaling)
+                    **choose_recipe("cpu", recompute, optimizer, in_backward), fp8_scaling=fp8_scaling)
     why_not_bf16 = bf16_unsupported(config)
     if dtype in ("bf16", "fp8") and why_not_bf16:
         raise PlanError(f"--dtype {dtype}: {why_not_bf16}")
@@ -195,4 +195,5 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
-                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe, **scaling)
+                f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,
+                fp8_scaling=fp8_scaling)

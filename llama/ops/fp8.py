@@ -58,18 +58,15 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
     if C % 8:
         raise ValueError(f"x: needs C a multiple of 8 (16-byte loads), got C = {C}")
     outputs = {}
-    if rows is not None:
-        check("rows", rows, (R, C), FP8)
-        check("row_scales", row_scales, (R,))
-        if C % 16:
-            raise ValueError(f"rows: needs C a multiple of 16 (16-byte rows), got C = {C}")
-        outputs["rows"] = rows
-    if cols is not None:
-        check("cols", cols, (C, R), FP8)
-        check("col_scales", col_scales, (C,))
-        if R % 16:
-            raise ValueError(f"cols: needs R a multiple of 16 (16-byte rows), got R = {R}")
-        outputs["cols"] = cols
+    for name, values, scales, (length, width), width_name in (("rows", rows, row_scales, (R, C), "C"),
+                                                                ("cols", cols, col_scales, (C, R), "R")):
+        if values is None:
+            continue
+        check(name, values, (length, width), FP8)
+        check(f"{name[:-1]}_scales", scales, (length,))
+        if width % 16:
+            raise ValueError(f"{name}: needs {width_name} a multiple of 16 (16-byte rows), got {width_name} = {width}")
+        outputs[name] = values
     check_aligned(x=x, **outputs)
     if amax is not None and (amax.dtype not in (U32, I32) or amax.size < R + C):
         raise ValueError(f"amax: needs {R + C} uint32 or int32, has {amax.size} {amax.dtype}")
