@@ -80,7 +80,7 @@ def bench_fp8(layout, M, N, K, versions):
         def ours():
             a, sa, b, sb = dev_inputs[next(counter) % sets]
             ops.gemm_fp8(c_dev, a, sa, b, sb, accumulate=layout == "tn",
-                         version=gemm_chooser() if version == "auto" else version)
+                         version=gemm_chooser(fp8=True) if version == "auto" else version)
         result[version] = flops / time_ms(ours) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()

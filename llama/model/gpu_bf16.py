@@ -205,7 +205,7 @@ class GPUModelBF16(GPUModelBase):
         x_q, x_scales = f["input"].prefix(N, IC), f["input_scales"].prefix(N)
         self._cast_fp8(x, rows=x_q, row_scales=x_scales)
         w_q, w_scales, _, _ = self.fp8_weights[weight.ptr]
-        ops.gemm_fp8(out, x_q, x_scales, w_q, w_scales, rope=rope, version=self.plan.gemm)
+        ops.gemm_fp8(out, x_q, x_scales, w_q, w_scales, rope=rope, version=self.plan.fp8_gemm)
 
     def linear_backward(self, dx: DeviceArray, dweight: DeviceArray, dout: DeviceArray, x: DeviceArray,
                         weight: DeviceArray) -> None:
@@ -221,9 +221,9 @@ class GPUModelBF16(GPUModelBase):
         self._cast_fp8(dout, rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales)
         x_t, x_t_scales = f["input"].prefix(IC, N), f["input_scales"].prefix(IC)
         self._cast_fp8(x, cols=x_t, col_scales=x_t_scales)
-        ops.gemm_fp8(dweight, g_t, g_t_scales, x_t, x_t_scales, accumulate=True, version=self.plan.gemm)
+        ops.gemm_fp8(dweight, g_t, g_t_scales, x_t, x_t_scales, accumulate=True, version=self.plan.fp8_gemm)
         _, _, w_t, w_t_scales = self.fp8_weights[weight.ptr]
-        ops.gemm_fp8(dx, g_q, g_scales, w_t, w_t_scales, version=self.plan.gemm)
+        ops.gemm_fp8(dx, g_q, g_scales, w_t, w_t_scales, version=self.plan.fp8_gemm)
 
     def weight(self, name: str) -> DeviceArray:
         """A weight's bf16 copy, as the GEMMs read it."""

@@ -23,10 +23,14 @@ def test_fp8_runs_on_hopper_and_says_so(gpu):
     gpu((9, 0), "sm_90a")
     plan = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8")
     assert (plan.path, plan.recompute) == ("fp8", "partial")
-    assert "| dtype fp8 | gemm wgmma5/wgmma6 (FP8 e4m3, row-wise scales, in the linear layers)," in plan.summary()
+    assert "| dtype fp8 | gemm wgmma5/wgmma6 (FP8 e4m3 on wgmma6, row-wise scales, in the linear layers)," in (
+        plan.summary())
+    # version 6 for every FP8 shape, where the bf16 rule sends short K and the d768 weight gradients to version 5
+    assert plan.fp8_gemm(16384, 768, 768) == plan.fp8_gemm(1280, 768, 16384) == "wgmma6"
+    assert plan.gemm(16384, 768, 768) == plan.gemm(1280, 768, 16384) == "wgmma5"
     tensor = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8", fp8_scaling="tensor")
     assert (tensor.path, tensor.fp8_scaling) == ("fp8", "tensor")
-    assert "(FP8 e4m3, tensor-wise scales, in the linear layers)" in tensor.summary()
+    assert "(FP8 e4m3 on wgmma6, tensor-wise scales, in the linear layers)" in tensor.summary()
 
 
 @pytest.mark.parametrize("device, dtype, scaling, message", [
