@@ -87,10 +87,13 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
 //   lane: dequantize (level * scale), the AdamW update, then the new block's scale (a warp max) and each
 //   value's code (how many of the map's midpoints lie at or below value / scale, a binary search in
 //   shared memory). Every float operation is rounded on its own (no fused multiply-add), in the order
-//   numpy computes it, so the codes, scales and weights are the twin's bits.
+//   numpy computes it, so the codes, scales and weights are the twin's bits. A lane with all 8 values
+//   moves them as vectors (16-byte loads and stores of the fp32 and bf16 values, 8-byte ones of the codes
+//   and the decay mask) and runs its 16 searches unrolled, so that they overlap; a short last lane goes
+//   value by value.
 //   m_codes, v_codes (n,) uint8; m_scales, v_scales (ceil(n / 256),) fp32; maps (4, 256) fp32: m's
 //   levels, m's midpoints, v's levels, v's midpoints, each padded (levels with 0, midpoints with +inf);
-//   one_minus_beta1/2: 1 - beta rounded to fp32 from double, as numpy has them.
+//   one_minus_beta1/2: 1 - beta rounded to fp32 from double, as numpy has them. The arrays 16-byte aligned.
 constexpr int QUANT_BLOCK = 256;
 constexpr int MAP_SIZE = 256;
 
@@ -99,6 +102,31 @@ __device__ __forceinline__ unsigned char nearest_level(const float* midpoints, f
     for (int step = MAP_SIZE / 2; step > 0; step /= 2)
         if (midpoints[count + step - 1] <= x) count += step;
     return (unsigned char)count;
+}
+
+// byte k (0..7) of 8 bytes held as a uint2, and the uint2 with byte k set (it is zero before)
+__device__ __forceinline__ unsigned int byte_of(uint2 w, int k) {
+    return ((k < 4 ? w.x : w.y) >> (8 * (k % 4))) & 0xFFu;
+}
+
+__device__ __forceinline__ void set_byte(uint2& w, int k, unsigned int b) {
+    if (k < 4) w.x |= b << (8 * k);
+    else w.y |= b << (8 * (k - 4));
+}
+
+struct AdamW8bitStep {
+    float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bias_correction1, bias_correction2;
+};
+
+// one value's update: m and v (dequantized) in and out, g the clipped gradient; the new parameter
+__device__ __forceinline__ float adamw8bit_element(float& m, float& v, float p, float g, float decay,
+                                                   const AdamW8bitStep& s) {
+    m = __fadd_rn(__fmul_rn(m, s.beta1), __fmul_rn(s.one_minus_beta1, g));
+    v = __fadd_rn(__fmul_rn(v, s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    const float m_hat = __fdiv_rn(m, s.bias_correction1), v_hat = __fdiv_rn(v, s.bias_correction2);
+    const float update = __fdiv_rn(m_hat, __fadd_rn(__fsqrt_rn(v_hat), s.eps));
+    const float decayed = __fmul_rn(__fmul_rn(s.weight_decay, decay), p);
+    return __fsub_rn(p, __fmul_rn(s.lr, __fadd_rn(update, decayed)));
 }
 
 extern "C" __global__ void adamw8bit_update_bf16(float* params, bf16* params_bf16, const float* grads,
@@ -117,7 +145,8 @@ extern "C" __global__ void adamw8bit_update_bf16(float* params, bf16* params_bf1
     const long long block = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const long long first = block * QUANT_BLOCK + lane * 8;
     if (block * QUANT_BLOCK >= n) return;  // whole warps leave together
-    const float lr = scalars[0], bias_correction1 = scalars[1], bias_correction2 = scalars[2];
+    const AdamW8bitStep step = {scalars[0], beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay,
+                                scalars[1], scalars[2]};
     float scale = 1.0f;
     if (max_norm > 0.0f) {
         const float norm = __fsqrt_rn(norm_squared[0]);
@@ -125,34 +154,60 @@ extern "C" __global__ void adamw8bit_update_bf16(float* params, bf16* params_bf1
     }
     const int count = first >= n ? 0 : (int)min(8LL, n - first);
     const float m_scale = m_scales[block], v_scale = v_scales[block];
-    float m[8], v[8], p[8];
-    for (int k = 0; k < 8; k++) {
-        m[k] = v[k] = p[k] = 0.0f;
-        if (k >= count) continue;
-        const long long i = first + k;
-        m[k] = __fmul_rn(m_levels[m_codes[i]], m_scale);
-        v[k] = __fmul_rn(v_levels[v_codes[i]], v_scale);
-        const float g = __fmul_rn(grads[i], scale);
-        m[k] = __fadd_rn(__fmul_rn(m[k], beta1), __fmul_rn(one_minus_beta1, g));
-        v[k] = __fadd_rn(__fmul_rn(v[k], beta2), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
-        const float m_hat = __fdiv_rn(m[k], bias_correction1), v_hat = __fdiv_rn(v[k], bias_correction2);
-        const float update = __fdiv_rn(m_hat, __fadd_rn(__fsqrt_rn(v_hat), eps));
-        const float decay = __fmul_rn(__fmul_rn(weight_decay, (float)decay_mask[i]), params[i]);
-        p[k] = __fsub_rn(params[i], __fmul_rn(lr, __fadd_rn(update, decay)));
-        params[i] = p[k];
-        params_bf16[i] = __float2bfloat16_rn(p[k]);
+    float m[8], v[8], p[8];  // the new moments (dequantized) and parameters; zeros past n
+    if (count == 8) {
+        float g[8];
+        load_f32x8(p, params + first);
+        load_f32x8(g, grads + first);
+        const uint2 m_in = *reinterpret_cast<const uint2*>(m_codes + first);
+        const uint2 v_in = *reinterpret_cast<const uint2*>(v_codes + first);
+        const uint2 mask = *reinterpret_cast<const uint2*>(decay_mask + first);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            m[k] = __fmul_rn(m_levels[byte_of(m_in, k)], m_scale);
+            v[k] = __fmul_rn(v_levels[byte_of(v_in, k)], v_scale);
+            p[k] = adamw8bit_element(m[k], v[k], p[k], __fmul_rn(g[k], scale), (float)byte_of(mask, k), step);
+        }
+        store_f32x8(params + first, p);
+        store_bf16x8(params_bf16 + first, p);
+    } else {  // unrolled too, so that m, v and p stay in registers
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            m[k] = v[k] = p[k] = 0.0f;
+            if (k >= count) continue;
+            const long long i = first + k;
+            m[k] = __fmul_rn(m_levels[m_codes[i]], m_scale);
+            v[k] = __fmul_rn(v_levels[v_codes[i]], v_scale);
+            p[k] = adamw8bit_element(m[k], v[k], params[i], __fmul_rn(grads[i], scale), (float)decay_mask[i], step);
+            params[i] = p[k];
+            params_bf16[i] = __float2bfloat16_rn(p[k]);
+        }
     }
     float m_max = 0.0f, v_max = 0.0f;
+#pragma unroll
     for (int k = 0; k < 8; k++) {
         m_max = fmaxf(m_max, fabsf(m[k]));
         v_max = fmaxf(v_max, fabsf(v[k]));
     }
     m_max = warp_max(m_max);
     v_max = warp_max(v_max);
-    for (int k = 0; k < count; k++) {
-        const long long i = first + k;
-        m_codes[i] = nearest_level(m_midpoints, m_max > 0.0f ? __fdiv_rn(m[k], m_max) : 0.0f);
-        v_codes[i] = nearest_level(v_midpoints, v_max > 0.0f ? __fdiv_rn(v[k], v_max) : 0.0f);
+    if (count == 8) {
+        uint2 m_out = {0, 0}, v_out = {0, 0};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            set_byte(m_out, k, nearest_level(m_midpoints, m_max > 0.0f ? __fdiv_rn(m[k], m_max) : 0.0f));
+            set_byte(v_out, k, nearest_level(v_midpoints, v_max > 0.0f ? __fdiv_rn(v[k], v_max) : 0.0f));
+        }
+        *reinterpret_cast<uint2*>(m_codes + first) = m_out;
+        *reinterpret_cast<uint2*>(v_codes + first) = v_out;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (k >= count) continue;
+            const long long i = first + k;
+            m_codes[i] = nearest_level(m_midpoints, m_max > 0.0f ? __fdiv_rn(m[k], m_max) : 0.0f);
+            v_codes[i] = nearest_level(v_midpoints, v_max > 0.0f ? __fdiv_rn(v[k], v_max) : 0.0f);
+        }
     }
     if (lane == 0) {
         m_scales[block] = m_max;

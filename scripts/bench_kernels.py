@@ -16,7 +16,7 @@ import numpy as np
 
 from llama import ops
 from llama.cuda import BF16, empty, runtime, time_ms, to_device, zeros
-from llama.optim import AdamWConfig
+from llama.optim import QUANT_BLOCK, AdamWConfig
 
 
 def copy_bandwidth(repeats: int, nbytes: int = 1 << 30) -> float:
@@ -88,10 +88,18 @@ def optimizer_cases(args, rng) -> list:
     params_bf16, mask = empty(P, BF16), to_device((rng.random(P) < 0.9).astype(np.uint8))
     opt = AdamWConfig()
     scalars = to_device(ops.adamw_scalars(1, 3e-4, opt))
+    # 8-bit moments (m codes, m scales, v codes, v scales): random codes of blocks of QUANT_BLOCK values
+    blocks_n = -(-P // QUANT_BLOCK)
+    moments = [to_device(rng.integers(0, 255, P, dtype=np.uint8)), to_device(rng.random(blocks_n, dtype=np.float32)),
+               to_device(rng.integers(0, 255, P, dtype=np.uint8)), to_device(rng.random(blocks_n, dtype=np.float32))]
+    maps = to_device(ops.quantization_maps())
     return [(f"global_norm_squared_bf16 ({P / 1e6:.1f}M)", P * 4,
              lambda: ops.global_norm_squared_bf16(norm_squared, norm_scratch, grads)),
             (f"adamw_update_bf16 ({P / 1e6:.1f}M)", P * (4 * 4 + 1 + 3 * 4 + 2),
-             lambda: ops.adamw_update_bf16(params, params_bf16, grads, m, v, mask, norm_squared, scalars, opt))]
+             lambda: ops.adamw_update_bf16(params, params_bf16, grads, m, v, mask, norm_squared, scalars, opt)),
+            (f"adamw8bit_update_bf16 ({P / 1e6:.1f}M)", P * (4 + 4 + 1 + 1 + 1 + 4 + 2 + 1 + 1) + blocks_n * 16,
+             lambda: ops.adamw8bit_update_bf16(params, params_bf16, grads, *moments, mask, norm_squared, scalars, maps,
+                                               opt))]
 
 
 def main():

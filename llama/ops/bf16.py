@@ -336,7 +336,7 @@ def adamw8bit_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: 
                           norm_squared: DeviceArray, scalars: DeviceArray, maps: DeviceArray, opt: AdamWConfig) -> None:
     """adamw_update_bf16 with 8-bit moments, as llama/optim.py's AdamW8bitState stores them: codes (n,) uint8
     and one fp32 scale per QUANT_BLOCK values (m_scales, v_scales), dequantized, updated and quantized
-    back in one pass; maps: quantization_maps() on the device."""
+    back in one pass; maps: quantization_maps() on the device. The arrays 16-byte aligned (vector loads)."""
     n, blocks_n = params.size, -(-params.size // QUANT_BLOCK)
     check("params", params, (n,))
     check("params_bf16", params_bf16, (n,), BF16)
@@ -348,6 +348,8 @@ def adamw8bit_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: 
     check("norm_squared", norm_squared, (1,))
     check("scalars", scalars, (ADAMW_SCALARS,))
     check("maps", maps, (4, MAP_SIZE))
+    check_aligned(params=params, params_bf16=params_bf16, grads=grads, m_codes=m_codes, v_codes=v_codes,
+                  decay_mask=decay_mask)
     one_minus = (np.float32(1 - opt.beta1), np.float32(1 - opt.beta2))  # rounded from double, as numpy has them
     kernel("adamw", "adamw8bit_update_bf16", "PPPPPPPPPPPqfffffff")(
         blocks(blocks_n * 32, BLOCK), BLOCK, params.ptr, params_bf16.ptr, grads.ptr, m_codes.ptr, m_scales.ptr,

@@ -95,7 +95,9 @@ def test_adamw8bit_rejects_and_its_maps_are_the_twins():
                   scalars=fake((ops.ADAMW_SCALARS,), F32), maps=fake((4, 256), F32))
     for name, bad, message in (("m_scales", fake((3,), F32), "m_scales: expected float32 \\(4,\\)"),
                                ("v_codes", fake((n,), F32), "v_codes: expected uint8"),
-                               ("maps", fake((2, 256), F32), "maps: expected float32 \\(4, 256\\)")):
+                               ("maps", fake((2, 256), F32), "maps: expected float32 \\(4, 256\\)"),
+                               ("m_codes", fake((n,), np.uint8, 8), "m_codes: must start 16-byte aligned"),
+                               ("params", fake((n,), F32, 4), "params: must start 16-byte aligned")):
         with pytest.raises(ValueError, match=message):
             ops.adamw8bit_update_bf16(**(arrays | {name: bad}), opt=AdamWConfig())
     from llama.optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, MIDPOINTS
