@@ -10,7 +10,7 @@
 //            16-byte load), a warp 256 columns of a row; grid (ceil(R / FP8_AMAX_ROWS), ceil(C / 256)),
 //            a block FP8_AMAX_ROWS rows, reduced in the block, then one atomicMax per row and column.
 //            tensor != 0 (tensor-wise scaling): the max of all of x into row_amax[0] instead, one atomicMax
-//            per warp; col_amax must be null.
+//            per block; col_amax must be null.
 // fp8_cast:  from the amax, as requested (pointers of outputs not wanted are null):
 //            q_rows (R, C) fp8 and row_scales (R,) fp32, the scale of each row;
 //            q_cols (C, R) fp8 = the cast of x's transpose, and col_scales (C,) fp32, the scale of each
@@ -85,8 +85,15 @@ extern "C" __global__ void __launch_bounds__(32 * FP8_AMAX_ROW_WARPS) fp8_amax(
             else if (threadIdx.x == 0) atomicMax(row_amax + row, m << 16);  // bf16 bits -> float bits
         }
     }
-    if (tensor) {
-        if (threadIdx.x == 0 && warp_max != 0) atomicMax(row_amax, warp_max << 16);
+    if (tensor) {  // the block's max from its warps' (through shared memory), then one atomicMax
+        unsigned int* warp_maxima = reinterpret_cast<unsigned int*>(slice_max);
+        if (threadIdx.x == 0) warp_maxima[threadIdx.y] = warp_max;
+        __syncthreads();
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            unsigned int m = 0;
+            for (int y = 0; y < FP8_AMAX_ROW_WARPS; y++) m = max(m, warp_maxima[y]);
+            if (m != 0) atomicMax(row_amax, m << 16);
+        }
         return;
     }
     if (col_amax == nullptr) return;
