@@ -1,4 +1,4 @@
-// bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's versions 2 to 6 (dev/cuda/README.md);
+// bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's versions 2 to 8 (dev/cuda/README.md);
 // production on H100/H200 is version 5 or 6 per shape (llama/plan.py GemmChooser).
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
@@ -17,7 +17,8 @@
 //   empty[s] (one arrival per consumer warp once its wgmmas on stage s are done). Consumers keep one
 //   wgmma group in flight and release the previous stage.
 // - Persistent grid: one CTA per SM walks the tiles in GROUP_M order (L2 reuse); the producer
-//   runs ahead into the next tile while the consumers store the last one.
+//   runs ahead into the next tile while the consumers store the last one. Versions 7 and 8 claim each
+//   next tile from a global counter instead of taking every gridDim.x-th (WorkUnits).
 // - Operand layouts: K-major tiles are one box {64 (K), rows}; M- or N-major tiles are boxes of
 //   {64 (M or N), 64 (K)}, one per 64-wide slab, 8 KB apart. wgmma reads either through its
 //   transpose immediates (descriptor LBO = slab distance 8192 B, SBO = 8-row distance 1024 B).
@@ -119,9 +120,71 @@ __device__ __forceinline__ void store_accumulators_staged(const Epilogue& e, con
         store_half_staged<MODE>(e, *(const float(*)[64])(d + 64 * h), batch, row0, col0 + 128 * h, staging);
 }
 
-template <int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED, bool FP8 = false>
+// The work units (tiles, or version 5's split-K units) a persistent CTA runs, in order: its first is blockIdx.x.
+// Static (versions 2-6): then every gridDim.x-th. Dynamic (versions 7 and 8): claimed as they come, so that CTAs
+// that start late (multiprocessors held by another kernel, e.g. NCCL's) leave their share to the running ones.
+// The producer thread claims each next unit as gridDim.x + an atomicAdd on a global counter and passes it to the
+// consumer warpgroups through a ring of UNIT_SLOTS shared-memory slots (full: the producer's arrival; empty: one
+// arrival per consumer warp, since every consumer reads every unit); a unit >= units tells them to stop. Each
+// CTA's producer makes exactly one failing claim, so a launch (grid <= units) makes `units` claims: the last
+// (value units - 1) sets the counter back to 0 for the next launch, which on the same stream starts after it.
+#define UNIT_SLOTS 8
+#define UNIT_RING_BYTES (UNIT_SLOTS * 20)  // per slot: full and empty mbarriers, the unit
+
+template <bool DYNAMIC>
+struct WorkUnits {
+    unsigned int* counter;  // versions 7 and 8: zero at launch, left at zero
+    uint32_t ring;          // UNIT_SLOTS full mbarriers, UNIT_SLOTS empty ones, the slots
+    int* slots;
+    int units;
+
+    __device__ __forceinline__ WorkUnits(unsigned int* counter, uint32_t ring, int units)
+        : counter(counter), ring(ring), units(units) {
+        extern __shared__ __align__(1024) uint8_t smem_raw[];
+        slots = (int*)(smem_raw + (ring + 16 * UNIT_SLOTS - smem_address(smem_raw)));
+    }
+    __device__ __forceinline__ uint32_t full(int slot) const { return ring + 8 * slot; }
+    __device__ __forceinline__ uint32_t empty(int slot) const { return ring + 8 * (UNIT_SLOTS + slot); }
+
+    __device__ __forceinline__ void init() const {  // thread 0, with the other mbarriers
+        if (DYNAMIC) {
+            for (int s = 0; s < UNIT_SLOTS; s++) {
+                mbarrier_init(full(s), 1);
+                mbarrier_init(empty(s), 8);  // one arrival per consumer warp
+            }
+        }
+    }
+    // producer thread: the unit after `unit`
+    __device__ __forceinline__ int next(int unit) const {
+        if (!DYNAMIC) return unit + gridDim.x;
+        const unsigned int claim = atomicAdd(counter, 1u);
+        if (claim == units - 1) *counter = 0;  // the launch's last claim
+        return gridDim.x + claim;
+    }
+    // producer thread: hands the CTA's i-th unit (or the end) to the consumers
+    __device__ __forceinline__ void publish(int i, int unit) const {
+        if (DYNAMIC) {
+            const int slot = i % UNIT_SLOTS;
+            mbarrier_wait(empty(slot), ((i / UNIT_SLOTS) & 1) ^ 1);
+            slots[slot] = unit;
+            mbarrier_arrive(full(slot));  // releases the write to the consumers' wait
+        }
+    }
+    // consumer thread: the CTA's i-th unit
+    __device__ __forceinline__ int unit(int i, int lane) const {
+        if (!DYNAMIC) return blockIdx.x + i * gridDim.x;
+        const int slot = i % UNIT_SLOTS;
+        mbarrier_wait(full(slot), (i / UNIT_SLOTS) & 1);
+        const int unit = slots[slot];
+        __syncwarp();  // every lane has read the slot before it is given back
+        if (lane == 0) mbarrier_arrive(empty(slot));
+        return unit;
+    }
+};
+
+template <int BN, int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED, bool FP8 = false, bool DYNAMIC = false>
 __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
-                                           int batches) {
+                                           int batches, unsigned int* counter) {
     constexpr int BK = kblock_values<FP8>();
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -131,12 +194,14 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n, total = tiles * batches, KT = (K + BK - 1) / BK;
     const int warpgroup = threadIdx.x / 128;
+    const WorkUnits<DYNAMIC> work(counter, empty + STAGES * 8, total);  // version 7: claimed tiles
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbarrier_init(full + 8 * s, 1);
             mbarrier_init(empty + 8 * s, 8);  // one arrival per consumer warp
         }
+        work.init();
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -145,7 +210,9 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             int stage = 0, phase = 0;
-            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            for (int tile = blockIdx.x, i = 0;; tile = work.next(tile), i++) {
+                work.publish(i, tile);
+                if (tile >= total) break;
                 int tm, tn;
                 tile_coords(tile % tiles, tiles_m, tiles_n, &tm, &tn);
                 const int batch = tile / tiles, m0 = tm * WG_BM, n0 = tn * BN;
@@ -175,7 +242,9 @@ __device__ __forceinline__ void gemm_wgmma(const CUtensorMap* map_a, const CUten
         const int half = warpgroup - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
         int stage = 0, phase = 0;
         float d[BN / 2];
-        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        for (int i = 0;; i++) {
+            const int tile = work.unit(i, lane);
+            if (tile >= total) break;
             int tm, tn;
             tile_coords(tile % tiles, tiles_m, tiles_n, &tm, &tn);
             const int batch = tile / tiles, m0 = tm * WG_BM, n0 = tn * BN;
@@ -257,9 +326,9 @@ __device__ __forceinline__ void mma_kblock_128x128(float (&d0)[64], float (&d1)[
     }
 }
 
-template <int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED, bool FP8 = false>
+template <int STAGES, bool A_KMAJOR, bool B_KMAJOR, bool STAGED, bool FP8 = false, bool DYNAMIC = false>
 __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
-                                              int batches, int splits, int split_kb) {
+                                              int batches, int splits, int split_kb, unsigned int* counter) {
     constexpr int BK = kblock_values<FP8>();
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -269,6 +338,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
     const int tiles_m = (e.M + WG_BM - 1) / WG_BM, tiles_n = (e.N + PP_BN - 1) / PP_BN;
     const int tiles = tiles_m * tiles_n, units = tiles * batches * splits, KT = (K + BK - 1) / BK;
     const int warpgroup = threadIdx.x / 128;
+    const WorkUnits<DYNAMIC> work(counter, order + 16, units);  // version 8: claimed units
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -277,6 +347,7 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
         }
         mbarrier_init(order, 4);      // order[c]: consumer c may start its next unit (one arrival per warp)
         mbarrier_init(order + 8, 4);
+        work.init();
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -285,7 +356,9 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             int stage = 0, phase = 0;
-            for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+            for (int unit = blockIdx.x, i = 0;; unit = work.next(unit), i++) {
+                work.publish(i, unit);
+                if (unit >= units) break;
                 int tm, tn;
                 tile_coords(unit % tiles, tiles_m, tiles_n, &tm, &tn);
                 const int split = (unit / tiles) % splits, batch = unit / tiles / splits;
@@ -313,7 +386,9 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
         const uint32_t my_turn = order + 8 * c, other_turn = order + 8 * (1 - c);
         int consumed = 0;  // k-blocks of this CTA's units before the current one: the ring position
         float d0[64], d1[64];
-        for (int unit = blockIdx.x, i = 0; unit < units; unit += gridDim.x, i++) {
+        for (int i = 0;; i++) {
+            const int unit = work.unit(i, lane);  // both consumers read every unit: its k-blocks move the ring
+            if (unit >= units) break;
             const int split = (unit / tiles) % splits;
             const int kblocks = unit_kblocks(split, split_kb, KT);
             if ((i & 1) != c) {  // the other consumer's unit: skip its k-blocks in the ring
@@ -453,65 +528,81 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
 #endif  // WGMMA_ENABLED
 
 // Entry points gemm_wgmma_<layout>_128x<BN>; shared memory STAGES * (128 + BN) * 64 * 2 + 1024 + 16 * STAGES.
-// On anything but sm_90a they compile to nothing and the launcher never selects them.
+// counter: versions 7 and 8's tile counter (WorkUnits), unused by the others. On anything but sm_90a they
+// compile to nothing and the launcher never selects them.
 #ifdef WGMMA_ENABLED
-#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                        \
+#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                              \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_wgmma<BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_>(maps, maps + 1, e, K, batches);
+    gemm_wgmma<BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, false, DYNAMIC_>(maps, maps + 1, e, K, batches, counter);
 #else
-#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)
+#define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)
 #endif
-#define GEMM_WGMMA_ENTRY(name, BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                     \
+#define GEMM_WGMMA_ENTRY(name, BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                           \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
-        const CUtensorMap* maps, void* C,                                                                     \
+        const CUtensorMap* maps, void* C, unsigned int* counter,                                              \
         const float* cos, const float* sin, long long stride_c, int M, int N, int K, int batches, int ldc,    \
         int mode, int rope_T, int rope_cols, int head_dim, float alpha) {                                     \
-        GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                            \
+        GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                  \
     }
 
-GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x256, 256, 4, true, true, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x256, 256, 4, true, false, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false, false)
-GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x256, 256, 4, true, true, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x256, 256, 4, true, false, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false, false, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false, false, false)
 
 // Version 6 entry points gemm_wgmma6_<layout>_128x<BN>: version 2 with the staged epilogue (the same stage
 // counts; the staging rows fit beside them). Shared memory as version 2's + STAGING_BYTES.
-GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x256, 256, 4, true, true, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x256, 256, 4, true, false, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x256, 256, 4, false, false, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x128, 128, 6, true, true, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x128, 128, 6, true, false, true)
-GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x128, 128, 6, false, false, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x256, 256, 4, true, true, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x256, 256, 4, true, false, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x256, 256, 4, false, false, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x128, 128, 6, true, true, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x128, 128, 6, true, false, true, false)
+GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x128, 128, 6, false, false, true, false)
+
+// Version 7 entry points gemm_wgmma7_<layout>_128x<BN>: version 6 with dynamic tile claiming (WorkUnits; counter:
+// one zeroed uint32, left at zero). Shared memory as version 6's + UNIT_RING_BYTES.
+GEMM_WGMMA_ENTRY(gemm_wgmma7_nt_128x256, 256, 4, true, true, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma7_nn_128x256, 256, 4, true, false, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x256, 256, 4, false, false, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma7_nt_128x128, 128, 6, true, true, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma7_nn_128x128, 128, 6, true, false, true, true)
+GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x128, 128, 6, false, false, true, true)
 
 // Ping-pong entry points: version 3 gemm_wgmma3_<layout> (128 x 128 tiles, ping-pong consumers, split-K in
 // the kernel; splits = 1: plain batches), shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16; version 5
 // gemm_wgmma5_<layout>, the same with the staged epilogue and one stage fewer for its rows, shared memory
-// PP5_STAGES * 32 KB + STAGING_BYTES + 1024 + 16 * PP5_STAGES + 16.
+// PP5_STAGES * 32 KB + STAGING_BYTES + 1024 + 16 * PP5_STAGES + 16; version 8 gemm_wgmma8_<layout>, version 5 with
+// dynamic claiming of its work units (split-K ones too: each writes its own partials), shared memory version 5's
+// + UNIT_RING_BYTES. counter as the cooperative entries'.
 #define PP_STAGES 7
 #define PP5_STAGES 6
 #ifdef WGMMA_ENABLED
-#define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                          \
+#define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_pingpong<STAGES_, A_KMAJOR, B_KMAJOR, STAGED_>(maps, maps + 1, e, K, batches, splits, split_kb);
+    gemm_pingpong<STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, false, DYNAMIC_>(maps, maps + 1, e, K, batches, splits, \
+                                                                          split_kb, counter);
 #else
-#define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)
+#define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)
 #endif
-#define GEMM_PINGPONG_ENTRY(name, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                        \
+#define GEMM_PINGPONG_ENTRY(name, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                              \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
-        const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
-        int K, int batches, int splits, int split_kb, int ldc, int mode, int rope_T, int rope_cols,             \
-        int head_dim, float alpha) {                                                                          \
-        GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_)                                              \
+        const CUtensorMap* maps, void* C, unsigned int* counter, const float* cos, const float* sin,          \
+        long long stride_c, int M, int N, int K, int batches, int splits, int split_kb, int ldc, int mode,    \
+        int rope_T, int rope_cols, int head_dim, float alpha) {                                               \
+        GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                    \
     }
 
-GEMM_PINGPONG_ENTRY(gemm_wgmma3_nt, PP_STAGES, true, true, false)
-GEMM_PINGPONG_ENTRY(gemm_wgmma3_nn, PP_STAGES, true, false, false)
-GEMM_PINGPONG_ENTRY(gemm_wgmma3_tn, PP_STAGES, false, false, false)
-GEMM_PINGPONG_ENTRY(gemm_wgmma5_nt, PP5_STAGES, true, true, true)
-GEMM_PINGPONG_ENTRY(gemm_wgmma5_nn, PP5_STAGES, true, false, true)
-GEMM_PINGPONG_ENTRY(gemm_wgmma5_tn, PP5_STAGES, false, false, true)
+GEMM_PINGPONG_ENTRY(gemm_wgmma3_nt, PP_STAGES, true, true, false, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma3_nn, PP_STAGES, true, false, false, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma3_tn, PP_STAGES, false, false, false, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma5_nt, PP5_STAGES, true, true, true, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma5_nn, PP5_STAGES, true, false, true, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma5_tn, PP5_STAGES, false, false, true, false)
+GEMM_PINGPONG_ENTRY(gemm_wgmma8_nt, PP5_STAGES, true, true, true, true)
+GEMM_PINGPONG_ENTRY(gemm_wgmma8_nn, PP5_STAGES, true, false, true, true)
+GEMM_PINGPONG_ENTRY(gemm_wgmma8_tn, PP5_STAGES, false, false, true, true)
 
 
 // FP8 entry points (both operands K-major, the nt layout only; row_scales (M,) and col_scales (N,) fp32):
@@ -523,9 +614,10 @@ GEMM_PINGPONG_ENTRY(gemm_wgmma5_tn, PP5_STAGES, false, false, true)
     e.row_scales = row_scales;                                                                            \
     e.col_scales = col_scales;
 #define GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)                                                                \
-    FP8_EPILOGUE gemm_wgmma<BN_, STAGES_, true, true, true, true>(maps, maps + 1, e, K, batches);
+    FP8_EPILOGUE gemm_wgmma<BN_, STAGES_, true, true, true, true>(maps, maps + 1, e, K, batches, nullptr);
 #define GEMM_WGMMA5_FP8_BODY                                                                              \
-    FP8_EPILOGUE gemm_pingpong<PP5_STAGES, true, true, true, true>(maps, maps + 1, e, K, batches, splits, split_kb);
+    FP8_EPILOGUE gemm_pingpong<PP5_STAGES, true, true, true, true>(maps, maps + 1, e, K, batches, splits, split_kb, \
+                                                                   nullptr);
 #else
 #define GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)
 #define GEMM_WGMMA5_FP8_BODY

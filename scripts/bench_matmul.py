@@ -11,7 +11,7 @@ FP8: every GEMM runs with both operands K-major (dX and dW on the transposed cop
 with one fp32 scale per row of each operand; _scaled_mm's outputs are bf16 (what it takes with row-wise
 scales), our dW still accumulates into fp32.
 
-    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3 wgmma4 wgmma5 wgmma6]
+    python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3 wgmma4 wgmma5 wgmma6 wgmma7 wgmma8]
     python3 scripts/bench_matmul.py --dtype fp8 [--versions wgmma5 wgmma6 auto]
 """
 
@@ -133,7 +133,7 @@ def main():
     if args.dtype == "fp8" and not hopper:
         raise SystemExit("--dtype fp8: our FP8 GEMMs need sm_90a")
     all_versions = ["wgmma5", "wgmma6", "auto"] if args.dtype == "fp8" else (
-        ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "auto"] if hopper else ["mma"])
+        ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8", "auto"] if hopper else ["mma"])
     versions = args.versions or all_versions
     reference = "torch._scaled_mm" if args.dtype == "fp8" else "cuBLAS"
     print(f"device: {runtime().name}; TFLOP/s, {args.dtype} operands, fp32 accumulation; "

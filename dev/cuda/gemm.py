@@ -4,6 +4,7 @@ the same bf16-rounded inputs, then time it next to torch.matmul (cuBLAS) in the 
 against the float64 product of the dequantized casts, timed next to torch._scaled_mm (cuBLASLt).
 
     python3 dev/cuda/gemm.py --versions mma wgmma --layout nt --M 16384 --N 768 --K 768
+    python3 dev/cuda/gemm.py --versions wgmma5 wgmma8 wgmma6 wgmma7 --layout tn --M 768 --N 768 --K 16384
     python3 dev/cuda/gemm.py --dtype fp8 --versions wgmma5 wgmma6 --M 8192 --N 8192 --K 8192
 
 Versions are the launchers ops.gemm takes (llama/plan.py picks the production one).

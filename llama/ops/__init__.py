@@ -5,7 +5,7 @@ fp32             the exact fp32 path's layers, named like llama/model/reference.
 bf16             the bf16 mixed-precision path's layers, the tensor-core GEMM among them
 gemm_problem     one GEMM as its versions receive it
 gemm_mma         GEMM version 1 (mma.sync, from sm_80) and the split-K reduce
-gemm_wgmma       GEMM versions 2 and 3 (Hopper: wgmma fed by TMA)
+gemm_wgmma       GEMM versions 2 to 8 (Hopper: wgmma fed by TMA)
 flash_attention  bf16 causal GQA flash attention reading the packed qkv projection
 fp8              --dtype fp8: float8 e4m3 casts with power-of-two scales per row or column, the FP8 GEMM
 gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch

@@ -22,7 +22,8 @@ from .common import (BLOCK, CLASSIFIER_BLOCK, F32, F64, I32, NORM_BLOCKS, U8, bl
                      multiprocessors)
 from .gemm_mma import gemm_mma, splitk_reduce, splitk_splits
 from .gemm_problem import GemmProblem
-from .gemm_wgmma import gemm_wgmma, gemm_wgmma3, gemm_wgmma4, gemm_wgmma5, gemm_wgmma6, splitk_splits3
+from .gemm_wgmma import (gemm_wgmma, gemm_wgmma3, gemm_wgmma4, gemm_wgmma5, gemm_wgmma6, gemm_wgmma7, gemm_wgmma8,
+                          splitk_splits3)
 
 EMBEDDING_SEGMENT = 16  # positions per segment, as in kernels/embedding.cu
 EMBEDDING_FORWARD_VECTORS = 4  # 16-byte vectors per thread of embedding_forward_bf16, as in kernels/embedding.cu
@@ -49,8 +50,9 @@ def _row_block(C: int, threads: int) -> tuple[int, int]:
 # ---- the GEMM (its versions: llama/ops/gemm_mma.py, llama/ops/gemm_wgmma.py)
 
 GEMM_VERSIONS = {"mma": gemm_mma, "wgmma": gemm_wgmma, "wgmma3": gemm_wgmma3, "wgmma4": gemm_wgmma4,
-                 "wgmma5": gemm_wgmma5, "wgmma6": gemm_wgmma6}  # the ladder's rungs
-SPLIT_IN_KERNEL = ("wgmma3", "wgmma5")  # versions that split K inside the kernel (any count)
+                 "wgmma5": gemm_wgmma5, "wgmma6": gemm_wgmma6, "wgmma7": gemm_wgmma7,
+                 "wgmma8": gemm_wgmma8}  # the ladder's rungs
+SPLIT_IN_KERNEL = ("wgmma3", "wgmma5", "wgmma8")  # versions that split K inside the kernel (any count)
 
 
 def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, trans_b: bool = False,
@@ -61,7 +63,7 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     c is bf16 or fp32; accumulate (fp32 c only) adds onto c instead of overwriting it, and alpha = 0
     then leaves c untouched. rope = (cos, sin, T, rotated_columns) rotates the first columns of a
     (tokens, heads * D) bf16 output by RoPE at position row % T (the QKV projection).
-    version: 'mma' or 'wgmma' .. 'wgmma6' (GEMM_VERSIONS), or a chooser called with (M, N, K) that names
+    version: 'mma' or 'wgmma' .. 'wgmma8' (GEMM_VERSIONS), or a chooser called with (M, N, K) that names
     one (the plan's: llama.plan.GemmChooser)."""
     batched = len(c.shape) == 3
     batch = c.shape[0] if batched else 1
@@ -121,7 +123,7 @@ def launch_gemm(problem: GemmProblem, c: DeviceArray, accumulate: bool,
         launch(problem)
         return
     # Split-K for weight gradients with few output tiles: partial products over ranges of K, summed in
-    # a fixed order (deterministic, no atomics). Versions 3 and 5 split K inside the kernel (any count);
+    # a fixed order (deterministic, no atomics). Versions 3, 5 and 8 split K inside the kernel (any count);
     # the others run the splits as a batch over K / splits rows each.
     partial = _workspace(splits * M * N)
     partials = replace(problem, c=partial.ptr, mode="f32", alpha=1.0)
@@ -406,3 +408,4 @@ def adamw_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: Devi
         blocks(n, BLOCK * 8), BLOCK, params.ptr, params_bf16.ptr, grads.ptr, m.ptr, v.ptr, decay_mask.ptr,
         norm_squared.ptr, scalars.ptr, n, *(np.float32(x) for x in (opt.beta1, opt.beta2, opt.eps, opt.weight_decay,
                                                                      opt.grad_clip)))
+

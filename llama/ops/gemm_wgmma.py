@@ -1,4 +1,4 @@
-"""Launchers of the GEMM ladder's versions 2 to 6 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor
+"""Launchers of the GEMM ladder's versions 2 to 8 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor
 maps encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled).
 
 Maps depend only on pointers and shapes, so they are cached, on the host and in device memory
@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..cuda import DeviceArray, to_device
+from ..cuda import DeviceArray, runtime, to_device, zeros
 from .common import kernel, multiprocessors
 from .gemm_problem import GemmProblem
 
@@ -23,6 +23,7 @@ STAGES = {256: 4, 128: 6}
 PINGPONG_STAGES = 7  # version 3: 128 x 128 tiles, kernels/gemm_wgmma.cu PP_STAGES
 CLUSTER_BM, CLUSTER_STAGES = 256, 4  # version 4: 256 x 128 tiles per CTA, CL_BM and CL_STAGES
 PINGPONG_STAGED_STAGES, STAGING_BYTES = 6, 2 * 4 * 8 * 132 * 4  # version 5: PP5_STAGES; versions 5, 6: STAGING_BYTES
+UNIT_RING_BYTES = 8 * 20  # versions 7, 8: the claimed units' ring, UNIT_RING_BYTES
 # version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
 # 132 SMs; the reduce pass's bandwidth and its launch
 KBLOCK_SECONDS, REDUCE_BYTES_PER_SECOND, REDUCE_LAUNCH_SECONDS, MAX_SPLITS = 0.43e-6, 3e12, 3e-6, 32
@@ -88,28 +89,50 @@ def gemm_wgmma6(p: GemmProblem, bn: int | None = None) -> None:
     _cooperative(p, bn, "gemm_wgmma6", staging=STAGING_BYTES)
 
 
-def _cooperative(p: GemmProblem, bn: int | None, entry: str, staging: int) -> None:
-    """Launch a cooperative version's kernel `entry`_<layout>_128x<bn> (versions 2 and 6)."""
+def gemm_wgmma7(p: GemmProblem, bn: int | None = None) -> None:
+    """Version 7: version 6 whose CTAs claim their tiles one by one from a counter (tile_counter()) instead of
+    taking every grid-th, so that CTAs that start late (multiprocessors held by NCCL) leave their tiles to the
+    others. The same results bit for bit."""
+    _cooperative(p, bn, "gemm_wgmma7", staging=STAGING_BYTES, dynamic=True)
+
+
+def _cooperative(p: GemmProblem, bn: int | None, entry: str, staging: int, dynamic: bool = False) -> None:
+    """Launch a cooperative version's kernel `entry`_<layout>_128x<bn> (versions 2, 6 and 7)."""
     sms = multiprocessors()
     if bn is None:  # the wide tile once it alone fills the GPU
         bn = 256 if math.ceil(p.M / BM) * math.ceil(p.N / 256) * p.batch >= sms else 128
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
     maps = device_maps(b"".join(operand_maps(p, bn)))
-    shared = STAGES[bn] * (BM + bn) * BK * 2 + staging + 1024 + 16 * STAGES[bn]
-    kind, scales = _variant(p, entry)
-    kernel("gemm_wgmma", f"{entry}_{kind}_128x{bn}", "PP" + "PP" * p.fp8 + "PPqiiiiiiiiif")(
-        (min(tiles, sms),), 384, maps.ptr, p.c, *scales, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
+    shared = STAGES[bn] * (BM + bn) * BK * 2 + staging + 1024 + 16 * STAGES[bn] + UNIT_RING_BYTES * dynamic
+    kind, extra = _variant(p, entry, dynamic)
+    kernel("gemm_wgmma", f"{entry}_{kind}_128x{bn}", "PP" + "P" * len(extra) + "PPqiiiiiiiiif")(
+        (min(tiles, sms),), 384, maps.ptr, p.c, *extra, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
 
 
-def _variant(p: GemmProblem, entry: str) -> tuple[str, tuple]:
-    """The kernel name's operand part (the layout, or 'fp8': versions 5 and 6, 'nt') and the scale arguments."""
+def _variant(p: GemmProblem, entry: str, dynamic: bool) -> tuple[str, tuple]:
+    """The kernel name's operand part (the layout, or 'fp8': versions 5 and 6, 'nt') and the arguments after c:
+    FP8's scales, or bf16's tile counter (versions 7 and 8; null for the others)."""
     if not p.fp8:
-        return p.layout, ()
+        return p.layout, (tile_counter().ptr if dynamic else 0,)
     if entry not in ("gemm_wgmma5", "gemm_wgmma6") or p.layout != "nt":
         raise ValueError(f"FP8 GEMMs are versions 5 and 6 with both operands K-major ('nt'), not {entry} "
                          f"{p.layout!r}")
     return "fp8", (p.row_scales, p.col_scales)
+
+
+def tile_counter() -> DeviceArray:
+    """Versions 7 and 8's tile counter on the runtime's current stream: one uint32, zeroed once; every launch
+    leaves it at zero. A stream's launches run one after another, so one counter serves them all (two streams'
+    may overlap: one each). Allocated by the stream's first launch, which must come before a graph capture (as
+    the tensor maps' upload)."""
+    stream = runtime().stream.handle
+    if stream not in _TILE_COUNTERS:
+        _TILE_COUNTERS[stream] = zeros(1, np.uint32)
+    return _TILE_COUNTERS[stream]
+
+
+_TILE_COUNTERS = {}
 
 
 def gemm_wgmma3(p: GemmProblem, splits: int = 1) -> None:
@@ -125,8 +148,14 @@ def gemm_wgmma5(p: GemmProblem, splits: int = 1) -> None:
     _pingpong(p, splits, "gemm_wgmma5", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES)
 
 
-def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int) -> None:
-    """Launch a ping-pong version's kernel `entry`_<layout> (versions 3 and 5)."""
+def gemm_wgmma8(p: GemmProblem, splits: int = 1) -> None:
+    """Version 8: version 5 whose CTAs claim their work units (split-K ones too) one by one from a counter, as
+    version 7's. splits as version 3's; the same results bit for bit."""
+    _pingpong(p, splits, "gemm_wgmma8", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES, dynamic=True)
+
+
+def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int, dynamic: bool = False) -> None:
+    """Launch a ping-pong version's kernel `entry`_<layout> (versions 3, 5 and 8)."""
     k_blocks = math.ceil(p.K / p.k_block)
     split_kb = math.ceil(k_blocks / splits)
     if splits > 1 and (p.batch != 1 or p.mode != "f32" or math.ceil(k_blocks / split_kb) != splits):
@@ -134,10 +163,10 @@ def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int
                          "every split non-empty) are not a valid split")
     units = math.ceil(p.M / BM) * math.ceil(p.N / 128) * p.batch * splits
     maps = device_maps(b"".join(operand_maps(p, 128)))
-    shared = stages * (BM + 128) * BK * 2 + staging + 1024 + 16 * stages + 16
-    kind, scales = _variant(p, entry)
-    kernel("gemm_wgmma", f"{entry}_{kind}", "PP" + "PP" * p.fp8 + "PPqiiiiiiiiiiif")(
-        (min(units, multiprocessors()),), 384, maps.ptr, p.c, *scales, p.cos, p.sin, p.stride_c, p.M, p.N, p.K,
+    shared = stages * (BM + 128) * BK * 2 + staging + 1024 + 16 * stages + 16 + UNIT_RING_BYTES * dynamic
+    kind, extra = _variant(p, entry, dynamic)
+    kernel("gemm_wgmma", f"{entry}_{kind}", "PP" + "P" * len(extra) + "PPqiiiiiiiiiiif")(
+        (min(units, multiprocessors()),), 384, maps.ptr, p.c, *extra, p.cos, p.sin, p.stride_c, p.M, p.N, p.K,
         p.batch, splits, split_kb, *p.epilogue_args(), shared=shared)
 
 

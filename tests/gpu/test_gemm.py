@@ -24,10 +24,10 @@ def ops():
 def versions():
     from llama.cuda import runtime
     hopper = runtime().device.compute_capability() == (9, 0)
-    return ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6"] if hopper else ["mma"]
+    return ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8"] if hopper else ["mma"]
 
 
-@pytest.fixture(params=["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6"])
+@pytest.fixture(params=["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8"])
 def version(request):
     if request.param not in versions():
         pytest.skip(f"{request.param} needs sm_90a")
@@ -100,10 +100,10 @@ def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
 
 
-@pytest.mark.parametrize("version", ["wgmma3", "wgmma5"])
+@pytest.mark.parametrize("version", ["wgmma3", "wgmma5", "wgmma8"])
 @pytest.mark.parametrize("splits", [2, 3, 16])
 def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
-    """Versions 3 and 5 split K inside the kernel over uneven K ranges (K = 1000: 16 k-blocks in splits
+    """Versions 3, 5 and 8 split K inside the kernel over uneven K ranges (K = 1000: 16 k-blocks in splits
     of 8, 6 + 6 + 4 or 1, the last one partial), overwriting and accumulating."""
     if version not in versions():
         pytest.skip(f"{version} needs sm_90a")
@@ -117,6 +117,75 @@ def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
     c = dev(c0)
     ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=-2.0, accumulate=True, version=version)
     check(f"gemm_{version}_split{splits}_accumulate", c, c0 - 2.0 * opa @ opb, TOL["f32"])
+
+
+DYNAMIC = {"wgmma7": "wgmma6", "wgmma8": "wgmma5"}  # the versions that claim their tiles, and their static twins
+
+
+def run_gemm(ops, version, layout, a, b, c0, mode):
+    """c = op(a) @ op(b) (mode 'bf16', 'f32') or c0 - 2 op(a) @ op(b) ('acc_f32') on `version`: c's bits."""
+    from llama.cuda import BF16
+    c = dev(c0) if mode == "acc_f32" else poisoned(c0.shape, BF16 if mode == "bf16" else np.float32)
+    ops.gemm(c, a, b, trans_a=layout == "tn", trans_b=layout == "nt", alpha=-2.0 if mode == "acc_f32" else 0.5,
+             accumulate=mode == "acc_f32", version=version)
+    return c.download().view(np.uint16 if mode == "bf16" else np.uint32)
+
+
+@pytest.mark.parametrize("dynamic", list(DYNAMIC))
+@pytest.mark.parametrize("layout, M, N, K, batch, mode, splits", [
+    ("nt", 2000, 2056, 776, 1, "bf16", None),  # 272 tiles of 128 x 128, 144 of 128 x 256: not a multiple of the SMs
+    ("nt", 4000, 4104, 264, 1, "f32", None),   # 1056 and 544 tiles: several claims per CTA
+    ("nn", 1000, 136, 768, 1, "bf16", None),   # 16 tiles: fewer than the SMs
+    ("nn", 2000, 1032, 776, 3, "f32", None),   # batched: 432 and 240 tiles
+    ("tn", 1000, 1032, 4096, 1, "acc_f32", 3),  # version 8: 216 split-K units (72 tiles x 3 splits)
+    ("tn", 768, 768, 16384, 1, "acc_f32", None)])  # d768 attn-out dW: the split count of the model
+def test_dynamic_claiming_is_bit_identical(ops, monkeypatch, dynamic, layout, M, N, K, batch, mode, splits):
+    """Versions 7 and 8 (tiles claimed at run time, in whatever order) give their static twins' bits: each tile
+    is still one CTA's, over K in the same order."""
+    if dynamic not in versions():
+        pytest.skip(f"{dynamic} needs sm_90a")
+    if splits is not None:
+        from llama.ops import bf16
+        monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
+    a, b = (dev_bf16(x) for x in operands(layout, M, N, K, batch)[:2])
+    c0 = rng.standard_normal(((batch,) if batch > 1 else ()) + (M, N)).astype(np.float32)
+    static = run_gemm(ops, DYNAMIC[dynamic], layout, a, b, c0, mode)
+    assert np.array_equal(run_gemm(ops, dynamic, layout, a, b, c0, mode), static), f"{dynamic} != {DYNAMIC[dynamic]}"
+
+
+@pytest.mark.parametrize("version", list(DYNAMIC))
+def test_dynamic_claiming_counter_resets(ops, version):
+    """Versions 7 and 8 share one tile counter: launches back to back (different tile counts, no synchronization
+    between them) each find it at zero and leave it there, so the same GEMM gives the same bits the second
+    time, and a captured graph replays them."""
+    if version not in versions():
+        pytest.skip(f"{version} needs sm_90a")
+    from llama.cuda import Graph
+    from llama.ops.gemm_wgmma import tile_counter
+    shapes = [(2000, 2056, 776), (17, 136, 72), (4000, 4104, 264)]
+    operand_sets = [tuple(dev_bf16(x) for x in operands("nt", M, N, K, 1)[:2]) for M, N, K in shapes]
+    inputs = operand_sets + operand_sets[:1]  # the first GEMM again, last
+    outputs = [poisoned((M, N)) for M, N, K in shapes + shapes[:1]]
+
+    def launch_all():
+        for (a, b), c in zip(inputs, outputs):
+            ops.gemm(c, a, b, trans_b=True, version=version)
+
+    launch_all()  # compiles, encodes the maps and allocates the counter before the capture
+    first = [c.download().view(np.uint32) for c in outputs]
+    assert np.array_equal(first[0], first[-1]), "the same GEMM twice in a row differs"
+    assert tile_counter().download()[0] == 0, "the counter was not left at zero"
+    for (a, b), c, expected in zip(inputs, outputs, first):
+        ops.gemm(c, a, b, trans_b=True, version=DYNAMIC[version])
+        assert np.array_equal(c.download().view(np.uint32), expected), f"{version} != {DYNAMIC[version]}"
+    graph = Graph(launch_all)
+    for _ in range(3):
+        for c in outputs:
+            c.upload(np.full(c.shape, np.nan, np.float32))
+        graph.replay()
+        for c, expected in zip(outputs, first):
+            assert np.array_equal(c.download().view(np.uint32), expected), "a graph replay differs"
+    assert tile_counter().download()[0] == 0
 
 
 def test_gemm_deterministic(ops, version):

@@ -173,3 +173,35 @@ def test_the_hopper_gemm_chooser(M, N, K, version):
     from llama.plan import GemmChooser
     assert GemmChooser(hopper=True)(M, N, K) == version
     assert GemmChooser(hopper=False)(M, N, K) == "mma"
+
+
+def wgmma_launch(monkeypatch, version, M, N, K):
+    """The one kernel launch of ops.gemm (nt, bf16 out) on `version`, recorded instead of run on 132 multiprocessors:
+    (name, signature, grid, args, shared)."""
+    from llama.ops import bf16, gemm_wgmma
+    launches = []
+    monkeypatch.setattr(bf16, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(gemm_wgmma, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(gemm_wgmma, "operand_maps", lambda p, bn: (b"", b""))
+    monkeypatch.setattr(gemm_wgmma, "device_maps", lambda maps: fake((256,), np.uint8))
+    monkeypatch.setattr(gemm_wgmma, "tile_counter", lambda: fake((1,), np.uint32, 256))
+    monkeypatch.setattr(gemm_wgmma, "kernel", lambda module, name, signature: lambda grid, block, *args, shared: (
+        launches.append((name, signature, grid, args, shared))))
+    ops.gemm(fake((M, N)), fake((M, K)), fake((N, K)), trans_b=True, version=version)
+    (launch,) = launches
+    return launch
+
+
+@pytest.mark.parametrize("dynamic, static", [("wgmma7", "wgmma6"), ("wgmma8", "wgmma5")])
+@pytest.mark.parametrize("M, N", [(1000, 136), (16384, 2048)])  # 128 x 128 tiles; version 7 also 128 x 256
+def test_dynamic_versions_launch_their_static_twin_with_a_counter(monkeypatch, dynamic, static, M, N):
+    """Versions 7 and 8 launch version 6's and 5's kernel (the same tiles, grid and arguments) with the tile
+    counter after c where the static entries take null, and the claimed units' ring beside their shared memory,
+    within the 227 KB an H100 or H200 block may have."""
+    name, signature, grid, args, shared = wgmma_launch(monkeypatch, dynamic, M, N, 768)
+    static_name, static_signature, static_grid, static_args, static_shared = wgmma_launch(monkeypatch, static, M, N,
+                                                                                          768)
+    assert name == static_name.replace(static, dynamic) and signature == static_signature and grid == static_grid
+    assert len(signature) == len(args) and args[2] == 0x10100 and static_args[2] == 0
+    assert args[:2] + args[3:] == static_args[:2] + static_args[3:]
+    assert shared == static_shared + 160 <= 227 * 1024
