@@ -39,6 +39,7 @@ from llama.memory import NotEnoughMemory
 from llama.model.reference import FP8_SCALINGS, RECOMPUTE
 from llama.optim import OPTIMIZERS, SCHEDULES
 from llama.parallel.distributed import DistributedEnv, DistributedError
+from llama.parallel.zero import STAGES as ZERO_STAGES
 from llama.plan import DTYPES, PlanError
 from llama.signals import StopNow
 from llama.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
@@ -125,6 +126,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="--dtype fp8: one scale per row along each GEMM's K (row, the default) or one per tensor "
                         "(tensor, kept for comparison)")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the initialization, data and sampling")
+    g.add_argument("--zero", type=int, choices=ZERO_STAGES, default=None,
+                   help="several GPUs: the ZeRO stage, 1 (optimizer state sharded), 2 (and gradients) or 3 (and "
+                        "weights, gathered layer by layer); default: the lowest whose buffers fit the GPU")
+    g.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default=None,
+                   help="several GPUs: the gradients' reduce-scatter in fp32 (the default) or bf16 (half the bytes, "
+                        "rounded)")
     g.add_argument("--dist-timeout", type=positive_float, default=600.0,
                    help="several GPUs: seconds a rank waits for the others (rendezvous, one step) before it "
                         "stops with an error")

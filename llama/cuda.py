@@ -9,6 +9,7 @@ capture that stream through the driver API by ctypes: PyCUDA has no graph API.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
@@ -51,6 +52,15 @@ class Runtime:
         self.dependent_launches = self.device.compute_capability() >= (9, 0)  # programmatic, from sm_90
         self.modules, self.cubins, self.driver_modules = {}, {}, {}
         self.stream = drv.Stream()  # every launch goes here, so that a Graph can capture it
+
+    @contextlib.contextmanager
+    def launching_on(self, stream):
+        """Within the block, launches go to stream (e.g. a communicator's) instead of the compute stream."""
+        compute, self.stream = self.stream, stream
+        try:
+            yield
+        finally:
+            self.stream = compute
 
     def module(self, name: str, directory: Path | None = None):
         """The compiled kernels/<name>.cu (or <directory>/<name>.cu, e.g. a dev/cuda version)."""

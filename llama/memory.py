@@ -135,27 +135,41 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
             "logits and their gradient": 2 * FLOAT32 * logits, "largest transient": max(update, backward)}
 
 
+def zero_buffers(config: LlamaConfig, gpus: int, zero: int) -> tuple[int, int, int, int, int]:
+    """Values per GPU under ZeRO (llama/parallel/zero.py): the weights the forward reads, the gradients, a shard,
+    the scratch of a later micro-batch's reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
+    gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots)."""
+    from .parallel.zero import ShardLayout
+    layout = ParameterLayout(config)
+    shards = ShardLayout(layout.size, gpus, layout.layer_starts())
+    lengths = [end - start for start, end in shards.buckets]
+    homes = lengths[0] + lengths[-1] + min(2, len(lengths) - 2) * max(lengths[1:-1]) if len(lengths) > 2 else shards.padded_size
+    full = shards.padded_size
+    return (full if zero < 3 else homes, full if zero == 1 else homes, shards.shard_size,
+            max(shards.pieces) if zero > 1 else 0, max(lengths))
+
+
 def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
                          recompute: str = "partial", attention=None, optimizer: str = "adamw",
-                         in_backward: bool = False) -> dict[str, int]:
+                         in_backward: bool = False, zero: int = 1, reduce_dtype: str = "fp32") -> dict[str, int]:
     """What a GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes). bf16: the
     buffers llama/model/gpu_bf16.py allocates (ZeRO-1 shards over gpus; attention is the plan's flash
     attention build, by default Hopper's; the moments in fp32 or 8 bits; with the optimizer in the
-    backward the embedding's gradients and one buffer for the other groups in turn); fp32: its weights,
-    gradients, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
+    backward the embedding's gradients and one buffer for the other groups in turn; zero: the ZeRO stage on
+    several GPUs, zero_buffers, and a bucket and a piece in bf16 to reduce in bf16); fp32: its weights, gradients, master shard, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
     top."""
     layout = ParameterLayout(config)
+    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, zero)
+    stage = f" (ZeRO-{zero})" if gpus > 1 else ""
     if dtype == "fp32":
-        P = layout.size
-        return {"fp32 weights": FLOAT32 * P, "fp32 gradients": FLOAT32 * P, "adamw moments": 2 * FLOAT32 * P // gpus,
+        return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
+                "fp32 master shard": FLOAT32 * shard * (gpus > 1), "adamw moments": 2 * FLOAT32 * shard,
                 "logits": B * T * config.vocab_size * FLOAT32}
     from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
     from .ops import bf16 as ops
-    from .parallel.zero import ShardLayout
     from .plan import ATTENTION_HOPPER
 
-    shards = ShardLayout(layout.size, gpus, layout.layer_starts())
-    full, shard, N = shards.padded_size, shards.shard_size, B * T
+    N = B * T
     layer, shared = activation_shapes(config, B, T, recompute, attention or ATTENTION_HOPPER[0])
 
     def size(shapes: dict) -> int:
@@ -163,13 +177,15 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
 
     groups = [end - start for start, end in layout.gradient_groups()]
     gradients = ({"fp32 gradients (a group at a time)": FLOAT32 * (groups[0] + max(groups[1:]))} if in_backward
-                 else {"fp32 gradients": FLOAT32 * full})
-    buffers = {"bf16 weights": 2 * full, **gradients, "fp32 master weights": FLOAT32 * shard,
+                 else {"fp32 gradients" + stage: FLOAT32 * (gradients + scratch)})
+    buffers = {"bf16 weights" + stage: 2 * weights, **gradients, "fp32 master weights": FLOAT32 * shard,
                f"{optimizer} moments": (2 * FLOAT32 * shard if optimizer == "adamw" else
                                         2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK))),
                "decay mask": shard}
     if gpus > 1:
         buffers["gradient and bf16 weight shards"] = (FLOAT32 + 2) * shard
+    if reduce_dtype == "bf16":
+        buffers["bf16 reduction scratch"] = 2 * (bucket + bucket // gpus)
     buffers[f"activations (recompute {recompute}) x {config.n_layers} layers"] = config.n_layers * size(layer)
     buffers["shared activations, a logits chunk, scratch"] = (
         size(shared) + FLOAT32 * (ops.rmsnorm_bf16_scratch_size(config.dim) + ops.embedding_bf16_scratch_size(N, config.dim))
@@ -187,23 +203,33 @@ def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -
     if plan.device == "cpu":
         return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
     return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention, plan.optimizer,
-                                plan.in_backward)
+                                plan.in_backward, plan.zero, plan.reduce_dtype)
+
+
+def choose_zero(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> int:
+    """The ZeRO stage a run on several GPUs takes: the lowest (the least communication) whose buffers fit in
+    `available` bytes, else 3 (the memory check then says what would fit)."""
+    stages = (1, 2) if plan.dtype == "fp8" else (1, 2, 3)  # FP8 casts every weight at the forward's start
+    return next((z for z in stages if sum(training_buffers(replace(plan, zero=z), config, B, T, gpus).values())
+                 <= available), stages[-1])
 
 
 # what each part of a memory recipe costs, in the order we would give it up: recomputing the norms and SwiGLU
 # (a few percent of a step), the optimizer in the backward (no gradient accumulation, clipping a step late),
 # 8-bit moments (their rounding), recomputing every layer (a third more compute)
+ZERO_SHARDS = {1: "the master weights and moments", 2: "the master weights, moments and gradients",
+               3: "the master weights, moments, gradients and weights"}  # what each stage divides among the GPUs
 RECIPE_COST = {"none": 0, "partial": 1, True: 2, False: 0, "adamw": 0, "adamw8bit": 3, "full": 5}
 
 
 def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> str:
-    """The least change to a run that does not fit in `available` bytes that would: the cheapest memory
-    recipe of its path that fits (RECIPE_COST), else a smaller -b (also with the leanest recipe, where that
-    allows a larger one), else (on a GPU) more GPUs."""
+    """The least change to a run that does not fit in `available` bytes that would: on several GPUs a higher
+    ZeRO stage, else the cheapest memory recipe of its path that fits (RECIPE_COST), else a smaller -b (also
+    with the leanest recipe, where that allows a larger one), else (on a GPU) more GPUs."""
     from .plan import RECIPES
 
-    def fits(recipe: tuple, b: int = B, n: int = gpus) -> bool:
-        changed = replace(plan, recompute=recipe[0], optimizer=recipe[1], in_backward=recipe[2])
+    def fits(recipe: tuple, b: int = B, n: int = gpus, zero: int = plan.zero) -> bool:
+        changed = replace(plan, recompute=recipe[0], optimizer=recipe[1], in_backward=recipe[2], zero=zero)
         return sum(training_buffers(changed, config, b, T, n).values()) <= available
 
     def options(recipe: tuple) -> list[str]:
@@ -216,6 +242,10 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
     if plan.device == "cuda" and gpus > 1:  # 8-bit moments and the optimizer in the backward run on one GPU
         optimizers, in_backwards = tuple(o for o in optimizers if o != "adamw8bit"), (False,)
     now = (plan.recompute, plan.optimizer, plan.in_backward)
+    if plan.device == "cuda" and gpus > 1:
+        stage = next((z for z in range(plan.zero + 1, 3 if plan.dtype == "fp8" else 4) if fits(now, zero=z)), None)
+        if stage:
+            return f"--zero {stage} would fit"
     by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards),
                      key=lambda recipe: sum(RECIPE_COST[part] for part in recipe))
     recipe = next((r for r in by_cost if r != now and fits(r)), None)
@@ -237,10 +267,13 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
             ways.append(" ".join(options(lean) + [f"-b {largest[lean]}"]))
         return f"{' or '.join(ways)} would fit (-d keeps the tokens per step)"
     sharded = (now[0], "adamw", False)  # several GPUs shard fp32 moments and reduce-scatter the gradients
-    more = next((n for n in (2, 4, 8) if n > gpus and fits(sharded, n=n)), None) if plan.device == "cuda" else None
+    stages = (1, 2) if plan.dtype == "fp8" else (1, 2, 3)
+    more = next(((n, z) for n in (2, 4, 8) for z in stages if n > gpus and fits(sharded, n=n, zero=z)), None) \
+        if plan.device == "cuda" else None
     if more:
-        plain = " ".join(["--optimizer adamw"] * (now[1] != "adamw") + ["without --optimizer-in-backward"] * now[2])
-        return f"{more} GPUs{' with ' + plain if plain else ''} would fit (ZeRO-1 shards the master weights and moments)"
+        plain = ["--optimizer adamw"] * (now[1] != "adamw") + ["without --optimizer-in-backward"] * now[2]
+        plain = " ".join(plain + [f"--zero {more[1]}"] * (more[1] > 1))
+        return f"{more[0]} GPUs{' with ' + plain if plain else ''} would fit (ZeRO-{more[1]} shards {ZERO_SHARDS[more[1]]})"
     return ("nothing fits at this length; train a smaller model"
             + ("; -e d12 and the Llama presets are meant for a GPU" if plan.device == "cpu" else ""))
 

@@ -9,7 +9,7 @@ Versions are rungs of the kernel ladders (dev/cuda/README.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from .model.reference import FP8_SCALINGS, RECOMPUTE
 from .optim import OPTIMIZERS, QUANT_BLOCK
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
+from .parallel.zero import STAGES as ZERO_STAGES
 
 DTYPES = ("bf16", "fp8", "fp32")
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
@@ -85,6 +86,9 @@ class Plan:
     in_backward: bool = False  # the optimizer steps inside the backward, a group of gradients at a time
     fp8_scaling: str = "row"  # dtype fp8: one scale per row along each GEMM's K, or "tensor" (the comparison)
     fp8_gemm: GemmChooser | None = None  # dtype fp8 (GPU): the FP8 GEMM version per problem shape
+    zero: int = 1  # the ZeRO stage on several GPUs (llama/parallel/zero.py): 1 shards the optimizer state, 2 the
+    # gradients too, 3 the weights too
+    reduce_dtype: str = "fp32"  # several GPUs: the gradients' reduce-scatter in fp32, or bf16 (half the bytes)
 
     @property
     def path(self) -> str:
@@ -103,7 +107,9 @@ class Plan:
         else:
             runs = "fp32 kernels (the exact path)"
         return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer}"
-                + (" in the backward" if self.in_backward else "") + (f"; {self.note}" if self.note else ""))
+                + (" in the backward" if self.in_backward else "") + (f" | ZeRO-{self.zero}" if self.zero > 1 else "")
+                + (" | bf16 reduce-scatter" if self.reduce_dtype == "bf16" else "")
+                + (f"; {self.note}" if self.note else ""))
 
 
 def _device(requested: str | None) -> tuple[str, str | None]:
@@ -167,16 +173,29 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
 
 def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
               optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1,
-              fp8_scaling: str | None = None) -> Plan:
+              fp8_scaling: str | None = None, zero: int | None = None, batch: tuple[int, int] | None = None,
+              reduce_dtype: str | None = None) -> Plan:
     """The plan of a run of this model on gpus GPUs: device None picks the GPU where one is usable; dtype
     None picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer
-    and in_backward None take the path's defaults (RECIPES); fp8_scaling None is row-wise."""
+    and in_backward None take the path's defaults (RECIPES); fp8_scaling None is row-wise; zero None on
+    several GPUs is the lowest ZeRO stage whose buffers for (B, T) batches fit the GPU's free memory (stage 1
+    without a batch); reduce_dtype None reduces the gradients in fp32."""
     if fp8_scaling is not None and dtype != "fp8":
         raise PlanError(f"--fp8-scaling {fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
                         f"{dtype or 'not fp8'}")
     if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
         raise PlanError(f"--fp8-scaling {fp8_scaling}: choose from {', '.join(FP8_SCALINGS)}")
     fp8_scaling = fp8_scaling or FP8_SCALINGS[0]
+    if zero is not None and zero not in ZERO_STAGES:
+        raise PlanError(f"--zero {zero}: choose from {', '.join(map(str, ZERO_STAGES))}")
+    if zero not in (None, 1) and gpus == 1:
+        raise PlanError(f"--zero {zero} shards over several GPUs; on one, everything is held once (stage 1)")
+    if reduce_dtype not in (None, "fp32") and (gpus == 1 or dtype == "fp32" or reduce_dtype != "bf16"):
+        raise PlanError(f"--reduce-dtype {reduce_dtype}: the gradients' reduce-scatter on several GPUs runs in fp32 or "
+                        "bf16, and in fp32 on the exact path")
+    if zero == 3 and dtype == "fp8":
+        raise PlanError("--zero 3 with --dtype fp8: the FP8 casts of every weight are made at the forward's start, "
+                        "when ZeRO-3 holds two layers; take --zero 2")
     device, why_no_gpu = _device(device)
     if device == "cpu":  # the numpy reference: fp32, or fp8 as its twin of the FP8 linear layers
         if dtype == "bf16":
@@ -199,8 +218,13 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
                             f"this model's is {config.dim}")
     rt = runtime()
     peaks = FP32_PEAK_FLOPS if dtype == "fp32" else BF16_PEAK_FLOPS  # fp8: MFU against the bf16 peak
-    return Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
+    plan = Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,
-                fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None)
+                fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None, zero=zero or 1,
+                reduce_dtype=reduce_dtype or "fp32")
+    if zero is None and gpus > 1 and batch is not None:
+        from .memory import choose_zero, gpu_free
+        plan = replace(plan, zero=choose_zero(plan, config, *batch, gpus, gpu_free()))
+    return plan

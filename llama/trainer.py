@@ -87,7 +87,7 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
         from .model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
     from .model.gpu_fp32 import GPUModelFP32
-    return GPUModelFP32(config, B, T, params=params, comm=comm)
+    return GPUModelFP32(config, B, T, params=params, comm=comm, zero=plan.zero)
 
 
 def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int) -> str:
@@ -144,7 +144,8 @@ class Trainer:
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
         self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer,
-                              args.optimizer_in_backward, self.world, args.fp8_scaling)
+                              args.optimizer_in_backward, self.world, args.fp8_scaling, args.zero, (self.B, self.T),
+                              args.reduce_dtype)
         print(self.plan.summary(), file=sys.stderr)
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
@@ -275,7 +276,7 @@ class Trainer:
                   "(ask for more with -x)", file=sys.stderr)
 
     def _announce(self, model_name: str) -> None:
-        gpus = f" x {self.world} GPUs (ZeRO-1 over NCCL)" if self.world > 1 else ""
+        gpus = f" x {self.world} GPUs (ZeRO-{self.plan.zero} over NCCL)" if self.world > 1 else ""
         print(f"device {self.plan.device}{gpus} | model {model_name}: "
               f"{ParameterLayout(self.config).size / 1e6:.2f}M params, vocab {self.config.vocab_size} | B={self.B} "
               f"T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | {self.steps} steps, "

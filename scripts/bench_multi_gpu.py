@@ -1,7 +1,8 @@
-"""The bf16 training step on 1 and N GPUs (data parallel, ZeRO-1 over NCCL): tok/s, scaling
-efficiency, memory per GPU, and how much of the communication the backward hides.
+"""The bf16 training step on 1 and N GPUs (data parallel, ZeRO stages 1-3 over NCCL): tok/s, scaling
+efficiency, memory per GPU, and how much of the communication the step hides.
 
-    python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--configs d12 llama3.2-1b] [--steps 12] [--json out.json]
+    python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--zero 1 2 3] [--configs d12 llama3.2-1b] [--steps 12]
+                                       [--json out.json]
 
 The driver starts one run per GPU count (this script with --worker, through llama.launch when N > 1)
 with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
@@ -9,11 +10,13 @@ with the same batch per GPU, so tokens per step grow with N; scaling efficiency 
 - ms per step: the median over timed steps of GPUModelBF16.train_step (CUDA graphs, one sync a step);
 - memory per GPU: everything our allocations hold, and the optimizer state (fp32 master + AdamW moments).
   The 1-GPU figure is also what plain data parallelism without ZeRO-1 holds per GPU (a full replica);
-- on N > 1 GPUs, where the communication goes: the collectives timed alone (reduce-scatter of every
-  bucket, then the all-gather), the same step with every collective skipped (the work without the
-  communication; its numbers are wrong, its time is not), and from them the exposed communication
-  (step - step without collectives), the share hidden behind the backward (1 - exposed / alone), and
-  the share of the step spent waiting on communication (exposed / step).
+- on N > 1 GPUs, for each ZeRO stage, where the communication goes: the collectives timed alone (the
+  reduce-scatter of every bucket; the all-gathers of a step: every bucket once at stages 1-2, at stage 3
+  each layer's as the forward and the backward reach it), the same step with every collective skipped
+  (the work without the communication; its numbers are wrong, its time is not) and with only the
+  reduce-scatters skipped, and from them the exposed communication (step - step without collectives),
+  the share hidden (1 - exposed / alone), that of the reduce-scatter alone (1 - (step - step without
+  reduce-scatter) / reduce-scatter alone), and the share of the step spent waiting (exposed / step).
 """
 
 import argparse
@@ -37,12 +40,14 @@ CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T) per GP
 VOCAB = 128256
 
 
-def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, object]:
-    """Median ms of a captured training step, the memory it holds, and the model."""
+def step_ms(config, B: int, T: int, steps: int, comm, zero: int) -> tuple[float, dict, object]:
+    """Median ms of a captured training step at ZeRO stage `zero`, the memory it holds, and the model."""
     from llama.cuda import allocated_bytes, time_ms
     from llama.model.gpu_bf16 import GPUModelBF16
+    from llama.plan import make_plan
     before = allocated_bytes()
-    model = GPUModelBF16(config, B, T, comm=comm)
+    plan = make_plan(config, "cuda", "bf16", gpus=comm.world_size if comm else 1, zero=zero)
+    model = GPUModelBF16(config, B, T, comm=comm, plan=plan)
     rng = np.random.default_rng(comm.rank if comm else 0)
     batches = [[(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
                for _ in range(4)]
@@ -62,6 +67,20 @@ def step_ms(config, B: int, T: int, steps: int, comm) -> tuple[float, dict, obje
     return ms, memory, model
 
 
+def step_gathers(z, layout) -> None:
+    """The all-gathers of one step without its compute: every bucket (stages 1-2), or (stage 3) the embedding
+    and head, then each layer's as the forward reaches it and again as the backward does."""
+    starts = layout.layer_starts()
+    z.begin(gather=True)
+    for i in range(len(starts) - 1):
+        z.use_weights(starts[i], prefetch=starts[i + 1])
+        z.release_weights(starts[i])
+    for i in reversed(range(len(starts) - 1)):
+        z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
+        z.release_weights(starts[i])
+    z.end(None)
+
+
 def worker(args) -> None:
     from llama.cuda import runtime, select_device, time_ms
     from llama.parallel.distributed import DistributedEnv
@@ -73,30 +92,40 @@ def worker(args) -> None:
         comm = Communicator(env, timeout=900)
     B, T = CONFIGS[args.config]
     config = get_preset(args.config).replace(vocab_size=VOCAB)
-    ms, memory, model = step_ms(config, B, T, args.steps, comm)
-    result = {"gpus": env.world_size, "B": B, "T": T, "ms": ms, "memory": memory, "device": runtime().name}
+    zero = args.zero[0]  # a worker runs one stage
+    ms, memory, model = step_ms(config, B, T, args.steps, comm, zero)
+    result = {"gpus": env.world_size, "zero": zero, "B": B, "T": T, "ms": ms, "memory": memory,
+              "device": runtime().name}
     if comm is not None:
         z = model.zero
-        result["reduce_scatter_ms"] = time_ms(z.finish_reduce, warmup=0, repeats=args.steps, inner=1)
-        result["all_gather_ms"] = time_ms(z.gather_weights, warmup=0, repeats=args.steps, inner=1)
+        result["reduce_scatter_ms"] = time_ms(z.reduce_all, warmup=1, repeats=args.steps, inner=1)
+        result["all_gather_ms"] = time_ms(lambda: step_gathers(z, model.layout), warmup=1, repeats=args.steps, inner=1)
+        del model, z
+        gc.collect()
+        skip = lambda *a, **k: None  # noqa: E731
+        reduce_scatter, comm.reduce_scatter = comm.reduce_scatter, skip  # the step without its reductions
+        result["no_reduce_ms"], _, model = step_ms(config, B, T, args.steps, comm, zero)
         del model
         gc.collect()
-        for name in ("reduce_scatter", "all_gather", "all_reduce"):  # the same work with no communication
-            setattr(comm, name, lambda *a, **k: None)
-        result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm)
+        for name in ("all_gather", "all_reduce"):  # the same work with no communication
+            setattr(comm, name, skip)
+        result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm, zero)
+        comm.reduce_scatter = reduce_scatter
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
     if comm is not None:
         comm.close()
 
 
-def run(gpus: int, config: str, steps: int) -> dict:
+def run(gpus: int, config: str, steps: int, zero: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", str(gpus)] if gpus > 1 else [sys.executable]
-        command = [*launch, __file__, "--worker", "--config", config, "--steps", str(steps), "--out", str(out)]
+        command = [*launch, __file__, "--worker", "--config", config, "--steps", str(steps), "--zero", str(zero),
+                   "--out", str(out)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         subprocess.run(command, check=True, env=env, cwd=ROOT)
+        print(out.read_text(), flush=True)  # each run's figures as soon as they exist
         return json.loads(out.read_text())
 
 
@@ -105,6 +134,8 @@ def main():
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--zero", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3],
+                        help="the ZeRO stages to run on several GPUs (one GPU runs stage 1)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -112,25 +143,28 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    results = {name: {g: run(g, name, args.steps) for g in args.gpus} for name in args.configs}
-    print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO-1 "
-          "over NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
-    print(f"{'config':<13}{'GPUs':>5}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"
-          f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'comm share':>11}")
-    for name, by_gpus in results.items():
-        base = by_gpus.get(1)
-        for g, r in by_gpus.items():
+    runs = [(g, z) for g in args.gpus for z in ([1] if g == 1 else args.zero)]
+    results = {name: {f"{g}x{z}": run(g, name, args.steps, z) for g, z in runs} for name in args.configs}
+    print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO over "
+          "NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
+    print(f"{'config':<13}{'GPUs':>5}{'ZeRO':>5}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"
+          f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'RS hidden':>10}{'comm share':>11}")
+    for name, by_run in results.items():
+        base = by_run.get("1x1")
+        for r in by_run.values():
+            g = r["gpus"]
             tok_s = g * r["B"] * r["T"] / r["ms"] * 1e3
             r["tok_s"] = tok_s
             eff = f"{tok_s / (g * base['tok_s']):.3f}" if base and "tok_s" in base else "-"
-            line = (f"{name:<13}{g:>5}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}{r['memory']['total'] / 1e9:>8.1f}"
-                    f"{r['memory']['optimizer'] / 1e9:>9.2f}")
+            line = (f"{name:<13}{g:>5}{r['zero']:>5}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}"
+                    f"{r['memory']['total'] / 1e9:>8.1f}{r['memory']['optimizer'] / 1e9:>9.2f}")
             if g > 1:
                 exposed = r["ms"] - r["no_comm_ms"]
                 alone = r["reduce_scatter_ms"] + r["all_gather_ms"]
                 r["exposed_ms"], r["hidden"] = exposed, 1 - exposed / alone
+                r["reduce_hidden"] = 1 - (r["ms"] - r["no_reduce_ms"]) / r["reduce_scatter_ms"]
                 line += (f"{r['reduce_scatter_ms']:>7.2f}{r['all_gather_ms']:>7.2f}{r['no_comm_ms']:>11.1f}"
-                         f"{exposed:>11.2f}{r['hidden']:>7.0%}{exposed / r['ms']:>11.1%}")
+                         f"{exposed:>11.2f}{r['hidden']:>7.0%}{r['reduce_hidden']:>10.0%}{exposed / r['ms']:>11.1%}")
             print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

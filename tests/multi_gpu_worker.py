@@ -8,7 +8,7 @@ import numpy as np
 
 from llama.cuda import BF16, Graph, empty, runtime, select_device, to_device
 from llama.parallel.distributed import DistributedEnv
-from llama.parallel.zero import ShardLayout, Zero1
+from llama.parallel.zero import STAGES, ShardLayout, Zero
 
 
 def rank_values(rank: int, n: int, dtype) -> np.ndarray:
@@ -56,17 +56,24 @@ def main() -> int:
         del graph  # NCCL releases the communicator only once its graphs are gone
         print(f"rank {rank}: captured all_reduce ok", flush=True)
 
-        # Zero1: the full array from every rank's shard, bucket by bucket
+        # Zero: the full array from every rank's shard, bucket by bucket, and (stage 3) each bucket into its home
         flat = rank_values(99, 50_000, np.float32)
-        layout = ShardLayout(flat.size, world, [7_000, 20_003, 41_000])
-        zero = Zero1(layout, comm, flat, np.ones(flat.size, np.uint8), BF16)
-        back = zero.gather(zero.master)
-        if rank == 0:
-            assert np.array_equal(back, flat), "Zero1.gather"
-        zero.gather_weights()
-        assert np.array_equal(zero.weights.download()[:flat.size].view(np.uint16),
-                              flat.astype(BF16).view(np.uint16)), "Zero1.gather_weights"
-        print(f"rank {rank}: Zero1.gather_weights ok", flush=True)
+        layout = ShardLayout(flat.size, world, [7_000, 20_003, 30_000, 41_000])
+        for stage in STAGES:
+            zero = Zero(layout, comm, flat, np.ones(flat.size, np.uint8), BF16, stage=stage)
+            back = zero.gather(zero.master)
+            if rank == 0:
+                assert np.array_equal(back, flat), f"Zero.gather at stage {stage}"
+            assert np.array_equal(zero.gather_flat(zero.master).download(), flat), f"Zero.gather_flat at stage {stage}"
+            zero.begin(gather=True)
+            for k, (start, end) in enumerate(layout.spans):
+                zero.use_weights(start, prefetch=layout.spans[k + 1][0] if k + 1 < len(layout.spans) else None)
+                got = zero.weight(start, (end - start,)).download()
+                zero.release_weights(start)
+                assert np.array_equal(got.view(np.uint16), flat[start:end].astype(BF16).view(np.uint16)), \
+                    f"bucket {k} at stage {stage}"
+            zero.end(None)
+            print(f"rank {rank}: Zero stage {stage} gathers ok", flush=True)
         runtime().synchronize()
     print(f"rank {rank}: collectives ok")
     return 0

@@ -1,4 +1,4 @@
-"""What both GPU models share: the flat weights, gradients and optimizer state (through Zero1, which is
+"""What both GPU models share: the flat weights, gradients and optimizer state (through Zero, which is
 all of it on one GPU and a shard of it per rank on several), the RoPE tables on the device, and the
 checkpoint state interface."""
 
@@ -9,17 +9,19 @@ import numpy as np
 from ..config import LlamaConfig
 from ..cuda import DeviceArray, to_device
 from ..params import ParameterLayout, model_parameters
-from ..parallel.zero import Zero1
+from ..parallel.zero import Zero
 from .base import Model, rope_cos_sin
 
 
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
-               weight_dtype, optimizer: str = "adamw", gradients: bool = True) -> np.ndarray:
+               weight_dtype, optimizer: str = "adamw", gradients: bool = True, stage: int = 1,
+               reduce_dtype=np.float32) -> np.ndarray:
         """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
         weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
         moments' format (llama/optim.py OPTIMIZERS); gradients False: no full gradient buffer (the
-        model keeps them a group at a time). Returns the starting flat fp32 params (params, or a fresh
+        model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
+        reduce-scatter. Returns the starting flat fp32 params (params, or a fresh
         initialization from seed)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
@@ -27,19 +29,20 @@ class GPUModelBase(Model):
         self.layout = ParameterLayout(config)
         params = model_parameters(self.layout, params, seed)
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero1.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients)
-        self.grads = self.zero.grads
+        self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
+        self.grads = self.zero.grads  # the whole flat gradients (one GPU; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self.shape = None  # (b, t) of the last forward
         return params
 
-    def grad(self, name: str) -> DeviceArray:
-        tensor = self.layout.tensors[name]
-        return self.grads.view(tensor.offset, tensor.shape)
+    def grad(self, tensor) -> DeviceArray:
+        """Where a tensor's gradient accumulates (a Tensor of the layout or its name)."""
+        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+        return self.zero.grad(tensor.offset, tensor.shape)
 
     def zero_grad(self) -> None:
-        self.grads.fill_zero()
+        self.zero.zero_grad()
 
     # state for checkpoints: full arrays on rank 0, None elsewhere
     def get_params(self) -> np.ndarray | None:

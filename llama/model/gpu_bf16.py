@@ -31,11 +31,12 @@ output's gradient the same two ways (dX, dW), the weight along its rows (forward
 from the bf16 copy at the start of every forward. Everything else is the bf16 path's. The plan's fp8_scaling
 "tensor" (the comparison) gives each cast one scale, that of the whole operand's amax.
 
-With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO-1
-(llama/parallel/zero.py): the backward of the last micro-batch reduce-scatters each layer's
-gradients as soon as they are final, each rank updates its shard of the fp32 master weights and
-moments, and the bf16 weights are all-gathered. The RMSNorm weights, read in fp32, come from a small
-all-reduced replica of their masters.
+With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO
+(llama/parallel/zero.py, stage 1, 2 or 3): the backward reduce-scatters each layer's gradients as soon as
+they are final, each rank updates its shard of the fp32 master weights and moments, and the next forward
+all-gathers the bf16 weights bucket by bucket, each layer waiting for its own (stage 3: into two slots used
+in turn, before the layer's forward and again before its backward). The RMSNorm weights, read in fp32, come
+from a small all-reduced replica of their masters.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class GPUModelBF16(GPUModelBase):
         self.plan = plan or make_plan(config, "cuda", "bf16")
         self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
         self.fp8 = self.plan.dtype == "fp8"
-        params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward)
+        params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward,
+                             self.plan.zero, BF16 if self.plan.reduce_dtype == "bf16" else np.float32)
         self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         if self.in_backward:
@@ -157,14 +159,15 @@ class GPUModelBF16(GPUModelBase):
         for i in range(self.config.n_layers):
             for tensor in linear_weights(self.layout, i):
                 rows, cols = tensor.shape
-                self.fp8_weights[self._fused(self.params_bf16, tensor).ptr] = (
+                self.fp8_weights[self.weight(tensor).ptr] = (
                     empty((rows, cols), FP8), empty(rows), empty((cols, rows), FP8), empty(cols))
 
     def _cast_weights(self) -> None:
         """Every linear weight's FP8 copies from its bf16 copy (the start of a forward)."""
         for i in range(self.config.n_layers):
+            self.zero.use_weights(self.layout.wqkv(i).offset)  # gathered (stages 1-2; stage 3 has no FP8)
             for tensor in linear_weights(self.layout, i):
-                weight = self._fused(self.params_bf16, tensor)
+                weight = self.weight(tensor)
                 q, scales, q_t, scales_t = self.fp8_weights[weight.ptr]
                 self._cast_fp8(weight, rows=q, row_scales=scales, cols=q_t, col_scales=scales_t)
 
@@ -225,10 +228,10 @@ class GPUModelBF16(GPUModelBase):
         _, _, w_t, w_t_scales = self.fp8_weights[weight.ptr]
         ops.gemm_fp8(dx, g_q, g_scales, w_t, w_t_scales, version=self.plan.fp8_gemm)
 
-    def weight(self, name: str) -> DeviceArray:
-        """A weight's bf16 copy, as the GEMMs read it."""
-        tensor = self.layout.tensors[name]
-        return self.params_bf16.view(tensor.offset, tensor.shape)
+    def weight(self, tensor) -> DeviceArray:
+        """A weight's bf16 copy, as the GEMMs read it (a Tensor of the layout or its name)."""
+        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+        return self.zero.weight(tensor.offset, tensor.shape)
 
     def master(self, name: str) -> DeviceArray:
         """A weight's fp32 master copy, as the RMSNorms read it (their small updates would be lost in bf16)."""
@@ -237,15 +240,12 @@ class GPUModelBF16(GPUModelBase):
         tensor = self.layout.tensors[name]
         return self.zero.master.view(tensor.offset, tensor.shape)
 
-    def _fused(self, flat: DeviceArray, tensor) -> DeviceArray:
-        return flat.view(tensor.offset, tensor.shape)
-
     def grad(self, tensor) -> DeviceArray:
         """Where a tensor's gradient accumulates (a Tensor of the layout or its name): its view of the flat
         gradients, or with the optimizer in the backward of its group's buffer."""
         tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
         if not self.in_backward:
-            return self.grads.view(tensor.offset, tensor.shape)
+            return self.zero.grad(tensor.offset, tensor.shape)
         group = next(g for g, (start, end) in enumerate(self.groups) if start <= tensor.offset < end)
         buffer = self.embedding_grads if group == 0 else self.group_grads
         return buffer.view(tensor.offset - self.groups[group][0], tensor.shape)
@@ -286,14 +286,17 @@ class GPUModelBF16(GPUModelBase):
         self._upload(tokens, targets)
         self.shape = tokens.shape
         self.loss_total.fill_zero()
+        self.zero.begin(gather=self.zero.stale)
         self._forward(loss_scale if targets is not None else None, targets is not None, 1.0)
+        self.zero.end(None)
         if targets is None or not return_loss:
             return None
         return float(self.loss_total.download()[0])
 
     def _forward(self, loss_scale: float | None, with_targets: bool, loss_weight: float) -> None:
-        """The forward's launches for the uploaded batch of shape self.shape (captured by train_step)."""
-        c, L = self.config, self.layout
+        """The forward's launches for the uploaded batch of shape self.shape (captured by train_step), each
+        layer's after its weights are there (ZeRO: Zero.use_weights)."""
+        c, z, starts = self.config, self.zero, self.layout.layer_starts()  # each layer's first offset, the final norm's
         b, t = self.shape
         N, H, KV, D = b * t, c.n_heads, c.n_kv_heads, c.head_dim
         layers, s = self._views(b, t)
@@ -302,8 +305,10 @@ class GPUModelBF16(GPUModelBase):
 
         if self.fp8:
             self._cast_weights()
+        z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
+            z.use_weights(starts[i], prefetch=starts[i + 1])
             if i == 0:
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master("layers.0.attention_norm.weight"),
                                          c.norm_eps)
@@ -311,9 +316,11 @@ class GPUModelBF16(GPUModelBase):
                 ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
                                              self.master(f"layers.{i}.attention_norm.weight"), c.norm_eps)
             self._layer_forward(i, a, s, N, rope)
+            z.release_weights(starts[i])
         ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
+            z.use_weights(self.layout.output().offset)
             self._classifier(s, N, loss_scale, loss_weight)
 
     def _layer_forward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
@@ -321,12 +328,12 @@ class GPUModelBF16(GPUModelBase):
         second norm, the SwiGLU FFN; its output branch goes to s["branch"] (added to a["h"] by the next
         norm)."""
         c, L, pre = self.config, self.layout, f"layers.{i}."
-        self.linear_forward(a["qkv"].reshape(N, -1), a["ln1"], self._fused(self.params_bf16, L.wqkv(i)), rope)
+        self.linear_forward(a["qkv"].reshape(N, -1), a["ln1"], self.weight(L.wqkv(i)), rope)
         ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention)
         self.linear_forward(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
         ops.rmsnorm_residual_forward_bf16(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
                                           self.master(pre + "ffn_norm.weight"), c.norm_eps)
-        self.linear_forward(a["gate_up"], a["ln2"], self._fused(self.params_bf16, L.w13(i)))
+        self.linear_forward(a["gate_up"], a["ln2"], self.weight(L.w13(i)))
         ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
         self.linear_forward(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"))
 
@@ -334,7 +341,7 @@ class GPUModelBF16(GPUModelBase):
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
         head's dX (into dln) and dW at once."""
         C, V = self.config.dim, self.config.vocab_size
-        w_out, dw_out = self._fused(self.params_bf16, self.layout.output()), self.grad(self.layout.output())
+        w_out, dw_out = self.weight(self.layout.output()), self.grad(self.layout.output())
         targets = self.inputs["targets"]
         for start in range(0, N, CLASSIFIER_CHUNK):
             n = min(CLASSIFIER_CHUNK, N - start)
@@ -348,10 +355,10 @@ class GPUModelBF16(GPUModelBase):
         ops.loss_accumulate_bf16(self.loss_total, s["losses"], loss_weight / N)
 
     def backward(self, sync: bool = False) -> None:
-        """Add the gradients of the last forward (run with loss_scale) into self.grads; with sync (the
+        """Add the gradients of the last forward (run with loss_scale) into the gradients; with sync (the
         last micro-batch of a step, several GPUs) each bucket of final gradients is reduce-scattered
         while the backward goes on."""
-        c, L = self.config, self.layout
+        c, L, z, starts = self.config, self.layout, self.zero, self.layout.layer_starts()
         b, t = self.shape
         N, H, KV = b * t, c.n_heads, c.n_kv_heads
         layers, s = self._views(b, t)
@@ -364,6 +371,8 @@ class GPUModelBF16(GPUModelBase):
         partial = self.recompute == "partial"
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", layers[i]
+            z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
+            z.start_gradients(starts[i])
             if self.recompute == "full":  # the layer's forward again, from its input
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
@@ -376,7 +385,7 @@ class GPUModelBF16(GPUModelBase):
             ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
             if partial:
                 ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
-            self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self._fused(self.params_bf16, L.w13(i)))
+            self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self.weight(L.w13(i)))
             ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
                                       self.master(pre + "ffn_norm.weight"), a["rstd2"])
             self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
@@ -387,9 +396,10 @@ class GPUModelBF16(GPUModelBase):
                 ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                          c.norm_eps)
             self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"],
-                                 self._fused(self.params_bf16, L.wqkv(i)))
+                                 self.weight(L.wqkv(i)))
             ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                       self.master(pre + "attention_norm.weight"), a["rstd1"])
+            z.release_weights(starts[i])
             self._gradients_final_from(pre + "attention_norm.weight", sync)
         ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
                                     self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
@@ -401,8 +411,8 @@ class GPUModelBF16(GPUModelBase):
         offset = self.layout.tensors[name].offset
         if self.in_backward:
             self._update_group(next(g for g, (start, _) in enumerate(self.groups) if start == offset))
-        elif sync:
-            self.zero.reduce_from(offset)
+        else:
+            self.zero.reduce_from(offset, last=sync)
 
     def _update_group(self, g: int) -> None:
         """AdamW on group g's weights from its final gradients: its squared norm into step_group_norms[g],
@@ -422,7 +432,7 @@ class GPUModelBF16(GPUModelBase):
             raise RuntimeError("read_logits() needs a forward() first")
         (b, t), C, V = self.shape, self.config.dim, self.config.vocab_size
         rows = range(b * t) if position is None else [row * t + position % t for row in range(b)]
-        w_out, lnf, logits = self._fused(self.params_bf16, self.layout.output()), self.buffers["lnf"], self.buffers["logits"]
+        w_out, lnf, logits = self.weight(self.layout.output()), self.buffers["lnf"], self.buffers["logits"]
         out = np.empty((len(rows), V), np.float32)
         for i, row in enumerate(rows):  # one row at a time: generation needs one position
             self.gemm(logits.prefix(1, V), lnf.view(row * C, (1, C)), w_out, trans_b=True)
@@ -436,6 +446,7 @@ class GPUModelBF16(GPUModelBase):
         self.zero.finish_reduce()
         self._set_scalars(lr, step, opt)
         self._optimizer(opt)
+        self.zero.stale = True
         return float(np.sqrt(self.norm_squared.download()[0])) if return_norm else None
 
     def _set_scalars(self, lr: float, step: int, opt: AdamWConfig) -> None:
@@ -446,15 +457,16 @@ class GPUModelBF16(GPUModelBase):
         self.pinned_free[2].record(runtime().stream)
 
     def _optimizer(self, opt: AdamWConfig) -> None:
-        """ZeRO-1 (llama/parallel/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
-        shard, then every rank's new bf16 weights (and the norms' fp32 masters) to every rank."""
+        """ZeRO (llama/parallel/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
+        shard, and the norms' new fp32 masters to every rank; the new bf16 weights are all-gathered as the next
+        forward needs them."""
         z = self.zero
         ops.global_norm_squared_bf16(self.norm_squared, self.norm_scratch, z.grad_shard)
         z.sum_over_ranks(self.norm_squared)
         self._adamw(0, z.grad_shard, opt)
         if self.norm_weights is not None:
             self.norm_weights.collect()
-        z.gather_weights(extra=[self.norm_weights.values] if self.norm_weights is not None else [])
+            z.sum_over_ranks(self.norm_weights.values)
 
     def _adamw(self, start: int, grads: DeviceArray, opt: AdamWConfig) -> None:
         """AdamW, with the run's moments (fp32 or 8-bit), on the grads.size values of this rank's shard from
@@ -480,7 +492,7 @@ class GPUModelBF16(GPUModelBase):
         eagerly and captures them at its end); the gradients and the loss zeroed."""
         micro, shapes = len(batches), {x.shape for x, _ in batches}
         key = (*batches[0][0].shape, micro, opt) if len(shapes) == 1 else None
-        self.step_graphs = (key, micro, self.graphs.get(key))
+        self.step_graphs, self.micro_index = (key, micro, self.graphs.get(key)), 0
         self.zero_grad()
         self.loss_total.fill_zero()
 
@@ -488,33 +500,37 @@ class GPUModelBF16(GPUModelBase):
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         self._upload(tokens, targets)
         self.shape = tokens.shape
-        graphs = self.step_graphs[2]
+        graphs, first = self.step_graphs[2], self.micro_index == 0
         if graphs is not None:
-            graphs[last].replay()
+            graphs[0][first, last].replay()
         else:
-            self._micro_step(micro, last)
+            self._micro_step(micro, first, last)
+        self.micro_index += 1
+        self.zero.stale = self.zero.stale and not first
 
     def finish_step(self, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
         """The optimizer step, then the loss and norm read with one synchronization."""
         key, micro, graphs = self.step_graphs
         self._set_scalars(lr, step, opt)
         if graphs is not None:
-            graphs[2].replay()
+            graphs[1].replay()
         else:
             self._optimizer(opt)
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
-        if graphs is None and key is not None:  # everything is allocated and compiled now
-            self.graphs[key] = (Graph(lambda: self._micro_step(micro, False)) if micro > 1 else None,
-                                Graph(lambda: self._micro_step(micro, True)), Graph(lambda: self._optimizer(opt)))
+        if graphs is None and key is not None:  # everything is allocated and compiled now: a graph per role
+            roles = {(i == 0, i == micro - 1) for i in range(micro)}  # (first, last) of the step's micro-batches
+            self.graphs[key] = ({role: Graph(lambda role=role: self._micro_step(micro, *role)) for role in roles},
+                                Graph(lambda: self._optimizer(opt)))
+        self.zero.stale = True
         return loss, norm
 
-    def _micro_step(self, micro: int, last: bool) -> None:
-        """Forward and backward of one micro-batch; the last one of a step also reduce-scatters the
-        gradients (several GPUs)."""
+    def _micro_step(self, micro: int, first: bool, last: bool) -> None:
+        """Forward and backward of one micro-batch; the first one of a step gathers the new weights, the
+        last one reduce-scatters the gradients (several GPUs; at ZeRO-2 and 3 every one does)."""
+        self.zero.begin(gather=first, first=first)
         self._forward(1.0 / micro, True, 1.0 / micro)
         self.backward(sync=last)
-        if last:
-            self.zero.finish_reduce()
+        self.zero.end(last)
 
     # ---- the optimizer in the backward: one micro-batch a step, one captured graph
 
@@ -573,4 +589,4 @@ class GPUModelBF16(GPUModelBase):
     def master_weights(self) -> DeviceArray:
         """The full flat fp32 weights on the device (gathered from every rank on several GPUs: all
         ranks call it), e.g. for a decoder."""
-        return self.zero.gather_device(self.zero.master).prefix(self.layout.size)
+        return self.zero.gather_flat(self.zero.master)

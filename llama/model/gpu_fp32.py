@@ -4,8 +4,9 @@ It mirrors llama/model/reference.py layer by layer, with the same names: read th
 Parameters live in one flat device buffer and gradients in another (layout from llama/params.py);
 activations are allocated once for the largest batch (B, T), and a smaller (b, t) uses a prefix of
 each buffer. Within a step nothing is allocated, copied to the host or synchronized, except when the
-loss or the grad norm is read. With a communicator (several GPUs) optimizer_step is ZeRO-1
-(llama/parallel/zero.py) over the full fp32 params.
+loss or the grad norm is read. With a communicator (several GPUs) the optimizer is ZeRO at stage 1, 2 or 3
+(llama/parallel/zero.py) over the fp32 params: the forward and backward find each tensor's weights and
+gradients through it, and tell it where they are (Zero.use_weights, start_gradients, reduce_from).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from .gpu_base import GPUModelBase
 
 class GPUModelFP32(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 comm=None):
-        self._setup(config, B, T, params, seed, comm, np.float32)
-        self.params = self.zero.weights  # the full fp32 weights (the AdamW state is this rank's shard)
+                 comm=None, zero: int = 1):
+        """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py)."""
+        self._setup(config, B, T, params, seed, comm, np.float32, stage=zero)
         self._allocate_activations()
         self.has_dlogits = False
 
@@ -61,11 +62,10 @@ class GPUModelFP32(GPUModelBase):
         layers = [{name: buffers[name].prefix(*shape) for name, shape in layer.items()} for buffers in self.layer_buffers]
         return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shared.items()}
 
-    def _matrix(self, flat: DeviceArray, tensor) -> DeviceArray:
-        return flat.view(tensor.offset, tensor.shape)
-
-    def param(self, name: str) -> DeviceArray:
-        return self._matrix(self.params, self.layout.tensors[name])
+    def param(self, tensor) -> DeviceArray:
+        """A weight (a Tensor of the layout or its name)."""
+        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+        return self.zero.weight(tensor.offset, tensor.shape)
 
 
     # ---- forward and backward
@@ -90,24 +90,32 @@ class GPUModelFP32(GPUModelBase):
             self.num_unique = len(unique)
         layers, s = self._views(b, t)
         tokens_d = self.tokens.prefix(N).reshape(b, t)
+        z, starts = self.zero, L.layer_starts()  # each layer's first offset, the final norm's (ZeRO's buckets)
 
+        z.begin(gather=False)  # (stage 3 gathers each layer's weights as the forward reaches it)
+        z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward(layers[0]["x"], tokens_d, self.param("tok_embeddings.weight"))
         for i, a in enumerate(layers):
             pre = f"layers.{i}."
+            z.use_weights(starts[i], prefetch=starts[i + 1])
             x_next = layers[i + 1]["x"] if i + 1 < c.n_layers else s["residual"]
             ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
-            ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self._matrix(self.params, L.wqkv(i)))
+            ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self.param(L.wqkv(i)))
             ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
             ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
             ops.matmul_forward(a["h"], a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
             ops.residual_forward(a["h"], a["x"], a["h"])
             ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
-            ops.matmul_forward(a["gate_up"], a["ln2"], self._matrix(self.params, L.w13(i)))
+            ops.matmul_forward(a["gate_up"], a["ln2"], self.param(L.w13(i)))
             ops.swiglu_forward(a["ffn"], a["gate_up"])
             ops.matmul_forward(x_next, a["ffn"], self.param(pre + "feed_forward.w2.weight"))
             ops.residual_forward(x_next, a["h"], x_next)
+            z.release_weights(starts[i])
+        z.use_weights(starts[-1])
+        z.use_weights(L.output().offset)
         ops.rmsnorm_forward(s["lnf"], s["rstdf"], s["residual"], self.param("norm.weight"), c.norm_eps)
-        ops.matmul_forward(s["logits"], s["lnf"], self._matrix(self.params, L.output()))
+        ops.matmul_forward(s["logits"], s["lnf"], self.param(L.output()))
+        z.end(None)
         self.has_dlogits = targets is not None
         if targets is None:
             return None
@@ -127,27 +135,34 @@ class GPUModelFP32(GPUModelBase):
         return np.stack([logits.view((row * t + position % t) * V, (V,)).download() for row in range(b)])
 
     def backward(self, loss_scale: float = 1.0) -> None:
-        """Add the gradient of loss_scale * (mean loss of the last forward) into self.grads."""
+        """Add the gradient of loss_scale * (mean loss of the last forward) into the gradients (ZeRO-2 and 3:
+        reduce-scatter each bucket of them into the shard as soon as it is final)."""
         if not self.has_dlogits:
             raise RuntimeError("backward() needs a forward() with targets first")
         c, L = self.config, self.layout
         b, t = self.shape
         N = b * t
         layers, s = self._views(b, t)
-        grad = self.grad
+        grad, z, starts = self.grad, self.zero, L.layer_starts()
         dx = s["dresidual"]
-        ops.matmul_backward(s["dln"], self._matrix(self.grads, L.output()), s["logits"], s["lnf"],
-                            self._matrix(self.params, L.output()), alpha=loss_scale)
+        z.begin(gather=False)
+        z.use_weights(starts[-1])
+        z.use_weights(L.output().offset)
+        ops.matmul_backward(s["dln"], self.grad(L.output()), s["logits"], s["lnf"],
+                            self.param(L.output()), alpha=loss_scale)
         dx.fill_zero()
         ops.rmsnorm_backward(dx, grad("norm.weight"), s["rms_scratch"], s["dln"], s["residual"],
                              self.param("norm.weight"), s["rstdf"])
+        z.reduce_from(starts[-1], last=False)
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", layers[i]
+            z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
+            z.start_gradients(starts[i])
             ops.matmul_backward(s["dffn"], grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
                                 self.param(pre + "feed_forward.w2.weight"))
             ops.swiglu_backward(s["dgate_up"], s["dffn"], a["gate_up"])
-            ops.matmul_backward(s["dln"], self._matrix(self.grads, L.w13(i)), s["dgate_up"], a["ln2"],
-                                self._matrix(self.params, L.w13(i)))
+            ops.matmul_backward(s["dln"], self.grad(L.w13(i)), s["dgate_up"], a["ln2"],
+                                self.param(L.w13(i)))
             ops.rmsnorm_backward(dx, grad(pre + "ffn_norm.weight"), s["rms_scratch"], s["dln"], a["h"],
                                  self.param(pre + "ffn_norm.weight"), a["rstd2"])
             ops.matmul_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
@@ -155,18 +170,21 @@ class GPUModelFP32(GPUModelBase):
             ops.attention_backward(s["dq"], s["dk"], s["dv"], s["dprobs"], s["dheads"], s["datt"], a["q"], a["k"],
                                    a["v"], a["probs"])
             ops.rope_backward(s["dqkv"], s["dq"], s["dk"], s["dv"], self.rope_cos, self.rope_sin)
-            ops.matmul_backward(s["dln"], self._matrix(self.grads, L.wqkv(i)), s["dqkv"].reshape(N, -1),
-                                a["ln1"], self._matrix(self.params, L.wqkv(i)))
+            ops.matmul_backward(s["dln"], self.grad(L.wqkv(i)), s["dqkv"].reshape(N, -1),
+                                a["ln1"], self.param(L.wqkv(i)))
             ops.rmsnorm_backward(dx, grad(pre + "attention_norm.weight"), s["rms_scratch"], s["dln"], a["x"],
                                  self.param(pre + "attention_norm.weight"), a["rstd1"])
+            z.release_weights(starts[i])
+            z.reduce_from(starts[i], last=False)
         ops.embedding_backward(grad("tok_embeddings.weight"), dx, self.token_order.prefix(N), self.token_starts,
                                self.token_unique, self.num_unique)
+        z.end(last=False)
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm
         (reading it synchronizes; return_norm=False skips that). On several GPUs this is ZeRO-1
         (llama/parallel/zero.py): reduce-scatter the gradients, the global norm, AdamW on this rank's shard of
-        the fp32 params, all-gather them."""
+        the fp32 params, all-gather them (at ZeRO-3 the forward gathers them as it goes)."""
         s, z = self.buffers, self.zero
         z.finish_reduce()
         ops.global_norm_squared(s["norm_squared"], s["norm_partial"], z.grad_shard)
@@ -176,5 +194,5 @@ class GPUModelFP32(GPUModelBase):
         return float(np.sqrt(s["norm_squared"].download()[0])) if return_norm else None
 
     def master_weights(self) -> DeviceArray:
-        """The full flat fp32 weights on the device (every rank holds them)."""
-        return self.params.prefix(self.layout.size)
+        """The full flat fp32 weights on the device (gathered from every rank on several GPUs: all ranks call it)."""
+        return self.zero.gather_flat(self.zero.master)

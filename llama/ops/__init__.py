@@ -18,8 +18,8 @@ from .bf16 import (ADAMW_SCALARS, adamw8bit_update_bf16, adamw_scalars, adamw_up
                    embedding_backward_bf16,
                    embedding_bf16_scratch_size, embedding_forward_bf16, fused_classifier_bf16, gemm, global_norm_squared_bf16,
                    loss_accumulate_bf16, rmsnorm_backward_bf16, rmsnorm_bf16_scratch_size, rmsnorm_forward_bf16,
-                   quantization_maps, rmsnorm_residual_forward_bf16, swiglu_backward_bf16,
-                   swiglu_forward_bf16, token_segments)
+                   quantization_maps, rmsnorm_residual_forward_bf16, round_to_bf16, swiglu_backward_bf16,
+                   swiglu_forward_bf16, token_segments, widen_bf16)
 from .common import NORM_BLOCKS
 from .decode import (MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,
                      embed_tokens, last_residual, to_bf16)

@@ -409,3 +409,18 @@ def adamw_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: Devi
         norm_squared.ptr, scalars.ptr, n, *(np.float32(x) for x in (opt.beta1, opt.beta2, opt.eps, opt.weight_decay,
                                                                      opt.grad_clip)))
 
+
+# ---- conversions around a collective (kernels/convert.cu)
+
+def round_to_bf16(out: DeviceArray, x: DeviceArray) -> None:
+    """out (n,) bf16 = x (n,) fp32, rounded to nearest even."""
+    check("x", x, out.shape)
+    check("out", out, x.shape, BF16)
+    kernel("convert", "round_to_bf16", "PPq")(blocks(x.size), BLOCK, out.ptr, x.ptr, x.size)
+
+
+def widen_bf16(out: DeviceArray, x: DeviceArray, accumulate: bool = False) -> None:
+    """out (n,) fp32 = x (n,) bf16, or out += x with accumulate."""
+    check("x", x, out.shape, BF16)
+    check("out", out, x.shape)
+    kernel("convert", "widen_bf16", "PPqi")(blocks(x.size), BLOCK, out.ptr, x.ptr, x.size, int(accumulate))

@@ -1,22 +1,33 @@
-"""ZeRO-1: data parallelism with the optimizer state sharded over the ranks.
+"""ZeRO: data parallelism with the optimizer state (stage 1), the gradients (2) and the weights (3) sharded
+over the ranks.
 
-Every rank holds the full weights the forward reads and the full fp32 gradient buffer; the fp32
-master weights and the AdamW moments exist once over all ranks. A step:
+The fp32 master weights and the AdamW moments exist once over all ranks. A step:
 1. the gradients are reduce-scattered (averaged over ranks) bucket by bucket, each bucket as soon as
-   the backward has finished it, on the communication stream while the backward goes on;
+   the backward has finished it, on the communication stream while the backward goes on: stage 1 from
+   the full gradient buffer on the last micro-batch; stages 2 and 3 from the bucket's home (a buffer of
+   its own for the embedding and the head's buckets, one of two slots for a layer's) on every micro-batch,
+   after which the slot serves the layer after next;
 2. the global grad norm is the all-reduced sum of the shards' sums of squares;
 3. each rank runs AdamW on its shard and writes the new weights of its shard (bf16, or fp32 on the
    exact path);
-4. the shards are all-gathered into the full weight buffer.
+4. the shards are all-gathered: stages 1 and 2 into the full weights at the start of the next forward, bucket
+   by bucket, each layer waiting only for its own bucket; stage 3 into the homes, each layer's just before
+   its forward (the next layer's gather running meanwhile) and again before its backward.
+The bf16 model's captured graphs keep every collective inside the forward and backward that waits for it
+(begin ... end), so that CUDA graph capture sees each fork joined.
 
 ShardLayout is the arithmetic (pure numpy, also used to cut and reassemble checkpoints): the flat
-parameter buffer, padded to a multiple of world_size * ALIGN, is cut into buckets at layer
-boundaries (rounded up to that multiple), and rank r owns the r-th of the world_size equal pieces of
+parameters are cut into buckets at layer boundaries, each padded on its own to a multiple of
+world_size * ALIGN in a padded buffer, and rank r owns the r-th of the world_size equal pieces of
 every bucket. Its shard is the concatenation of its pieces, so one kernel launch updates it. With
-one rank there is one bucket, no padding, and the shard buffers are the full ones.
+one rank there is one bucket, no padding, and the shard buffers are the full ones. Checkpoints hold the
+flat arrays, so they resume on any number of GPUs at any stage.
 """
 
 from __future__ import annotations
+
+import bisect
+import math
 
 import numpy as np
 
@@ -24,6 +35,7 @@ from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
 from ..optim import OPTIMIZERS, QUANT_BLOCK, ZERO_CODES, AdamW8bitState
 
 ALIGN = 16  # elements: pieces start 64-byte aligned in fp32, 32-byte in bf16
+STAGES = (1, 2, 3)  # ZeRO: the optimizer state sharded; and the gradients; and the weights
 
 
 def round_up(x: int, unit: int) -> int:
@@ -32,44 +44,104 @@ def round_up(x: int, unit: int) -> int:
 
 class ShardLayout:
     def __init__(self, size: int, world_size: int, boundaries=()):
-        """size values split over world_size ranks; boundaries: offsets where a bucket may start
-        (each layer's first parameter), ascending or not."""
+        """size values split over world_size ranks; boundaries: offsets where a bucket starts (each layer's
+        first parameter), ascending or not. With several ranks each bucket is padded to a multiple of
+        world_size * ALIGN on its own, so that a bucket is whole tensors and can live apart from the others."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.size, self.world_size = size, world_size
         unit = 1 if world_size == 1 else world_size * ALIGN
-        self.padded_size = round_up(size, unit)
-        starts = [0] if world_size == 1 else sorted({0} | {round_up(b, unit) for b in boundaries
-                                                          if 0 < round_up(b, unit) < self.padded_size})
-        self.buckets = list(zip(starts, starts[1:] + [self.padded_size]))  # [start, end) in the flat buffer
-        self.pieces = [(end - start) // world_size for start, end in self.buckets]
+        starts = [0] if world_size == 1 else sorted({0} | {b for b in boundaries if 0 < b < size})
+        self.spans = list(zip(starts, starts[1:] + [size]))  # each bucket's [start, end) in the flat parameters
+        lengths = [round_up(end - start, unit) for start, end in self.spans]
+        ends = [int(x) for x in np.cumsum(lengths)]
+        self.buckets = list(zip([0] + ends[:-1], ends))  # [start, end) in the padded buffer
+        self.padded_size = ends[-1]
+        self.pieces = [n // world_size for n in lengths]
         self.shard_offsets = [int(x) for x in np.cumsum([0] + self.pieces[:-1])]  # each bucket's piece in a shard
         self.shard_size = self.padded_size // world_size
 
+    def bucket_of(self, offset: int) -> int:
+        """The bucket that holds the flat parameter at offset."""
+        return bisect.bisect_right(self.spans, (offset, math.inf)) - 1
+
+    def position(self, offset: int) -> int:
+        """Where the flat parameter at offset sits in the padded buffer."""
+        k = self.bucket_of(offset)
+        return self.buckets[k][0] + offset - self.spans[k][0]
+
+    def pad(self, flat: np.ndarray) -> np.ndarray:
+        """The padded buffer of a flat host array of `size` values (zeros between the buckets)."""
+        if self.padded_size == self.size:
+            return flat
+        padded = np.zeros(self.padded_size, flat.dtype)
+        for (start, end), (at, _) in zip(self.spans, self.buckets):
+            padded[at:at + end - start] = flat[start:end]
+        return padded
+
+    def unpad(self, padded: np.ndarray) -> np.ndarray:
+        """The flat array of `size` values in a padded buffer."""
+        if self.padded_size == self.size:
+            return padded
+        return np.concatenate([padded[at:at + end - start] for (start, end), (at, _) in zip(self.spans, self.buckets)])
+
     def piece(self, bucket: int, rank: int) -> tuple[int, int]:
-        """[start, end) of rank's piece of a bucket, in the flat buffer."""
+        """[start, end) of rank's piece of a bucket, in the padded buffer."""
         start, n = self.buckets[bucket][0] + rank * self.pieces[bucket], self.pieces[bucket]
         return start, start + n
 
     def owned(self, rank: int):
-        """(flat start, flat end, shard offset) of each of rank's pieces."""
+        """(padded start, padded end, shard offset) of each of rank's pieces."""
         return [(*self.piece(k, rank), self.shard_offsets[k]) for k in range(len(self.buckets))]
 
     def shard(self, flat: np.ndarray, rank: int) -> np.ndarray:
         """rank's shard of a flat host array of `size` values (the padding reads as zeros)."""
-        padded = np.zeros(self.padded_size, flat.dtype)
-        padded[:self.size] = flat
+        padded = self.pad(flat)
         return np.concatenate([padded[start:end] for start, end, _ in self.owned(rank)])
 
     def unshard(self, shards: list[np.ndarray]) -> np.ndarray:
         """The flat array of `size` values whose shards these are, one per rank in rank order."""
         if len(shards) != self.world_size or any(s.shape != (self.shard_size,) for s in shards):
             raise ValueError(f"unshard needs {self.world_size} shards of {self.shard_size} values")
-        flat = np.empty(self.padded_size, shards[0].dtype)
+        padded = np.empty(self.padded_size, shards[0].dtype)
         for rank, shard in enumerate(shards):
             for start, end, offset in self.owned(rank):
-                flat[start:end] = shard[offset:offset + end - start]
-        return flat[:self.size]
+                padded[start:end] = shard[offset:offset + end - start]
+        return self.unpad(padded)
+
+
+def home_slot(bucket: int, buckets: int) -> int | None:
+    """Where a bucket lives under ZeRO-2 (its gradients) and ZeRO-3 (its weights): None for the first and the
+    last (the embedding table; the final norm and the head, which the forward's classifier uses), which keep
+    a buffer of their own for the step, else one of two slots that the layers' buckets use in turn (layer i,
+    bucket i + 1, in slot i % 2: a layer's neighbours never share its slot, so the next one's collective can
+    run while it computes)."""
+    return None if bucket in (0, buckets - 1) else (bucket - 1) % 2
+
+
+class BucketHomes:
+    """The buffers of one sharded quantity's buckets while a step uses them (home_slot): the first and last
+    bucket's, and two slots as long as the longest layer bucket."""
+
+    def __init__(self, layout: ShardLayout, dtype):
+        self.layout, n = layout, len(layout.buckets)
+        lengths = [end - start for start, end in layout.buckets]
+        self.own = {k: empty(lengths[k], dtype) for k in sorted({0, n - 1})}
+        self.slots = [empty(max(lengths[1:-1]), dtype) for _ in range(min(2, n - 2))]
+
+    def home(self, bucket: int) -> DeviceArray:
+        """The bucket's whole (padded) buffer."""
+        slot = home_slot(bucket, len(self.layout.buckets))
+        length = self.layout.buckets[bucket][1] - self.layout.buckets[bucket][0]
+        return self.own[bucket] if slot is None else self.slots[slot].prefix(length)
+
+    def view(self, offset: int, shape) -> DeviceArray:
+        """The tensor at flat offset, shaped, in its bucket's home."""
+        k = self.layout.bucket_of(offset)
+        return self.home(k).view(offset - self.layout.spans[k][0], shape)
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in [*self.own.values(), *self.slots])
 
 
 def intersect(ranges, start: int, end: int):
@@ -80,14 +152,24 @@ def intersect(ranges, start: int, end: int):
             yield int(a), int(b), int(offset + a - lo)
 
 
-class Zero1:
-    """The sharded optimizer state of one rank and the collectives around the update.
+class Zero:
+    """The sharded state of one rank at ZeRO stage 1, 2 or 3, and the collectives around the step.
 
-    master, m, v, decay_mask: this rank's shard (fp32, uint8). grads: the full fp32 gradient buffer
-    (padded); grad_shard: the averaged gradients of this rank's shard after reduce-scatter. weights:
-    the full buffer the forward reads (bf16 copy, or the fp32 params on the exact path);
-    weight_shard: where AdamW writes this rank's part of it before the all-gather. With comm None
-    (one GPU) the shard buffers are the full ones and nothing is communicated.
+    master, m, v, decay_mask: this rank's shard (fp32, uint8); grad_shard: the averaged gradients of this
+    rank's shard after reduce-scatter; weight_shard: where AdamW writes this rank's part of the weights the
+    forward reads (bf16 copy, or the fp32 params on the exact path) before they are all-gathered.
+    Stage 1: the full gradient buffer `grads` and the full weights `weights`; the last micro-batch's backward
+    reduce-scatters each bucket as soon as its gradients are final.
+    Stage 2: no full gradient buffer: each bucket's gradients live in its home (BucketHomes, home_slot) and
+    every micro-batch's backward reduce-scatters them into the shard (adding from the second micro-batch on),
+    after which the slot is free for the layer after next.
+    Stage 3: the weights too live in homes: each layer's bucket is all-gathered into its slot before the layer's
+    forward (the next layer's gather runs meanwhile), and again before its backward.
+    At stages 1 and 2 the new weights are all-gathered at the start of the next forward, bucket by bucket, and
+    each layer waits only for its own bucket (prefetch), instead of the whole gather after the update.
+    reduce_dtype BF16: the gradients are reduce-scattered in bf16 (rounded before, widened into the fp32 shard
+    after, on the communication stream): half the bytes, at the cost of their rounding.
+    With comm None (one GPU; stage 1) the shard buffers are the full ones and nothing is communicated.
     optimizer "adamw8bit" (one GPU): the moments in 8 bits as llama/optim.py's AdamW8bitState holds them,
     m_codes, v_codes (uint8) and m_scales, v_scales (fp32, one per QUANT_BLOCK values), instead of m, v.
     gradients False (one GPU, the optimizer in the backward): no full gradient buffer; the model keeps
@@ -95,18 +177,26 @@ class Zero1:
     """
 
     def __init__(self, layout: ShardLayout, comm, params: np.ndarray, decay_mask: np.ndarray, weight_dtype,
-                 optimizer: str = "adamw", gradients: bool = True):
+                 optimizer: str = "adamw", gradients: bool = True, stage: int = 1, reduce_dtype=np.float32):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if stage not in STAGES:
+            raise ValueError(f"ZeRO stage {stage}: choose from {', '.join(map(str, STAGES))}")
         if optimizer == "adamw8bit" and comm is not None:
-            raise ValueError("8-bit moments run on one GPU: ZeRO-1's shards would cut their blocks")
+            raise ValueError("8-bit moments run on one GPU: ZeRO's shards would cut their blocks")
         if not gradients and comm is not None:
-            raise ValueError("the gradients live outside ZeRO-1 (the optimizer in the backward) on one GPU only")
-        self.layout, self.comm, self.optimizer = layout, comm, optimizer
+            raise ValueError("the gradients live outside ZeRO (the optimizer in the backward) on one GPU only")
+        if stage > 1 and comm is None:
+            raise ValueError(f"ZeRO-{stage} shards over several GPUs; on one GPU stage 1 holds everything once")
+        if np.dtype(reduce_dtype) not in (np.float32, BF16):
+            raise ValueError(f"the gradients are reduced in fp32 or bf16, not {np.dtype(reduce_dtype)}")
+        self.layout, self.comm, self.optimizer, self.stage = layout, comm, optimizer, stage
         self.rank = comm.rank if comm is not None else 0
         n = layout.padded_size
-        self.grads = zeros(n) if gradients else None
-        self.weights = empty(n, weight_dtype)
+        self.grads = zeros(n) if gradients and stage == 1 else None
+        self.weights = empty(n, weight_dtype) if stage < 3 else None
+        self.grad_homes = BucketHomes(layout, np.float32) if stage >= 2 else None
+        self.weight_homes = BucketHomes(layout, weight_dtype) if stage == 3 else None
         if comm is None:
             self.master = empty(n) if weight_dtype == BF16 else self.weights
             self.grad_shard = self.grads
@@ -115,8 +205,16 @@ class Zero1:
             self.master = empty(layout.shard_size)
             self.grad_shard = empty(layout.shard_size)
             self.weight_shard = empty(layout.shard_size, weight_dtype) if weight_dtype == BF16 else self.master
+            self.piece_scratch = empty(max(layout.pieces)) if stage >= 2 else None  # a later micro-batch's reduction
+            self.rounded = None  # bf16 reduction: a bucket rounded, and its reduced piece
+            if np.dtype(reduce_dtype) == BF16:
+                self.rounded = (empty(max(end - start for start, end in layout.buckets), BF16),
+                                empty(max(layout.pieces), BF16))
             drv = runtime().drv
-            self._ready = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in layout.buckets]
+            event = lambda: drv.Event(drv.event_flags.DISABLE_TIMING)  # noqa: E731
+            buckets = range(len(layout.buckets))
+            self._ready, self._reduced, self._gathered = ([event() for _ in buckets] for _ in range(3))
+            self._released = [event() for _ in range(2)]  # ZeRO-3: a weight slot's layer is done
         if optimizer == "adamw8bit":
             blocks = -(-layout.shard_size // QUANT_BLOCK)
             self.m_codes, self.v_codes = empty(layout.shard_size, np.uint8), empty(layout.shard_size, np.uint8)
@@ -127,31 +225,31 @@ class Zero1:
             self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
         self.set_moments(None, None)
         self.decay_mask = to_device(layout.shard(decay_mask, self.rank))
-        self.launched = set()
+        self.stale = False  # the weights the forward reads are older than the master (stages 1-2: gather first)
+        self._step_first = True
+        self._start_region()
         self.set_weights(params)
 
     @classmethod
     def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw",
-                  gradients: bool = True) -> "Zero1":
+                  gradients: bool = True, stage: int = 1, reduce_dtype=np.float32) -> "Zero":
         """The state of a model's flat parameters (llama/params.py layout), bucketed at its layers."""
         shards = ShardLayout(layout.size, comm.world_size if comm is not None else 1, layout.layer_starts())
-        return cls(shards, comm, params, layout.decay_mask(), weight_dtype, optimizer, gradients)
+        return cls(shards, comm, params, layout.decay_mask(), weight_dtype, optimizer, gradients, stage, reduce_dtype)
 
     def set_weights(self, params: np.ndarray) -> None:
-        """Upload the full fp32 params: the master shard and the full weight buffer (on one GPU without
-        a host copy of the whole, which an 8B model could not afford twice)."""
+        """Upload the full fp32 params: the master shard and the weights the forward reads (on one GPU
+        without a host copy of the whole, which an 8B model could not afford twice)."""
         params = np.asarray(params, np.float32)
-        if self.layout.padded_size == self.layout.size:
-            padded = params
-        else:
-            padded = np.zeros(self.layout.padded_size, np.float32)
-            padded[:self.layout.size] = params
-        self.weights.upload(padded)
+        padded = self.layout.pad(params)
+        if self.weights is not None:
+            self.weights.upload(padded)
         shard = padded if self.comm is None else self.layout.shard(params, self.rank)
         if self.master is not self.weights:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
             self.weight_shard.upload(shard.astype(self.weight_shard.dtype))
+        self.stale = False
 
     def set_moments(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
         """The full fp32 moments from a checkpoint (None: zeros), quantized on the host for 8 bits."""
@@ -174,33 +272,188 @@ class Zero1:
             else:
                 buffer.upload(self.layout.shard(host.astype(np.float32), self.rank))
 
+    # ---- where a tensor's weights and gradients are
+
+    def weight(self, offset: int, shape) -> DeviceArray:
+        """The weights (as the forward reads them) of the tensor at flat offset."""
+        if self.weights is None:
+            return self.weight_homes.view(offset, shape)
+        return self.weights.view(self.layout.position(offset), shape)
+
+    def grad(self, offset: int, shape) -> DeviceArray:
+        """Where the gradients of the tensor at flat offset accumulate."""
+        if self.grads is None:
+            return self.grad_homes.view(offset, shape)
+        return self.grads.view(self.layout.position(offset), shape)
+
+    def zero_grad(self) -> None:
+        """Zero the gradients before a step (at stages 2-3 each home is zeroed as the step reaches it, and the
+        step's first reductions write the shard)."""
+        if self.grads is not None:
+            self.grads.fill_zero()
+        self._step_first = True
+
+    # ---- a forward and backward (launches captured in one graph: every collective joins the compute
+    # stream before its end, and the compute stream waits only for collectives issued since its start)
+
+    def _start_region(self) -> None:
+        self._issued, self._waited = set(), set()  # ("gather" | "reduce", bucket)
+        self._weight_slots, self._grad_slots = [None, None], [None, None]  # the bucket each slot holds
+        self._first = True
+
+    def begin(self, gather: bool, first: bool | None = None) -> None:
+        """Before a forward: gather: the weights changed since the last forward (stages 1-2: every bucket's
+        all-gather starts now, on the communication stream; stage 3 gathers the embedding and head now and
+        each layer's bucket as the forward reaches it, whatever `gather` says). first: the step's first
+        micro-batch (stages 2-3: its reductions write the shard, later ones add to it); None: whether no
+        reduction ran since zero_grad()."""
+        if self.comm is None:
+            return
+        self._start_region()
+        self._first = self._step_first if first is None else first
+        if self.grad_homes is not None:
+            for k in self.grad_homes.own:
+                self.grad_homes.own[k].fill_zero()
+        if not (gather or self.stage == 3):
+            return
+        self.comm.fork()
+        for k in (range(len(self.layout.buckets)) if self.stage < 3 else self.weight_homes.own):
+            self._gather(k)
+        self.stale = False
+
+    def _gather(self, k: int) -> None:
+        """All-gather bucket k's weights into their place (stage 3: its slot, once the layer there is done)."""
+        start, end = self.layout.buckets[k]
+        if self.weights is not None:
+            out = self.weights.view(start, (end - start,))
+        else:
+            out, slot = self.weight_homes.home(k), home_slot(k, len(self.layout.buckets))
+            if slot is not None:
+                before = self._weight_slots[slot]
+                if before is not None:
+                    if not self._slot_released(slot):
+                        raise RuntimeError(f"bucket {k}'s gather would overwrite bucket {before}'s weights in use")
+                    self.comm.stream.wait_for_event(self._released[slot])
+                    self._issued.discard(("gather", before))
+                    self._waited.discard(("gather", before))
+                self._weight_slots[slot] = k
+        piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
+        self.comm.all_gather(out, self.weight_shard.view(at, (piece,)))
+        self._gathered[k].record(self.comm.stream)
+        self._issued.add(("gather", k))
+
+    def use_weights(self, offset: int, prefetch: int | None = None) -> None:
+        """Before the kernels that read the weights of the bucket holding flat offset: wait for its gather (stage
+        3: start it first if not yet on its way); prefetch: the flat offset of the layer the step reaches next,
+        whose gather stage 3 starts now (into the slot of the layer before this one, released already)."""
+        if self.comm is None:
+            return
+        k = self.layout.bucket_of(offset)
+        slot = home_slot(k, len(self.layout.buckets))
+        self._issued.discard(("release", slot, k))  # in use again until released again
+        if self.stage == 3 and ("gather", k) not in self._issued:
+            self.comm.fork()
+            self._gather(k)
+        if ("gather", k) in self._issued and ("gather", k) not in self._waited:
+            runtime().stream.wait_for_event(self._gathered[k])
+            self._waited.add(("gather", k))
+        if prefetch is not None and self.stage == 3:
+            n = self.layout.bucket_of(prefetch)
+            slot = home_slot(n, len(self.layout.buckets))
+            if ("gather", n) not in self._issued and (slot is None or self._weight_slots[slot] is None
+                                                      or self._slot_released(slot)):
+                self._gather(n)
+
+    def _slot_released(self, slot: int) -> bool:
+        return ("release", slot, self._weight_slots[slot]) in self._issued
+
+    def release_weights(self, offset: int) -> None:
+        """After the last kernel that reads the weights of the bucket holding flat offset (stage 3: its slot
+        may take another layer's once they have run)."""
+        if self.stage != 3:
+            return
+        k = self.layout.bucket_of(offset)
+        slot = home_slot(k, len(self.layout.buckets))
+        if slot is not None and self._weight_slots[slot] == k:  # it stays there until another bucket's gather
+            self._released[slot].record(runtime().stream)
+            self._issued.add(("release", slot, k))
+
+    def start_gradients(self, offset: int) -> None:
+        """Before the backward writes the gradients of the bucket holding flat offset (stages 2-3: wait until
+        the slot's last bucket has been reduce-scattered, then zero it)."""
+        if self.grad_homes is None:
+            return
+        k = self.layout.bucket_of(offset)
+        slot = home_slot(k, len(self.layout.buckets))
+        if slot is None:
+            return
+        before = self._grad_slots[slot]
+        if before is not None:
+            runtime().stream.wait_for_event(self._reduced[before])
+        self._grad_slots[slot] = k
+        self.grad_homes.home(k).fill_zero()
+
     # ---- 1. reduce-scatter, bucket by bucket
 
-    def reduce_from(self, offset: int) -> None:
-        """Gradients at flat offsets >= offset are final: reduce-scatter every bucket inside them not
-        yet on its way, on the communication stream."""
-        if self.comm is None:
+    def reduce_from(self, offset: int, last: bool = True) -> None:
+        """Gradients at flat offsets >= offset are final for this micro-batch: reduce-scatter every bucket
+        inside them not yet on its way, on the communication stream (stage 1: on the step's last micro-batch
+        only, when the full buffer holds the step's sum)."""
+        if self.comm is None or (self.stage == 1 and not last):
             return
         for k in reversed(range(len(self.layout.buckets))):
-            start, end = self.layout.buckets[k]
-            if start < offset:
+            if self.layout.spans[k][0] < offset:
                 break
-            if k in self.launched:
+            if ("reduce", k) in self._issued:
                 continue
-            self.launched.add(k)
+            self._issued.add(("reduce", k))
             self._ready[k].record(runtime().stream)
             self.comm.stream.wait_for_event(self._ready[k])
+            start, end = self.layout.buckets[k]
             piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
-            self.comm.reduce_scatter(self.grad_shard.view(at, (piece,)), self.grads.view(start, (end - start,)))
+            grads = self.grads.view(start, (end - start,)) if self.grads is not None else self.grad_homes.home(k)
+            shard, accumulate = self.grad_shard.view(at, (piece,)), not (self.stage == 1 or self._first)
+            from .. import ops
+            if self.rounded is not None:  # in bf16: round, reduce, widen (or add) into the shard
+                rounded, reduced = self.rounded[0].prefix(end - start), self.rounded[1].prefix(piece)
+                with runtime().launching_on(self.comm.stream):
+                    ops.round_to_bf16(rounded, grads)
+                self.comm.reduce_scatter(reduced, rounded)
+                with runtime().launching_on(self.comm.stream):
+                    ops.widen_bf16(shard, reduced, accumulate)
+            elif not accumulate:
+                self.comm.reduce_scatter(shard, grads)
+            else:  # a later micro-batch: reduce beside the shard, then add
+                scratch = self.piece_scratch.prefix(piece)
+                self.comm.reduce_scatter(scratch, grads)
+                with runtime().launching_on(self.comm.stream):
+                    ops.residual_forward(shard, shard, scratch)
+            self._reduced[k].record(self.comm.stream)
 
-    def finish_reduce(self) -> None:
-        """Reduce-scatter the buckets still waiting (all of them if no reduce_from came first) and make
-        the compute stream wait for the averaged shard."""
+    def end(self, last: bool | None) -> None:
+        """After a forward (last None) or a forward and backward: reduce-scatter the buckets still waiting
+        (stages 2-3, and stage 1 on the step's last micro-batch: last True; all of them if no reduce_from came
+        first), and make the compute stream wait for every collective issued since begin()."""
         if self.comm is None:
             return
-        self.reduce_from(0)
+        if last is not None:
+            self.reduce_from(0, last)
+            self._step_first = self._step_first and self.stage == 1
         self.comm.join()
-        self.launched.clear()
+        self._start_region()
+
+    def finish_reduce(self) -> None:
+        """Stage 1 after an eager backward: reduce-scatter every bucket of the full gradients and wait for the
+        shard (stages 2-3 reduced them in the micro-batches' end())."""
+        if self.stage == 1:
+            self.end(last=True)
+
+    def reduce_all(self) -> None:
+        """Reduce-scatter every bucket into the shard now and wait for it (the collectives alone: the benchmark)."""
+        self._start_region()
+        self.reduce_from(0, last=True)
+        self.comm.join()
+        self._start_region()
 
     # ---- 2. the global grad norm
 
@@ -215,42 +468,55 @@ class Zero1:
     # ---- 4. all-gather
 
     def gather_weights(self, extra=()) -> None:
-        """Every rank's new weight_shard into the full weight buffer, bucket by bucket, in one NCCL
-        group; extra: (array, True) pairs all-reduced (summed) in the same group."""
+        """Every rank's new weight_shard into the full weight buffer (stages 1-2) at once, in one NCCL group;
+        extra: arrays all-reduced (summed) in the same group. Stage 3 gathers as the forward goes."""
         if self.comm is None:
             return
         self.comm.fork()
         with self.comm.group():
-            for k, (start, end) in enumerate(self.layout.buckets):
-                piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
-                self.comm.all_gather(self.weights.view(start, (end - start,)), self.weight_shard.view(at, (piece,)))
+            if self.weights is not None:
+                for k, (start, end) in enumerate(self.layout.buckets):
+                    piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
+                    self.comm.all_gather(self.weights.view(start, (end - start,)), self.weight_shard.view(at, (piece,)))
             for array in extra:
                 self.comm.all_reduce(array)
         self.comm.join()
+        self.stale = False
 
     # ---- checkpoints: the full state on rank 0
 
-    def gather_device(self, shard: DeviceArray) -> DeviceArray:
-        """The full flat array (padded) of a shard buffer, on every rank (a new buffer on several GPUs)."""
+    def gather_flat(self, shard: DeviceArray) -> DeviceArray:
+        """The full flat array (`size` values) of a shard buffer, on every rank (a new buffer on several GPUs,
+        all ranks call it)."""
         if self.comm is None:
-            return shard
-        full = empty(self.layout.padded_size, shard.dtype)
+            return shard.prefix(self.layout.size)
+        full, flat = empty(self.layout.padded_size, shard.dtype), empty(self.layout.size, shard.dtype)
         self.comm.fork()
         with self.comm.group():
             for k, (start, end) in enumerate(self.layout.buckets):
                 piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
                 self.comm.all_gather(full.view(start, (end - start,)), shard.view(at, (piece,)))
         self.comm.join()
-        return full
+        for (start, end), (at, _) in zip(self.layout.spans, self.layout.buckets):
+            flat.view(start, (end - start,)).copy_from(full.view(at, (end - start,)))
+        return flat
 
     def gather(self, shard: DeviceArray) -> np.ndarray | None:
-        """The full flat array (`size` values) of a shard buffer on rank 0, None on the other ranks
-        (which take part in the all-gather)."""
-        full = self.gather_device(shard)
-        if self.rank != 0:
-            runtime().stream.synchronize()  # the all-gather has run before `full` is freed
-            return None
-        return full.download()[:self.layout.size]
+        """The full flat array (`size` values) of a shard buffer on rank 0, None on the other ranks (which take
+        part in the all-gathers): bucket by bucket, so that no rank holds a second full copy on its GPU."""
+        if self.comm is None:
+            return shard.download()[:self.layout.size]
+        out = np.empty(self.layout.size, shard.dtype) if self.rank == 0 else None
+        bucket = empty(max(end - start for start, end in self.layout.buckets), shard.dtype)
+        for k, ((start, end), (flat_start, flat_end)) in enumerate(zip(self.layout.buckets, self.layout.spans)):
+            piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
+            self.comm.fork()
+            self.comm.all_gather(bucket.prefix(end - start), shard.view(at, (piece,)))
+            self.comm.join()
+            if out is not None:
+                out[flat_start:flat_end] = bucket.prefix(end - start).download()[:flat_end - flat_start]
+        runtime().stream.synchronize()  # the all-gathers have run before `bucket` is freed
+        return out
 
     def moments(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The full fp32 moments (m, v) on rank 0 (dequantized for 8 bits), None on the other ranks."""
@@ -266,16 +532,19 @@ class Zero1:
         """Bytes per buffer on this GPU, for the benchmark."""
         moments = ({"m": self.m, "v": self.v} if self.optimizer == "adamw" else
                    {"m_codes": self.m_codes, "v_codes": self.v_codes, "m_scales": self.m_scales, "v_scales": self.v_scales})
-        buffers = {"weights": self.weights, "master": self.master} | moments
-        if self.grads is not None:
-            buffers["grads"] = self.grads
+        buffers = {"weights": self.weights, "master": self.master, "grads": self.grads} | moments
         if self.comm is not None:
             buffers |= {"grad_shard": self.grad_shard, "weight_shard": self.weight_shard}
         seen, out = set(), {}
         for name, b in buffers.items():
-            if id(b) not in seen:
+            if b is not None and id(b) not in seen:
                 seen.add(id(b))
                 out[name] = b.nbytes
+        for name, homes in (("gradient homes", self.grad_homes), ("weight homes", self.weight_homes)):
+            if homes is not None:
+                out[name] = homes.nbytes()
+        if self.comm is not None and self.rounded is not None:
+            out["bf16 reduction"] = sum(b.nbytes for b in self.rounded)
         return out
 
 
@@ -285,8 +554,8 @@ def replica_copies(shards: ShardLayout, rank: int, tensors: list) -> tuple[dict,
     offsets, copies, at = {}, [], 0
     owned = shards.owned(rank)
     for t in tensors:
-        offsets[t.name] = at
-        copies += [(at + a - t.offset, shard_at, b - a) for a, b, shard_at in intersect(owned, t.offset, t.offset + t.size)]
+        offsets[t.name], start = at, shards.position(t.offset)
+        copies += [(at + a - start, shard_at, b - a) for a, b, shard_at in intersect(owned, start, start + t.size)]
         at += t.size
     return offsets, copies
 
@@ -296,7 +565,7 @@ class MasterReplica:
     which the bf16 model reads in fp32): after each update, every rank copies the parts it owns into
     a zeroed buffer and an all-reduce (sum) completes it, exactly (x + 0 = x)."""
 
-    def __init__(self, zero: Zero1, layout, names: list[str], params: np.ndarray):
+    def __init__(self, zero: Zero, layout, names: list[str], params: np.ndarray):
         self.zero, self.layout, self.names = zero, layout, names
         self.offsets, self.copies = replica_copies(zero.layout, zero.rank, [layout.tensors[n] for n in names])
         self.values = empty(sum(layout.tensors[n].size for n in names))
@@ -310,8 +579,8 @@ class MasterReplica:
                                            for n in self.names]))
 
     def collect(self) -> None:
-        """This rank's parts of the new master values into the zeroed buffer (on the compute stream);
-        the all-reduce that completes it runs in Zero1.gather_weights."""
+        """This rank's parts of the new master values into the zeroed buffer (on the compute stream), which
+        Zero.sum_over_ranks completes."""
         rt = runtime()
         self.values.fill_zero()
         for to, at, n in self.copies:

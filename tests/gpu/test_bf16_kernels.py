@@ -276,3 +276,24 @@ def test_adamw8bit_bf16_is_the_twin(ops, n, clipped):
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
     for name, array in buffers.items():
         assert np.array_equal(array.download().view(np.uint8), getattr(twin, name).view(np.uint8)), name
+
+
+@pytest.mark.parametrize("n", [1, 255, 257, 100_003])
+def test_round_to_bf16_and_widen_bf16(ops, n):
+    """The conversions around a bf16 reduce-scatter: rounding to nearest even is ml_dtypes' bit for bit (ties,
+    signed zeros, infinities; NaN stays NaN), and widening is exact, also when it adds into its output."""
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    x[:4] = [np.float32(1 + 2**-8), -0.0, np.inf, np.nan][:min(n, 4)]  # a tie rounds to even; specials stay
+    rounded = poisoned_bf16((n,))
+    ops.round_to_bf16(rounded, dev(x))
+    number = ~np.isnan(x)
+    assert np.array_equal(bits(rounded)[number], x.astype(BF16).view(np.uint16)[number])
+    assert np.isnan(rounded.download().astype(np.float32)[~number]).all()
+    widened = dev(np.full(n, np.nan, np.float32))
+    ops.widen_bf16(widened, rounded)
+    expected = rounded.download().astype(np.float32)
+    assert np.array_equal(widened.download(), expected, equal_nan=True)
+    base = (rng.standard_normal(n)).astype(np.float32)
+    total = dev(base)
+    ops.widen_bf16(total, rounded, accumulate=True)
+    assert np.array_equal(total.download(), base + expected, equal_nan=True)

@@ -95,6 +95,42 @@ def test_two_gpus_match_one_and_checkpoints_move_across_gpu_counts(corpus, tmp_p
             assert relative(losses(tmp_path / name), losses(tmp_path / source)[10:]) < tol
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("dtype, args, T, tol", [("fp32", FP32, 32, 1e-5), ("bf16", BF16, 64, 1e-2)], ids=["fp32", "bf16"])
+def test_zero_stages_match_one_gpu_and_resume_across_stages(corpus, tmp_path, stage, dtype, args, T, tol):
+    """ZeRO-2 and 3 on two GPUs against one GPU at 8 sequences a step, 20 steps: B=4 each, and B=2 each in two
+    micro-batches (the later one's reduction adds to the shard); resume from step 10 2->1, 1->2 and from this
+    stage to stage 1."""
+    one, two = [*args, *corpus, "-b", "8"], [*args, *corpus, "-b", "4", "--zero", str(stage)]
+    train(1, *one, "-o", "one")
+    result = train(2, *two, "-o", "two")
+    assert f"x 2 GPUs (ZeRO-{stage} over NCCL)" in result.stderr and f"ZeRO-{stage}" in result.stderr
+    train(2, *args, *corpus, "-b", "2", "-d", str(8 * T), "--zero", str(stage), "-o", "two_accumulated")
+    reference = losses(tmp_path / "one")
+    print(f"\n{dtype} ZeRO-{stage}: worst relative |2 GPUs - 1 GPU| train loss {relative(losses(tmp_path / 'two'), reference):.2e}"
+          f", in two micro-batches {relative(losses(tmp_path / 'two_accumulated'), reference):.2e}")
+    for run in ("two", "two_accumulated"):
+        assert len(losses(tmp_path / run)) == 20
+        assert relative(losses(tmp_path / run), reference) < tol
+    assert relative(losses(tmp_path / "two", "tel"), losses(tmp_path / "one", "tel")) < tol  # (B=2 evaluates others)
+    if dtype == "bf16" and stage == 2:  # the gradients reduce-scattered in bf16
+        result = train(2, *two, "--reduce-dtype", "bf16", "-o", "two_bf16_reduce")
+        assert "bf16 reduce-scatter" in result.stderr
+        rounded = losses(tmp_path / "two_bf16_reduce")
+        print(f"bf16 reduce-scatter: worst relative |2 GPUs - 1 GPU| train loss {relative(rounded, reference):.2e}, "
+              f"last loss {rounded[-1]:.6f} against {reference[-1]:.6f} (fp32 reduce-scatter "
+              f"{losses(tmp_path / 'two')[-1]:.6f})")
+        assert relative(rounded, reference) < tol
+    for name, gpus, source, options in (("one_from_two", 1, "two", ["-b", "8"]),
+                                        ("two_from_one", 2, "one", ["-b", "4", "--zero", str(stage)]),
+                                        ("stage_1_from_two", 2, "two", ["-b", "4", "--zero", "1"])):
+        (tmp_path / name).mkdir()
+        os.symlink(tmp_path / source / "ckpt_00000010", tmp_path / name / "ckpt_00000010")
+        train(gpus, *args, *corpus, *options, "-o", name, "--resume")
+        assert sorted(log_lines(tmp_path / name)) == list(range(10, 20))
+        assert relative(losses(tmp_path / name), losses(tmp_path / source)[10:]) < tol, name
+
+
 def start_rank(rank: int, port: int, out: Path, *args) -> subprocess.Popen:
     """One rank of a 2-GPU run with the environment torchrun would give it."""
     env = environment(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)

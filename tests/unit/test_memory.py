@@ -105,8 +105,8 @@ def test_8_bit_moments_and_full_recompute_fit_the_8b_model_on_one_h200():
     assert what_would_fit(plan, config, 4, 4096, 1, 79 * GIB) == ("--optimizer-in-backward -b 3 would fit (-d keeps "
                                                                  "the tokens per step)")
     assert what_would_fit(replace(plan, in_backward=True), config, 1, 4096, 1, 70 * GIB) == (
-        "8 GPUs with --optimizer adamw without --optimizer-in-backward would fit (ZeRO-1 shards the master weights "
-        "and moments)")
+        "4 GPUs with --optimizer adamw without --optimizer-in-backward --zero 2 would fit (ZeRO-2 shards the master "
+        "weights, moments and gradients)")
 
 
 def test_the_optimizer_in_the_backward_fits_the_8b_model_on_an_80_gb_gpu():

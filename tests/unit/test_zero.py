@@ -1,4 +1,4 @@
-"""ZeRO-1's arithmetic on the CPU: shard layout, re-sharding across world sizes, and the sharded
+"""ZeRO's arithmetic on the CPU: shard layout, re-sharding across world sizes, and the sharded
 AdamW step against the unsharded one (llama/parallel/zero.py, llama/optim.py)."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm
 from llama.params import ParameterLayout
-from llama.parallel.zero import ALIGN, ShardLayout, replica_copies
+from llama.parallel.zero import ALIGN, ShardLayout, home_slot, replica_copies
 
 LAYOUT = ParameterLayout(get_preset("tiny"))
 
@@ -16,17 +16,37 @@ LAYOUT = ParameterLayout(get_preset("tiny"))
 def test_buckets_cover_the_padded_buffer_and_pieces_are_aligned(world):
     shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
     assert shards.padded_size >= LAYOUT.size and shards.padded_size % world == 0
-    assert shards.padded_size - LAYOUT.size < max(1, world * ALIGN)
+    assert shards.padded_size - LAYOUT.size < len(shards.buckets) * max(1, world * ALIGN)
     assert shards.buckets[0][0] == 0 and shards.buckets[-1][1] == shards.padded_size
     assert all(a[1] == b[0] for a, b in zip(shards.buckets, shards.buckets[1:]))
     assert sum(shards.pieces) == shards.shard_size == shards.padded_size // world
-    if world > 1:  # pieces start aligned; the embeddings, each layer and the head keep a bucket each
+    if world > 1:  # pieces start aligned; the embeddings, each layer and the head keep a bucket each, exactly
         assert all(p % ALIGN == 0 for p in shards.pieces)
-        assert len(shards.buckets) == LAYOUT.config.n_layers + 2
-        for start in LAYOUT.layer_starts():  # each bucket starts at most one rounding unit after a layer
-            assert any(0 <= b - start < world * ALIGN for b, _ in shards.buckets)
+        assert [start for start, _ in shards.spans] == [0, *LAYOUT.layer_starts()]
+        assert shards.spans[-1][1] == LAYOUT.size
     else:
-        assert shards.buckets == [(0, LAYOUT.size)]
+        assert shards.buckets == shards.spans == [(0, LAYOUT.size)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_positions_pad_and_unpad(world):
+    """Each tensor sits whole in one bucket, at its position in the padded buffer; pad and unpad invert."""
+    shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
+    flat = np.arange(1, LAYOUT.size + 1, dtype=np.float32)
+    padded = shards.pad(flat)
+    assert padded.shape == (shards.padded_size,) and np.count_nonzero(padded) == LAYOUT.size
+    assert np.array_equal(shards.unpad(padded), flat)
+    for t in LAYOUT.tensors.values():
+        k, at = shards.bucket_of(t.offset), shards.position(t.offset)
+        assert shards.bucket_of(t.offset + t.size - 1) == k
+        assert shards.buckets[k][0] <= at and at + t.size <= shards.buckets[k][1]
+        assert np.array_equal(padded[at:at + t.size], flat[t.offset:t.offset + t.size])
+
+
+def test_home_slots_alternate_between_neighbours():
+    """ZeRO-2/3: the embedding and head buckets have their own homes, the layers two slots in turn."""
+    assert [home_slot(k, 6) for k in range(6)] == [None, 0, 1, 0, 1, None]
+    assert [home_slot(k, 3) for k in range(3)] == [None, 0, None]
 
 
 def test_the_ranks_pieces_partition_the_buffer():
@@ -57,7 +77,7 @@ def test_resharding_across_world_sizes(saved, loaded):
     full = before.unshard([before.shard(moments, r) for r in range(saved)])
     after = ShardLayout(LAYOUT.size, loaded, LAYOUT.layer_starts())
     for r in range(loaded):
-        expected = np.concatenate([np.pad(moments, (0, after.padded_size - LAYOUT.size))[a:b] for a, b, _ in after.owned(r)])
+        expected = np.concatenate([after.pad(moments)[a:b] for a, b, _ in after.owned(r)])
         assert np.array_equal(after.shard(full, r), expected)
 
 

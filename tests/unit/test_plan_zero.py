@@ -1,0 +1,43 @@
+"""The plan's ZeRO stage and gradient reduction on several GPUs (llama/plan.py, llama/memory.py): the
+refusals, the summary, and the stage chosen from the memory a run needs."""
+
+import pytest
+
+from llama.config import get_preset
+from llama.memory import choose_zero, gpu_training_buffers, what_would_fit
+from llama.plan import GemmChooser, Plan, PlanError, make_plan
+
+GIB = 2**30
+CONFIG = get_preset("llama3.1-8b")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"zero": 4, "gpus": 2}, "--zero 4: choose from 1, 2, 3"),
+    ({"zero": 2}, "--zero 2 shards over several GPUs"),
+    ({"zero": 3, "gpus": 2, "dtype": "fp8"}, "take --zero 2"),
+    ({"reduce_dtype": "bf16"}, "--reduce-dtype bf16"),
+    ({"reduce_dtype": "bf16", "gpus": 2, "dtype": "fp32"}, "in fp32 on the exact path"),
+    ({"reduce_dtype": "fp16", "gpus": 2}, "--reduce-dtype fp16"),
+])
+def test_refusals(options, message):
+    with pytest.raises(PlanError, match=message):
+        make_plan(CONFIG, **options)
+
+
+def test_the_summary_names_the_stage_and_the_reduction():
+    plan = Plan("cuda", "bf16", "GPU stand-in", GemmChooser(hopper=True), zero=3, reduce_dtype="bf16")
+    assert plan.summary().endswith("| ZeRO-3 | bf16 reduce-scatter")
+    assert "ZeRO" not in Plan("cuda", "bf16", "GPU stand-in", GemmChooser(hopper=True)).summary()
+
+
+def test_each_stage_holds_less_and_the_plan_takes_the_lowest_that_fits():
+    """8B on 2 GPUs, B=1 x T=8192, everything recomputed: stage 2 drops the full fp32 gradients (30 GB), stage 3
+    the full bf16 weights (15 GB) for two layers' and the embedding's and head's."""
+    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full")
+    need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}
+    assert need[1] - need[2] > 20 * GIB and need[2] - need[3] > 10 * GIB
+    assert [choose_zero(plan, CONFIG, 1, 8192, 2, room) for room in (need[1], need[2], need[3], need[3] - 1)] == [1, 2, 3, 3]
+    assert what_would_fit(plan, CONFIG, 1, 8192, 2, need[2]) == "--zero 2 would fit"
+    assert 79 * GIB < need[3] < 139 * GIB  # 8B at stage 3 fits two H200s, not two H100s
+    with_bf16 = gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=2, reduce_dtype="bf16")
+    assert sum(with_bf16.values()) - need[2] == with_bf16["bf16 reduction scratch"] > 0

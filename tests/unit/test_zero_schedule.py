@@ -1,0 +1,213 @@
+"""ZeRO-2 and ZeRO-3's schedule on the CPU: the collectives and the compute stream's waits that
+llama/parallel/zero.py issues for a model's forward and backward, checked for races.
+
+Zero runs against stand-ins for the GPU (host arrays, two streams with vector clocks, events) and a
+communicator of two ranks that only records what its collectives read and write. A model's step is
+driven as the GPU models drive it; every kernel that reads a bucket's weights or writes its gradients
+is recorded too. Then each pair of accesses to the same memory from the two streams must be ordered by
+the events (one happens before the other), and every read of a bucket's weights must come after the
+all-gather of that bucket into that memory, with no other gather in between."""
+
+import contextlib
+import itertools
+
+import numpy as np
+import pytest
+
+import llama.ops
+from llama.config import get_preset
+from llama.cuda import BF16
+from llama.params import ParameterLayout
+from llama.parallel import zero as zero_module
+from llama.parallel.zero import Zero
+
+CONFIG = get_preset("tiny").replace(n_layers=4)
+LAYOUT = ParameterLayout(CONFIG)
+STREAMS = ("compute", "communication")
+
+
+class Stream:
+    def __init__(self, name):
+        self.name, self.clock = name, dict.fromkeys(STREAMS, 0)
+
+    def wait_for_event(self, event):
+        self.clock = {s: max(self.clock[s], event.clock[s]) for s in STREAMS}
+
+
+class Event:
+    def __init__(self, *flags):
+        self.clock = dict.fromkeys(STREAMS, 0)
+
+    def record(self, stream):
+        self.clock = dict(stream.clock)
+
+
+class Recorder:
+    """The accesses in launch order: (stream, clock, "read" | "write", buffer id, start, end, what)."""
+
+    def __init__(self):
+        self.accesses = []
+        self.compute, self.communication = Stream("compute"), Stream("communication")
+        self.stream = self.compute
+
+    def access(self, stream, kind, array, what):
+        stream.clock[stream.name] += 1
+        self.accesses.append((stream.name, dict(stream.clock), kind, id(array.base), array.start,
+                              array.start + array.size, what))
+
+    @contextlib.contextmanager
+    def launching_on(self, stream):
+        compute, self.stream = self.stream, stream
+        yield
+        self.stream = compute
+
+
+class Array:
+    """A host stand-in for DeviceArray: views share their base buffer."""
+
+    def __init__(self, size, dtype=np.float32, base=None, start=0, recorder=None):
+        self.size, self.dtype, self.start, self.recorder = int(size), np.dtype(dtype), start, recorder
+        self.base = base if base is not None else self
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def view(self, offset, shape):
+        return Array(int(np.prod(shape)), self.dtype, self.base, self.start + offset, self.recorder)
+
+    def prefix(self, *shape):
+        return self.view(0, shape)
+
+    def fill_zero(self):
+        self.recorder.access(self.recorder.stream, "write", self, "zero")
+
+    def upload(self, host):
+        assert np.asarray(host).size == self.size
+
+
+class Communicator:
+    rank, world_size = 0, 2
+
+    def __init__(self, recorder):
+        self.recorder, self.stream = recorder, recorder.communication
+
+    def fork(self):
+        event = Event()
+        event.record(self.recorder.compute)
+        self.stream.wait_for_event(event)
+
+    def join(self):
+        event = Event()
+        event.record(self.stream)
+        self.recorder.compute.wait_for_event(event)
+
+    def all_gather(self, out, x):
+        self.recorder.access(self.stream, "write", out, "gather")
+
+    def reduce_scatter(self, out, x):
+        self.recorder.access(self.stream, "read", x, "reduce")
+        self.recorder.access(self.stream, "write", out, "reduce")
+
+    def all_reduce(self, x):
+        self.recorder.access(self.stream, "write", x, "all_reduce")
+
+    def group(self):
+        return contextlib.nullcontext()
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    recorder = Recorder()
+    runtime = type("Runtime", (), {})()
+    runtime.drv = type("Driver", (), {"Event": Event, "event_flags": type("Flags", (), {"DISABLE_TIMING": 2})})
+    runtime.launching_on = recorder.launching_on
+    type(runtime).stream = property(lambda self: recorder.stream)
+    monkeypatch.setattr(zero_module, "runtime", lambda: runtime)
+    monkeypatch.setattr(zero_module, "empty", lambda n, dtype=np.float32: Array(np.prod(n), dtype, recorder=recorder))
+    monkeypatch.setattr(zero_module, "zeros", lambda n, dtype=np.float32: Array(np.prod(n), dtype, recorder=recorder))
+    monkeypatch.setattr(zero_module, "to_device", lambda host: Array(host.size, host.dtype, recorder=recorder))
+    for name in ("residual_forward", "round_to_bf16", "widen_bf16"):  # out = f(inputs)
+        monkeypatch.setattr(llama.ops, name, lambda out, *inputs: (
+            [recorder.access(recorder.stream, "read", x, "convert") for x in inputs if isinstance(x, Array)],
+            recorder.access(recorder.stream, "write", out, "convert")))
+    return recorder
+
+
+def step(z: Zero, recorder: Recorder, micro: int) -> None:
+    """The bf16 model's step as seen by ZeRO: each kernel that reads a bucket's weights or writes its gradients."""
+    starts, last = LAYOUT.layer_starts(), len(z.layout.buckets) - 1
+
+    def read_weights(k):
+        start, end = z.layout.spans[k]
+        recorder.access(recorder.compute, "read", z.weight(start, (end - start,)), f"weights {k}")
+
+    def write_grads(k):
+        start, end = z.layout.spans[k]
+        recorder.access(recorder.compute, "write", z.grad(start, (end - start,)), f"grads {k}")
+
+    z.zero_grad()
+    for m in range(micro):
+        first, final = m == 0, m == micro - 1
+        z.begin(gather=first, first=first)
+        z.use_weights(0, prefetch=starts[0])
+        read_weights(0)
+        for i in range(CONFIG.n_layers):
+            z.use_weights(starts[i], prefetch=starts[i + 1])
+            read_weights(i + 1)
+            z.release_weights(starts[i])
+        z.use_weights(LAYOUT.output().offset)
+        read_weights(last)
+        write_grads(last)  # the classifier's dW
+        z.reduce_from(starts[-1], final)
+        for i in reversed(range(CONFIG.n_layers)):
+            z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
+            z.start_gradients(starts[i])
+            read_weights(i + 1)
+            write_grads(i + 1)
+            z.release_weights(starts[i])
+            z.reduce_from(starts[i], final)
+        write_grads(0)
+        z.end(final)
+    recorder.access(recorder.compute, "read", z.grad_shard, "optimizer")
+
+
+def before(a, b) -> bool:
+    """Access a happens before access b."""
+    return a[1][a[0]] <= b[1][a[0]]
+
+
+@pytest.mark.parametrize("stage, micro, reduce_dtype", [(s, m, np.float32) for s, m in itertools.product([1, 2, 3], [1, 3])]
+                         + [(1, 1, BF16), (2, 3, BF16), (3, 3, BF16)])
+def test_the_schedule_has_no_races(recorder, stage, micro, reduce_dtype):
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32,
+                       stage=stage, reduce_dtype=reduce_dtype)
+    recorder.accesses.clear()
+    for _ in range(2):
+        step(z, recorder, micro)
+    accesses = recorder.accesses
+    overlap = lambda a, b: a[3] == b[3] and a[4] < b[5] and b[4] < a[5]  # noqa: E731
+    for a, b in itertools.combinations(accesses, 2):
+        if a[0] != b[0] and overlap(a, b) and "write" in (a[2], b[2]):
+            assert before(a, b) or before(b, a), f"race: {a[6]} on {a[0]} and {b[6]} on {b[0]}"
+    gathers = [a for a in accesses if a[6] == "gather"]
+    for read in (a for a in accesses if a[6].startswith("weights")):
+        k = int(read[6].split()[1])
+        sources = [g for g in gathers if overlap(g, read) and before(g, read)]
+        if stage == 3 or k not in (0,):  # stage 1-2: the full buffer, gathered at the step's first micro-batch
+            assert sources, f"{read[6]} read before any gather"
+        if stage == 3:
+            assert sources[-1][4] == read[4] and sources[-1][5] >= read[5], f"{read[6]} reads another bucket's gather"
+    reductions = [a for a in accesses if a[6] == "reduce" and a[2] == "read"]
+    assert len(reductions) == len(z.layout.buckets) * (2 if stage == 1 else 2 * micro)
+    optimizer = [a for a in accesses if a[6] == "optimizer"]
+    for read in optimizer:  # the shard is complete when the optimizer reads it
+        assert all(before(r, read) for r in reductions if r[1]["compute"] <= read[1]["compute"])
+
+
+def test_stage_3_holds_two_layers_and_gathers_each_twice_a_micro_batch(recorder):
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32, stage=3)
+    recorder.accesses.clear()
+    step(z, recorder, 1)
+    slots = {id(s) for s in z.weight_homes.slots}
+    gathers = [a for a in recorder.accesses if a[6] == "gather"]
+    assert len(slots) == 2 and len([g for g in gathers if g[3] not in slots]) == 2  # the embedding and head
+    # forward: every layer once; backward: all but the two the forward left in the slots
+    assert len([g for g in gathers if g[3] in slots]) == 2 * CONFIG.n_layers - 2
