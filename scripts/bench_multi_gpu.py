@@ -2,14 +2,14 @@
 efficiency, memory per GPU, and how much of the communication the step hides.
 
     python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--zero 1 2 3] [--configs d12 llama3.2-1b] [--steps 12]
-                                       [--json out.json]
+                                       [--json out.json] [--trace DIR]
 
 The driver starts one run per GPU count (this script with --worker, through llama.launch when N > 1)
 with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
 (N x tok/s on 1). Each run reports, from rank 0:
 - ms per step: the median over timed steps of GPUModelBF16.train_step (CUDA graphs, one sync a step);
 - memory per GPU: everything our allocations hold, and the optimizer state (fp32 master + AdamW moments).
-  The 1-GPU figure is also what plain data parallelism without ZeRO-1 holds per GPU (a full replica);
+  The 1-GPU figure is also what plain data parallelism without ZeRO holds per GPU (a full replica);
 - on N > 1 GPUs, for each ZeRO stage, where the communication goes: the collectives timed alone (the
   reduce-scatter of every bucket; the all-gathers of a step: every bucket once at stages 1-2, at stage 3
   each layer's as the forward and the backward reach it), the same step with every collective skipped
@@ -17,6 +17,9 @@ with the same batch per GPU, so tokens per step grow with N; scaling efficiency 
   reduce-scatters skipped, and from them the exposed communication (step - step without collectives),
   the share hidden (1 - exposed / alone), that of the reduce-scatter alone (1 - (step - step without
   reduce-scatter) / reduce-scatter alone), and the share of the step spent waiting (exposed / step).
+With --trace, every rank also writes the timeline of one eager step (CUDA events around every launcher and
+collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_rank<rank>.json, in the
+Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together).
 """
 
 import argparse
@@ -96,6 +99,14 @@ def worker(args) -> None:
     ms, memory, model = step_ms(config, B, T, args.steps, comm, zero)
     result = {"gpus": env.world_size, "zero": zero, "B": B, "T": T, "ms": ms, "memory": memory,
               "device": runtime().name}
+    if args.trace:
+        from bench_step import kernel_breakdown  # scripts/bench_step.py: one eager step under a Timeline
+        rng = np.random.default_rng(env.rank)
+        batch = [(rng.integers(0, VOCAB, (B, T)), rng.integers(0, VOCAB, (B, T)))]
+        timeline = kernel_breakdown(model, batch, AdamWConfig())
+        path = Path(args.trace) / f"{args.config}_{env.world_size}gpus_zero{zero}_rank{env.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(timeline.chrome_trace(env.rank)))
     if comm is not None:
         z = model.zero
         result["reduce_scatter_ms"] = time_ms(z.reduce_all, warmup=1, repeats=args.steps, inner=1)
@@ -117,12 +128,12 @@ def worker(args) -> None:
         comm.close()
 
 
-def run(gpus: int, config: str, steps: int, zero: int) -> dict:
+def run(gpus: int, config: str, steps: int, zero: int, trace: str | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", str(gpus)] if gpus > 1 else [sys.executable]
         command = [*launch, __file__, "--worker", "--config", config, "--steps", str(steps), "--zero", str(zero),
-                   "--out", str(out)]
+                   "--out", str(out), *(["--trace", trace] if trace else [])]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         subprocess.run(command, check=True, env=env, cwd=ROOT)
         print(out.read_text(), flush=True)  # each run's figures as soon as they exist
@@ -137,6 +148,7 @@ def main():
     parser.add_argument("--zero", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3],
                         help="the ZeRO stages to run on several GPUs (one GPU runs stage 1)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--trace", help="a folder for every rank's timeline of one eager step (Chrome trace JSON)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -144,7 +156,7 @@ def main():
     if args.worker:
         return worker(args)
     runs = [(g, z) for g in args.gpus for z in ([1] if g == 1 else args.zero)]
-    results = {name: {f"{g}x{z}": run(g, name, args.steps, z) for g, z in runs} for name in args.configs}
+    results = {name: {f"{g}x{z}": run(g, name, args.steps, z, args.trace) for g, z in runs} for name in args.configs}
     print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO over "
           "NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
     print(f"{'config':<13}{'GPUs':>5}{'ZeRO':>5}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"

@@ -96,7 +96,7 @@ def kernel_breakdown(model, batches, opt) -> Timeline:
             for i, (tokens, targets) in enumerate(batches):
                 model._upload(tokens, targets)
                 model.shape = tokens.shape
-                model._micro_step(len(batches), i == len(batches) - 1)
+                model._micro_step(len(batches), i == 0, i == len(batches) - 1)
             model._set_scalars(1e-4, 1, opt)
             model._optimizer(opt)
         else:  # the fp32 model's step is eager

@@ -22,6 +22,7 @@ from llama.config import ConfigError, get_preset
 from llama.memory import gpu_free, host_available, size_text, training_buffers, what_would_fit
 from llama.model.reference import RECOMPUTE
 from llama.optim import OPTIMIZERS
+from llama.parallel.zero import STAGES as ZERO_STAGES
 from llama.plan import ATTENTION_HOPPER, DTYPES, Plan, PlanError, choose_recipe, choose_device
 
 GIB = 2**30
@@ -36,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-t", "--seq-len", type=positive_int, required=True, help="tokens per sequence")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the GPU models or the CPU reference")
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="the GPU model (with --device cuda)")
-    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of a ZeRO-1 run (with --device cuda)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of a ZeRO run (with --device cuda)")
+    p.add_argument("--zero", type=int, choices=ZERO_STAGES, default=1, help="the ZeRO stage on several GPUs")
     p.add_argument("--recompute", choices=RECOMPUTE, default=None, help="default: the path's (partial in bf16)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=None, help="default: adamw")
     p.add_argument("--optimizer-in-backward", action="store_true", help="gradients a group at a time")
@@ -51,7 +53,9 @@ def plan_of(args) -> Plan:
     recipe = choose_recipe(path, args.recompute, args.optimizer, args.optimizer_in_backward, args.gpus)
     if args.device == "cpu":
         return Plan("cpu", "fp32", "CPU", **recipe)
-    return Plan("cuda", args.dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe)
+    if args.zero > 1 and args.gpus == 1:
+        raise PlanError(f"--zero {args.zero} shards over several GPUs: give --gpus")
+    return Plan("cuda", args.dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe, zero=args.zero)
 
 
 def budgets(args, plan: Plan) -> dict[str, int | None]:
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
         return 2
     buffers = training_buffers(plan, config, B, T, args.gpus)
     where = "the numpy reference" if plan.device == "cpu" else \
-        f"{plan.dtype} on {args.gpus} GPU{'s' if args.gpus > 1 else ''}, per GPU"
+        f"{plan.dtype} on {args.gpus} GPU{'s' if args.gpus > 1 else ''}, per GPU" + (f", ZeRO-{plan.zero}" if args.gpus > 1 else "")
     print(f"{args.model}, B={B} T={T}: {where} | recompute {plan.recompute} | {plan.optimizer}"
           + (" in the backward" if plan.in_backward else ""))
     width = max(map(len, buffers))
