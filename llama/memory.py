@@ -153,7 +153,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
                          recompute: str = "partial", attention=None, optimizer: str = "adamw",
                          in_backward: bool = False, zero: int = 1, reduce_dtype: str = "fp32") -> dict[str, int]:
     """What a GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes). bf16: the
-    buffers llama/model/gpu_bf16.py allocates (ZeRO-1 shards over gpus; attention is the plan's flash
+    buffers llama/model/gpu_bf16.py allocates (ZeRO shards over gpus; attention is the plan's flash
     attention build, by default Hopper's; the moments in fp32 or 8 bits; with the optimizer in the
     backward the embedding's gradients and one buffer for the other groups in turn; zero: the ZeRO stage on
     several GPUs, zero_buffers, and a bucket and a piece in bf16 to reduce in bf16); fp32: its weights, gradients, master shard, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on

@@ -156,9 +156,9 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
     recomputes, optimizers, in_backwards = RECIPES[path]
     where = "the numpy reference" if path == "cpu" else f"the {path} GPU model"
     if optimizer == "adamw8bit" and gpus > 1:
-        raise PlanError("--optimizer adamw8bit runs on one GPU: on several, ZeRO-1 divides the fp32 moments among them")
+        raise PlanError("--optimizer adamw8bit runs on one GPU: on several, ZeRO divides the fp32 moments among them")
     if in_backward and gpus > 1:
-        raise PlanError("--optimizer-in-backward runs on one GPU: on several, ZeRO-1 reduce-scatters the gradients "
+        raise PlanError("--optimizer-in-backward runs on one GPU: on several, ZeRO reduce-scatters the gradients "
                         "as the backward goes")
     if in_backward and True not in in_backwards:
         raise PlanError(f"--optimizer-in-backward: {where} updates after the backward; the CPU reference runs every "

@@ -182,7 +182,7 @@ class GPUModelFP32(GPUModelBase):
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm
-        (reading it synchronizes; return_norm=False skips that). On several GPUs this is ZeRO-1
+        (reading it synchronizes; return_norm=False skips that). On several GPUs this is ZeRO
         (llama/parallel/zero.py): reduce-scatter the gradients, the global norm, AdamW on this rank's shard of
         the fp32 params, all-gather them (at ZeRO-3 the forward gathers them as it goes)."""
         s, z = self.buffers, self.zero

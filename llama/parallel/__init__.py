@@ -1,1 +1,1 @@
-"""Several GPUs: the launchers' environment and rendezvous, NCCL, ZeRO-1, and the launcher itself."""
+"""Several GPUs: the launchers' environment and rendezvous, NCCL, ZeRO (stages 1-3), and the launcher itself."""

@@ -1,4 +1,4 @@
-"""Data parallelism on 2 GPUs (device kind nvidia-h200-x2): NCCL collectives, ZeRO-1 training against
+"""Data parallelism on 2 GPUs (device kind nvidia-h200-x2): NCCL collectives, ZeRO training (stages 1-3) against
 one GPU at the same global batch, checkpoints across GPU counts, determinism, and faults.
 
 The trainer runs as it does for users: `python -m llama.launch --nproc-per-node 2 train_llama.py ...`
