@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from .. import ops
 from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
 from ..optim import OPTIMIZERS, QUANT_BLOCK, ZERO_CODES, AdamW8bitState
 
@@ -219,8 +220,7 @@ class Zero:
             blocks = -(-layout.shard_size // QUANT_BLOCK)
             self.m_codes, self.v_codes = empty(layout.shard_size, np.uint8), empty(layout.shard_size, np.uint8)
             self.m_scales, self.v_scales = empty(blocks), empty(blocks)
-            from ..ops import quantization_maps
-            self.maps = to_device(quantization_maps())
+            self.maps = to_device(ops.quantization_maps())
         else:
             self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
         self.set_moments(None, None)
@@ -297,7 +297,7 @@ class Zero:
     # stream before its end, and the compute stream waits only for collectives issued since its start)
 
     def _start_region(self) -> None:
-        self._issued, self._waited = set(), set()  # ("gather" | "reduce", bucket)
+        self._issued, self._waited = set(), set()  # ("gather" | "reduce", bucket), ("release", slot, bucket)
         self._weight_slots, self._grad_slots = [None, None], [None, None]  # the bucket each slot holds
         self._first = True
 
@@ -413,7 +413,6 @@ class Zero:
             piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
             grads = self.grads.view(start, (end - start,)) if self.grads is not None else self.grad_homes.home(k)
             shard, accumulate = self.grad_shard.view(at, (piece,)), not (self.stage == 1 or self._first)
-            from .. import ops
             if self.rounded is not None:  # in bf16: round, reduce, widen (or add) into the shard
                 rounded, reduced = self.rounded[0].prefix(end - start), self.rounded[1].prefix(piece)
                 with runtime().launching_on(self.comm.stream):
