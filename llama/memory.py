@@ -163,7 +163,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     stage = f" (ZeRO-{zero})" if gpus > 1 else ""
     if dtype == "fp32":
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
-                "fp32 master shard": FLOAT32 * shard * (gpus > 1), "adamw moments": 2 * FLOAT32 * shard,
+                **({"fp32 master shard": FLOAT32 * shard} if gpus > 1 else {}), "adamw moments": 2 * FLOAT32 * shard,
                 "logits": B * T * config.vocab_size * FLOAT32}
     from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
     from .ops import bf16 as ops
