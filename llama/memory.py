@@ -139,14 +139,14 @@ def zero_buffers(config: LlamaConfig, gpus: int, zero: int) -> tuple[int, int, i
     """Values per GPU under ZeRO (llama/parallel/zero.py): the weights the forward reads, the gradients, a shard,
     the scratch of a later micro-batch's reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
     gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots)."""
-    from .parallel.zero import ShardLayout
+    from .parallel.zero import ShardLayout, home_lengths
     layout = ParameterLayout(config)
     shards = ShardLayout(layout.size, gpus, layout.layer_starts())
-    lengths = [end - start for start, end in shards.buckets]
-    homes = lengths[0] + lengths[-1] + min(2, len(lengths) - 2) * max(lengths[1:-1]) if len(lengths) > 2 else shards.padded_size
     full = shards.padded_size
+    own, slots = home_lengths(shards) if zero > 1 else ({}, [])
+    homes = sum(own.values()) + sum(slots)
     return (full if zero < 3 else homes, full if zero == 1 else homes, shards.shard_size,
-            max(shards.pieces) if zero > 1 else 0, max(lengths))
+            max(shards.pieces) if zero > 1 else 0, max(end - start for start, end in shards.buckets))
 
 
 def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,

@@ -120,15 +120,22 @@ def home_slot(bucket: int, buckets: int) -> int | None:
     return None if bucket in (0, buckets - 1) else (bucket - 1) % 2
 
 
+def home_lengths(layout: ShardLayout) -> tuple[dict[int, int], list[int]]:
+    """The values of the bucket homes (home_slot) of a layout of several ranks: {bucket: length} of the first and
+    last bucket's own buffers, and the slots' lengths (two, or one with a single layer; the longest layer bucket)."""
+    n = len(layout.buckets)
+    lengths = [end - start for start, end in layout.buckets]
+    return {k: lengths[k] for k in sorted({0, n - 1})}, [max(lengths[1:-1])] * min(2, n - 2) if n > 2 else []
+
+
 class BucketHomes:
-    """The buffers of one sharded quantity's buckets while a step uses them (home_slot): the first and last
-    bucket's, and two slots as long as the longest layer bucket."""
+    """The buffers of one sharded quantity's buckets while a step uses them (home_slot, home_lengths)."""
 
     def __init__(self, layout: ShardLayout, dtype):
-        self.layout, n = layout, len(layout.buckets)
-        lengths = [end - start for start, end in layout.buckets]
-        self.own = {k: empty(lengths[k], dtype) for k in sorted({0, n - 1})}
-        self.slots = [empty(max(lengths[1:-1]), dtype) for _ in range(min(2, n - 2))]
+        self.layout = layout
+        own, slots = home_lengths(layout)
+        self.own = {k: empty(n, dtype) for k, n in own.items()}
+        self.slots = [empty(n, dtype) for n in slots]
 
     def home(self, bucket: int) -> DeviceArray:
         """The bucket's whole (padded) buffer."""
@@ -140,9 +147,6 @@ class BucketHomes:
         """The tensor at flat offset, shaped, in its bucket's home."""
         k = self.layout.bucket_of(offset)
         return self.home(k).view(offset - self.layout.spans[k][0], shape)
-
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in [*self.own.values(), *self.slots])
 
 
 def intersect(ranges, start: int, end: int):
@@ -450,9 +454,7 @@ class Zero:
     def reduce_all(self) -> None:
         """Reduce-scatter every bucket into the shard now and wait for it (the collectives alone: the benchmark)."""
         self._start_region()
-        self.reduce_from(0, last=True)
-        self.comm.join()
-        self._start_region()
+        self.end(last=True)
 
     # ---- 2. the global grad norm
 
@@ -466,19 +468,16 @@ class Zero:
 
     # ---- 4. all-gather
 
-    def gather_weights(self, extra=()) -> None:
-        """Every rank's new weight_shard into the full weight buffer (stages 1-2) at once, in one NCCL group;
-        extra: arrays all-reduced (summed) in the same group. Stage 3 gathers as the forward goes."""
-        if self.comm is None:
+    def gather_weights(self) -> None:
+        """Every rank's new weight_shard into the full weight buffer (stages 1-2) at once, in one NCCL group (the
+        fp32 path's eager step; stage 3 gathers as the forward goes)."""
+        if self.comm is None or self.weights is None:
             return
         self.comm.fork()
         with self.comm.group():
-            if self.weights is not None:
-                for k, (start, end) in enumerate(self.layout.buckets):
-                    piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
-                    self.comm.all_gather(self.weights.view(start, (end - start,)), self.weight_shard.view(at, (piece,)))
-            for array in extra:
-                self.comm.all_reduce(array)
+            for k, (start, end) in enumerate(self.layout.buckets):
+                piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
+                self.comm.all_gather(self.weights.view(start, (end - start,)), self.weight_shard.view(at, (piece,)))
         self.comm.join()
         self.stale = False
 
@@ -526,25 +525,6 @@ class Zero:
                 host[:] = buffer.download()
             return state.moments()
         return self.gather(self.m), self.gather(self.v)
-
-    def memory(self) -> dict:
-        """Bytes per buffer on this GPU, for the benchmark."""
-        moments = ({"m": self.m, "v": self.v} if self.optimizer == "adamw" else
-                   {"m_codes": self.m_codes, "v_codes": self.v_codes, "m_scales": self.m_scales, "v_scales": self.v_scales})
-        buffers = {"weights": self.weights, "master": self.master, "grads": self.grads} | moments
-        if self.comm is not None:
-            buffers |= {"grad_shard": self.grad_shard, "weight_shard": self.weight_shard}
-        seen, out = set(), {}
-        for name, b in buffers.items():
-            if b is not None and id(b) not in seen:
-                seen.add(id(b))
-                out[name] = b.nbytes
-        for name, homes in (("gradient homes", self.grad_homes), ("weight homes", self.weight_homes)):
-            if homes is not None:
-                out[name] = homes.nbytes()
-        if self.comm is not None and self.rounded is not None:
-            out["bf16 reduction"] = sum(b.nbytes for b in self.rounded)
-        return out
 
 
 def replica_copies(shards: ShardLayout, rank: int, tensors: list) -> tuple[dict, list]:

@@ -104,7 +104,7 @@ def test_zero_stages_match_one_gpu_and_resume_across_stages(corpus, tmp_path, st
     one, two = [*args, *corpus, "-b", "8"], [*args, *corpus, "-b", "4", "--zero", str(stage)]
     train(1, *one, "-o", "one")
     result = train(2, *two, "-o", "two")
-    assert f"x 2 GPUs (ZeRO-{stage} over NCCL)" in result.stderr and f"ZeRO-{stage}" in result.stderr
+    assert f"x 2 GPUs (ZeRO-{stage} over NCCL)" in result.stderr and f"| ZeRO-{stage}" in result.stderr  # the plan
     train(2, *args, *corpus, "-b", "2", "-d", str(8 * T), "--zero", str(stage), "-o", "two_accumulated")
     reference = losses(tmp_path / "one")
     print(f"\n{dtype} ZeRO-{stage}: worst relative |2 GPUs - 1 GPU| train loss {relative(losses(tmp_path / 'two'), reference):.2e}"

@@ -7,7 +7,7 @@ import pytest
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm
 from llama.params import ParameterLayout
-from llama.parallel.zero import ALIGN, ShardLayout, home_slot, replica_copies
+from llama.parallel.zero import ALIGN, ShardLayout, home_lengths, home_slot, replica_copies
 
 LAYOUT = ParameterLayout(get_preset("tiny"))
 
@@ -47,6 +47,11 @@ def test_home_slots_alternate_between_neighbours():
     """ZeRO-2/3: the embedding and head buckets have their own homes, the layers two slots in turn."""
     assert [home_slot(k, 6) for k in range(6)] == [None, 0, 1, 0, 1, None]
     assert [home_slot(k, 3) for k in range(3)] == [None, 0, None]
+    shards = ShardLayout(LAYOUT.size, 2, LAYOUT.layer_starts())
+    lengths = [end - start for start, end in shards.buckets]
+    own, slots = home_lengths(shards)
+    assert own == {0: lengths[0], len(lengths) - 1: lengths[-1]} and slots == [max(lengths[1:-1])] * 2
+    assert home_lengths(ShardLayout(LAYOUT.size, 2, LAYOUT.layer_starts()[-1:]))[1] == []  # no layer bucket
 
 
 def test_the_ranks_pieces_partition_the_buffer():
