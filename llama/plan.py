@@ -28,6 +28,7 @@ RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)),
            "bf16": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
            "fp8": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
            "fp32": (("none",), ("adamw",), (False,))}
+DYNAMIC_TWINS = {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}  # GEMM versions and their twins that claim tiles
 FP8_ROW = 16  # FP8 rows hold a multiple of this many values: TMA reads rows of whole 16-byte units
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
@@ -49,25 +50,32 @@ class GemmChooser:
     for long K over many tiles and for wide outputs (the vocabulary-wide head, the 1B's gate+up): each
     where it measured faster (scripts/bench_matmul.py, H100). From sm_80: 'mma' (v1). FP8 (Hopper only):
     version 6 on every shape, faster than version 5 on 27 of the 31 model shapes (geometric mean of the
-    ratios to torch._scaled_mm 0.93, against 0.89 for the bf16 rule's picks; dev/cuda/README.md)."""
+    ratios to torch._scaled_mm 0.93, against 0.89 for the bf16 rule's picks; dev/cuda/README.md).
+    dynamic (bf16 on Hopper): versions 8 and 7 instead of 5 and 6, their twins whose CTAs claim tiles from a
+    counter, so that CTAs which start late (multiprocessors held by NCCL's kernels) leave their tiles to the
+    others; the same results bit for bit."""
     hopper: bool
     fp8: bool = False
+    dynamic: bool = False
 
     def __call__(self, M: int, N: int, K: int) -> str:
         if self.fp8:
             return "wgmma6"
         if not self.hopper:
             return "mma"
-        return "wgmma5" if (K <= 4096 and N < 16384) or M * N <= 8 * 2**20 else "wgmma6"
+        version = "wgmma5" if (K <= 4096 and N < 16384) or M * N <= 8 * 2**20 else "wgmma6"
+        return DYNAMIC_TWINS[version] if self.dynamic else version
 
     @property
     def name(self) -> str:
-        return "wgmma6" if self.fp8 else "wgmma5/wgmma6" if self.hopper else "mma"
+        if self.fp8 or not self.hopper:
+            return "wgmma6" if self.fp8 else "mma"
+        return "wgmma8/wgmma7" if self.dynamic else "wgmma5/wgmma6"
 
 
-def gemm_chooser(fp8: bool = False) -> GemmChooser:
-    """The GEMM chooser of this GPU, for bf16 or FP8 operands."""
-    return GemmChooser(hopper=runtime().device.compute_capability() == (9, 0), fp8=fp8)
+def gemm_chooser(fp8: bool = False, dynamic: bool = False) -> GemmChooser:
+    """The GEMM chooser of this GPU, for bf16 or FP8 operands, with the versions that claim tiles (dynamic)."""
+    return GemmChooser(hopper=runtime().device.compute_capability() == (9, 0), fp8=fp8, dynamic=dynamic)
 
 
 @dataclass(frozen=True)
@@ -218,7 +226,9 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
                             f"this model's is {config.dim}")
     rt = runtime()
     peaks = FP32_PEAK_FLOPS if dtype == "fp32" else BF16_PEAK_FLOPS  # fp8: MFU against the bf16 peak
-    plan = Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(),
+    # several GPUs: the GEMMs claim their tiles, so that NCCL's kernels beside them delay none (bench_multi_gpu.py:
+    # 1B at ZeRO-2 on 2 H100s, 284.0 ms a step with versions 5/6, 278.2 with 8/7)
+    plan = Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(dynamic=gpus > 1),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,

@@ -1,8 +1,8 @@
 """The bf16 training step on 1 and N GPUs (data parallel, ZeRO stages 1-3 over NCCL): tok/s, scaling
 efficiency, memory per GPU, and how much of the communication the step hides.
 
-    python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--zero 1 2 3] [--configs d12 llama3.2-1b] [--steps 12]
-                                       [--json out.json] [--trace DIR]
+    python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--zero 1 2 3] [--gemm static dynamic]
+                                       [--configs d12 llama3.2-1b] [--steps 12] [--json out.json] [--trace DIR]
 
 The driver starts one run per GPU count (this script with --worker, through llama.launch when N > 1)
 with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
@@ -17,6 +17,8 @@ with the same batch per GPU, so tokens per step grow with N; scaling efficiency 
   reduce-scatters skipped, and from them the exposed communication (step - step without collectives),
   the share hidden (1 - exposed / alone), that of the reduce-scatter alone (1 - (step - step without
   reduce-scatter) / reduce-scatter alone), and the share of the step spent waiting (exposed / step).
+--gemm dynamic runs the same step with the GEMM versions that claim their tiles from a counter (8 and 7 for 5
+and 6, the plan's GemmChooser(dynamic=True)): a row per GEMM choice and stage.
 With --trace, every rank also writes the timeline of one eager step (CUDA events around every launcher and
 collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_rank<rank>.json, in the
 Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together).
@@ -29,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +46,15 @@ CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T) per GP
 VOCAB = 128256
 
 
-def step_ms(config, B: int, T: int, steps: int, comm, zero: int) -> tuple[float, dict, object]:
-    """Median ms of a captured training step at ZeRO stage `zero`, the memory it holds, and the model."""
+def step_ms(config, B: int, T: int, steps: int, comm, zero: int, gemm: str) -> tuple[float, dict, object]:
+    """Median ms of a captured training step at ZeRO stage `zero` with the GEMM choice `gemm` ('static' or
+    'dynamic'), the memory it holds, and the model."""
     from llama.cuda import allocated_bytes, time_ms
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.plan import make_plan
     before = allocated_bytes()
     plan = make_plan(config, "cuda", "bf16", gpus=comm.world_size if comm else 1, zero=zero)
+    plan = replace(plan, gemm=replace(plan.gemm, dynamic=gemm == "dynamic"))
     model = GPUModelBF16(config, B, T, comm=comm, plan=plan)
     rng = np.random.default_rng(comm.rank if comm else 0)
     batches = [[(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
@@ -95,16 +100,16 @@ def worker(args) -> None:
         comm = Communicator(env, timeout=900)
     B, T = CONFIGS[args.config]
     config = get_preset(args.config).replace(vocab_size=VOCAB)
-    zero = args.zero[0]  # a worker runs one stage
-    ms, memory, model = step_ms(config, B, T, args.steps, comm, zero)
-    result = {"gpus": env.world_size, "zero": zero, "B": B, "T": T, "ms": ms, "memory": memory,
+    zero, gemm = args.zero[0], args.gemm[0]  # a worker runs one stage and GEMM choice
+    ms, memory, model = step_ms(config, B, T, args.steps, comm, zero, gemm)
+    result = {"gpus": env.world_size, "zero": zero, "gemm": gemm, "B": B, "T": T, "ms": ms, "memory": memory,
               "device": runtime().name}
     if args.trace:
         from bench_step import kernel_breakdown  # scripts/bench_step.py: one eager step under a Timeline
         rng = np.random.default_rng(env.rank)
         batch = [(rng.integers(0, VOCAB, (B, T)), rng.integers(0, VOCAB, (B, T)))]
         timeline = kernel_breakdown(model, batch, AdamWConfig())
-        path = Path(args.trace) / f"{args.config}_{env.world_size}gpus_zero{zero}_rank{env.rank}.json"
+        path = Path(args.trace) / f"{args.config}_{env.world_size}gpus_zero{zero}_{gemm}_rank{env.rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(timeline.chrome_trace(env.rank)))
     if comm is not None:
@@ -115,12 +120,12 @@ def worker(args) -> None:
         gc.collect()
         skip = lambda *a, **k: None  # noqa: E731
         reduce_scatter, comm.reduce_scatter = comm.reduce_scatter, skip  # the step without its reductions
-        result["no_reduce_ms"], _, model = step_ms(config, B, T, args.steps, comm, zero)
+        result["no_reduce_ms"], _, model = step_ms(config, B, T, args.steps, comm, zero, gemm)
         del model
         gc.collect()
         for name in ("all_gather", "all_reduce"):  # the same work with no communication
             setattr(comm, name, skip)
-        result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm, zero)
+        result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm, zero, gemm)
         comm.reduce_scatter = reduce_scatter
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
@@ -128,12 +133,12 @@ def worker(args) -> None:
         comm.close()
 
 
-def run(gpus: int, config: str, steps: int, zero: int, trace: str | None) -> dict:
+def run(gpus: int, config: str, steps: int, zero: int, gemm: str, trace: str | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launch = [sys.executable, "-m", "llama.launch", "--nproc-per-node", str(gpus)] if gpus > 1 else [sys.executable]
         command = [*launch, __file__, "--worker", "--config", config, "--steps", str(steps), "--zero", str(zero),
-                   "--out", str(out), *(["--trace", trace] if trace else [])]
+                   "--gemm", gemm, "--out", str(out), *(["--trace", trace] if trace else [])]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         subprocess.run(command, check=True, env=env, cwd=ROOT)
         print(out.read_text(), flush=True)  # each run's figures as soon as they exist
@@ -147,6 +152,8 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--zero", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3],
                         help="the ZeRO stages to run on several GPUs (one GPU runs stage 1)")
+    parser.add_argument("--gemm", nargs="+", default=["static"], choices=["static", "dynamic"],
+                        help="the GEMM choices to run: the plan's versions, or their twins that claim tiles")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--trace", help="a folder for every rank's timeline of one eager step (Chrome trace JSON)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -155,20 +162,21 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    runs = [(g, z) for g in args.gpus for z in ([1] if g == 1 else args.zero)]
-    results = {name: {f"{g}x{z}": run(g, name, args.steps, z, args.trace) for g, z in runs} for name in args.configs}
+    runs = [(g, z, m) for m in args.gemm for g in args.gpus for z in ([1] if g == 1 else args.zero)]
+    results = {name: {f"{g}x{z}_{m}": run(g, name, args.steps, z, m, args.trace) for g, z, m in runs}
+               for name in args.configs}
     print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO over "
           "NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
-    print(f"{'config':<13}{'GPUs':>5}{'ZeRO':>5}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"
+    print(f"{'config':<13}{'GPUs':>5}{'ZeRO':>5}{'GEMM':>8}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"
           f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'RS hidden':>10}{'comm share':>11}")
     for name, by_run in results.items():
-        base = by_run.get("1x1")
         for r in by_run.values():
+            base = by_run.get(f"1x1_{r['gemm']}")
             g = r["gpus"]
             tok_s = g * r["B"] * r["T"] / r["ms"] * 1e3
             r["tok_s"] = tok_s
             eff = f"{tok_s / (g * base['tok_s']):.3f}" if base and "tok_s" in base else "-"
-            line = (f"{name:<13}{g:>5}{r['zero']:>5}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}"
+            line = (f"{name:<13}{g:>5}{r['zero']:>5}{r['gemm']:>8}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}"
                     f"{r['memory']['total'] / 1e9:>8.1f}{r['memory']['optimizer'] / 1e9:>9.2f}")
             if g > 1:
                 exposed = r["ms"] - r["no_comm_ms"]

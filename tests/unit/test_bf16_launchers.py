@@ -173,6 +173,9 @@ def test_the_hopper_gemm_chooser(M, N, K, version):
     from llama.plan import GemmChooser
     assert GemmChooser(hopper=True)(M, N, K) == version
     assert GemmChooser(hopper=False)(M, N, K) == "mma"
+    assert GemmChooser(hopper=True, dynamic=True)(M, N, K) == {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}[version]
+    assert GemmChooser(hopper=False, dynamic=True)(M, N, K) == "mma"
+    assert GemmChooser(hopper=True, fp8=True, dynamic=True)(M, N, K) == "wgmma6"  # FP8 has no dynamic twin
 
 
 def wgmma_launch(monkeypatch, version, M, N, K):

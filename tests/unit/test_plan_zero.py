@@ -1,6 +1,8 @@
 """The plan's ZeRO stage and gradient reduction on several GPUs (llama/plan.py, llama/memory.py): the
 refusals, the summary, and the stage chosen from the memory a run needs."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from llama.config import get_preset
@@ -41,3 +43,18 @@ def test_each_stage_holds_less_and_the_plan_takes_the_lowest_that_fits():
     assert 79 * GIB < need[3] < 139 * GIB  # 8B at stage 3 fits two H200s, not two H100s
     with_bf16 = gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=2, reduce_dtype="bf16")
     assert sum(with_bf16.values()) - need[2] == with_bf16["bf16 reduction scratch"] > 0
+
+
+def test_several_gpus_take_the_gemms_that_claim_their_tiles(monkeypatch):
+    """On an H100 stand-in: one GPU runs GEMM versions 5/6, several their twins 8/7 (NCCL's kernels beside them);
+    the FP8 GEMMs stay version 6."""
+    import llama.plan
+    hopper = SimpleNamespace(device=SimpleNamespace(compute_capability=lambda: (9, 0)), name="NVIDIA H100",
+                             code="sm_90a")
+    monkeypatch.setattr(llama.plan, "runtime", lambda: hopper)
+    monkeypatch.setattr(llama.plan, "cuda_unavailable", lambda: None)
+    config = get_preset("d12")
+    assert make_plan(config, gpus=1).gemm.name == "wgmma5/wgmma6"
+    two = make_plan(config, gpus=2)
+    assert two.gemm.name == "wgmma8/wgmma7" and "gemm wgmma8/wgmma7" in two.summary()
+    assert make_plan(config, dtype="fp8", gpus=2).fp8_gemm.name == "wgmma6"
