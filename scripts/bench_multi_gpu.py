@@ -81,11 +81,11 @@ def step_gathers(z, layout) -> None:
     starts = layout.layer_starts()
     z.begin(gather=True)
     for i in range(len(starts) - 1):
-        z.use_weights(starts[i], prefetch=starts[i + 1])
-        z.release_weights(starts[i])
+        with z.layer(starts[i], prefetch=starts[i + 1]):
+            pass
     for i in reversed(range(len(starts) - 1)):
-        z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
-        z.release_weights(starts[i])
+        with z.layer(starts[i], prefetch=starts[i - 1] if i else None):
+            pass
     z.end(None)
 
 

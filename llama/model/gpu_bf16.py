@@ -295,7 +295,7 @@ class GPUModelBF16(GPUModelBase):
 
     def _forward(self, loss_scale: float | None, with_targets: bool, loss_weight: float) -> None:
         """The forward's launches for the uploaded batch of shape self.shape (captured by train_step), each
-        layer's after its weights are there (ZeRO: Zero.use_weights)."""
+        layer's after its weights are there (ZeRO: Zero.layer, Zero.use_weights)."""
         c, z, starts = self.config, self.zero, self.layout.layer_starts()  # each layer's first offset, the final norm's
         b, t = self.shape
         N, H, KV, D = b * t, c.n_heads, c.n_kv_heads, c.head_dim
@@ -308,15 +308,14 @@ class GPUModelBF16(GPUModelBase):
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
-            z.use_weights(starts[i], prefetch=starts[i + 1])
-            if i == 0:
-                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master("layers.0.attention_norm.weight"),
-                                         c.norm_eps)
-            else:  # x = h + ffn branch of the layer before, then its norm
-                ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
-                                             self.master(f"layers.{i}.attention_norm.weight"), c.norm_eps)
-            self._layer_forward(i, a, s, N, rope)
-            z.release_weights(starts[i])
+            with z.layer(starts[i], prefetch=starts[i + 1]):
+                if i == 0:
+                    ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"],
+                                             self.master("layers.0.attention_norm.weight"), c.norm_eps)
+                else:  # x = h + ffn branch of the layer before, then its norm
+                    ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
+                                                      self.master(f"layers.{i}.attention_norm.weight"), c.norm_eps)
+                self._layer_forward(i, a, s, N, rope)
         ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
@@ -358,7 +357,7 @@ class GPUModelBF16(GPUModelBase):
         """Add the gradients of the last forward (run with loss_scale) into the gradients; with sync (the
         last micro-batch of a step, several GPUs) each bucket of final gradients is reduce-scattered
         while the backward goes on."""
-        c, L, z, starts = self.config, self.layout, self.zero, self.layout.layer_starts()
+        c, z, starts = self.config, self.zero, self.layout.layer_starts()
         b, t = self.shape
         N, H, KV = b * t, c.n_heads, c.n_kv_heads
         layers, s = self._views(b, t)
@@ -368,42 +367,44 @@ class GPUModelBF16(GPUModelBase):
                                   self.master("norm.weight"), s["rstdf"])
         self._gradients_final_from("norm.weight", sync)
         rope = (self.rope_cos, self.rope_sin, t, (H + KV) * c.head_dim)
-        partial = self.recompute == "partial"
         for i in reversed(range(c.n_layers)):
-            pre, a = f"layers.{i}.", layers[i]
-            z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
-            z.start_gradients(starts[i])
-            if self.recompute == "full":  # the layer's forward again, from its input
-                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
-                                         c.norm_eps)
-                self._layer_forward(i, a, s, N, rope)
-            if partial:
-                ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
-            self.linear_backward(dffn, grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
-                                 self.weight(pre + "feed_forward.w2.weight"))
-            ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
-            if partial:
-                ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
-            self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self.weight(L.w13(i)))
-            ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
-                                      self.master(pre + "ffn_norm.weight"), a["rstd2"])
-            self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
-                                 a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
-            ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
-                                         self.rope_cos, self.rope_sin, source=self.plan.attention)
-            if partial:
-                ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
-                                         c.norm_eps)
-            self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"],
-                                 self.weight(L.wqkv(i)))
-            ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
-                                      self.master(pre + "attention_norm.weight"), a["rstd1"])
-            z.release_weights(starts[i])
-            self._gradients_final_from(pre + "attention_norm.weight", sync)
+            with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
+                self._layer_backward(i, layers[i], s, N, rope)
+            self._gradients_final_from(f"layers.{i}.attention_norm.weight", sync)
         ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
                                     self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
         self._gradients_final_from("tok_embeddings.weight", sync)
+
+    def _layer_backward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
+        """Layer i's backward from the gradient of its output in s["dresidual"] (replaced by that of its
+        input), adding into its weights' gradients; first what the recipe recomputes of its forward."""
+        c, L, pre, grad, dx = self.config, self.layout, f"layers.{i}.", self.grad, s["dresidual"]
+        H, KV, partial = c.n_heads, c.n_kv_heads, self.recompute == "partial"
+        if self.recompute == "full":  # the layer's forward again, from its input
+            ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
+                                     c.norm_eps)
+            self._layer_forward(i, a, s, N, rope)
+        if partial:
+            ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
+        dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
+        self.linear_backward(dffn, grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
+                             self.weight(pre + "feed_forward.w2.weight"))
+        ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
+        if partial:
+            ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
+        self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self.weight(L.w13(i)))
+        ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
+                                  self.master(pre + "ffn_norm.weight"), a["rstd2"])
+        self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
+                             a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
+        ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
+                                     self.rope_cos, self.rope_sin, source=self.plan.attention)
+        if partial:
+            ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
+                                     c.norm_eps)
+        self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], self.weight(L.wqkv(i)))
+        ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
+                                  self.master(pre + "attention_norm.weight"), a["rstd1"])
 
     def _gradients_final_from(self, name: str, sync: bool) -> None:
         """The gradients from this tensor to the end of the flat buffer are final: reduce-scatter them

@@ -6,7 +6,7 @@ activations are allocated once for the largest batch (B, T), and a smaller (b, t
 each buffer. Within a step nothing is allocated, copied to the host or synchronized, except when the
 loss or the grad norm is read. With a communicator (several GPUs) the optimizer is ZeRO at stage 1, 2 or 3
 (llama/parallel/zero.py) over the fp32 params: the forward and backward find each tensor's weights and
-gradients through it, and tell it where they are (Zero.use_weights, start_gradients, reduce_from).
+gradients through it, and tell it where they are (Zero.layer around each layer, use_weights, reduce_from).
 """
 
 from __future__ import annotations
@@ -97,20 +97,19 @@ class GPUModelFP32(GPUModelBase):
         ops.embedding_forward(layers[0]["x"], tokens_d, self.param("tok_embeddings.weight"))
         for i, a in enumerate(layers):
             pre = f"layers.{i}."
-            z.use_weights(starts[i], prefetch=starts[i + 1])
-            x_next = layers[i + 1]["x"] if i + 1 < c.n_layers else s["residual"]
-            ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
-            ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self.param(L.wqkv(i)))
-            ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
-            ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
-            ops.matmul_forward(a["h"], a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
-            ops.residual_forward(a["h"], a["x"], a["h"])
-            ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
-            ops.matmul_forward(a["gate_up"], a["ln2"], self.param(L.w13(i)))
-            ops.swiglu_forward(a["ffn"], a["gate_up"])
-            ops.matmul_forward(x_next, a["ffn"], self.param(pre + "feed_forward.w2.weight"))
-            ops.residual_forward(x_next, a["h"], x_next)
-            z.release_weights(starts[i])
+            with z.layer(starts[i], prefetch=starts[i + 1]):
+                x_next = layers[i + 1]["x"] if i + 1 < c.n_layers else s["residual"]
+                ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
+                ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self.param(L.wqkv(i)))
+                ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
+                ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
+                ops.matmul_forward(a["h"], a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
+                ops.residual_forward(a["h"], a["x"], a["h"])
+                ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
+                ops.matmul_forward(a["gate_up"], a["ln2"], self.param(L.w13(i)))
+                ops.swiglu_forward(a["ffn"], a["gate_up"])
+                ops.matmul_forward(x_next, a["ffn"], self.param(pre + "feed_forward.w2.weight"))
+                ops.residual_forward(x_next, a["h"], x_next)
         z.use_weights(starts[-1])
         z.use_weights(L.output().offset)
         ops.rmsnorm_forward(s["lnf"], s["rstdf"], s["residual"], self.param("norm.weight"), c.norm_eps)
@@ -156,25 +155,23 @@ class GPUModelFP32(GPUModelBase):
         z.reduce_from(starts[-1], last=False)
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", layers[i]
-            z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
-            z.start_gradients(starts[i])
-            ops.matmul_backward(s["dffn"], grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
-                                self.param(pre + "feed_forward.w2.weight"))
-            ops.swiglu_backward(s["dgate_up"], s["dffn"], a["gate_up"])
-            ops.matmul_backward(s["dln"], self.grad(L.w13(i)), s["dgate_up"], a["ln2"],
-                                self.param(L.w13(i)))
-            ops.rmsnorm_backward(dx, grad(pre + "ffn_norm.weight"), s["rms_scratch"], s["dln"], a["h"],
-                                 self.param(pre + "ffn_norm.weight"), a["rstd2"])
-            ops.matmul_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
-                                a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
-            ops.attention_backward(s["dq"], s["dk"], s["dv"], s["dprobs"], s["dheads"], s["datt"], a["q"], a["k"],
-                                   a["v"], a["probs"])
-            ops.rope_backward(s["dqkv"], s["dq"], s["dk"], s["dv"], self.rope_cos, self.rope_sin)
-            ops.matmul_backward(s["dln"], self.grad(L.wqkv(i)), s["dqkv"].reshape(N, -1),
-                                a["ln1"], self.param(L.wqkv(i)))
-            ops.rmsnorm_backward(dx, grad(pre + "attention_norm.weight"), s["rms_scratch"], s["dln"], a["x"],
-                                 self.param(pre + "attention_norm.weight"), a["rstd1"])
-            z.release_weights(starts[i])
+            with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
+                ops.matmul_backward(s["dffn"], grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
+                                    self.param(pre + "feed_forward.w2.weight"))
+                ops.swiglu_backward(s["dgate_up"], s["dffn"], a["gate_up"])
+                ops.matmul_backward(s["dln"], self.grad(L.w13(i)), s["dgate_up"], a["ln2"],
+                                    self.param(L.w13(i)))
+                ops.rmsnorm_backward(dx, grad(pre + "ffn_norm.weight"), s["rms_scratch"], s["dln"], a["h"],
+                                     self.param(pre + "ffn_norm.weight"), a["rstd2"])
+                ops.matmul_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
+                                    a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
+                ops.attention_backward(s["dq"], s["dk"], s["dv"], s["dprobs"], s["dheads"], s["datt"], a["q"], a["k"],
+                                       a["v"], a["probs"])
+                ops.rope_backward(s["dqkv"], s["dq"], s["dk"], s["dv"], self.rope_cos, self.rope_sin)
+                ops.matmul_backward(s["dln"], self.grad(L.wqkv(i)), s["dqkv"].reshape(N, -1),
+                                    a["ln1"], self.param(L.wqkv(i)))
+                ops.rmsnorm_backward(dx, grad(pre + "attention_norm.weight"), s["rms_scratch"], s["dln"], a["x"],
+                                     self.param(pre + "attention_norm.weight"), a["rstd1"])
             z.reduce_from(starts[i], last=False)
         ops.embedding_backward(grad("tok_embeddings.weight"), dx, self.token_order.prefix(N), self.token_starts,
                                self.token_unique, self.num_unique)

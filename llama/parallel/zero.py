@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -396,6 +397,17 @@ class Zero:
             runtime().stream.wait_for_event(self._reduced[before])
         self._grad_slots[slot] = k
         self.grad_homes.home(k).fill_zero()
+
+    @contextmanager
+    def layer(self, offset: int, prefetch: int | None, gradients: bool = False):
+        """Around the kernels of the layer whose bucket holds flat offset: its weights waited for (and the
+        bucket at prefetch, the layer the step reaches next, gathered meanwhile at stage 3), with gradients (a
+        backward) its gradient slot made ready, and its weights released after."""
+        self.use_weights(offset, prefetch)
+        if gradients:
+            self.start_gradients(offset)
+        yield
+        self.release_weights(offset)
 
     # ---- 1. reduce-scatter, bucket by bucket
 

@@ -150,19 +150,16 @@ def step(z: Zero, recorder: Recorder, micro: int) -> None:
         z.use_weights(0, prefetch=starts[0])
         read_weights(0)
         for i in range(CONFIG.n_layers):
-            z.use_weights(starts[i], prefetch=starts[i + 1])
-            read_weights(i + 1)
-            z.release_weights(starts[i])
+            with z.layer(starts[i], prefetch=starts[i + 1]):
+                read_weights(i + 1)
         z.use_weights(LAYOUT.output().offset)
         read_weights(last)
         write_grads(last)  # the classifier's dW
         z.reduce_from(starts[-1], final)
         for i in reversed(range(CONFIG.n_layers)):
-            z.use_weights(starts[i], prefetch=starts[i - 1] if i else None)
-            z.start_gradients(starts[i])
-            read_weights(i + 1)
-            write_grads(i + 1)
-            z.release_weights(starts[i])
+            with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
+                read_weights(i + 1)
+                write_grads(i + 1)
             z.reduce_from(starts[i], final)
         write_grads(0)
         z.end(final)
