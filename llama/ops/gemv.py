@@ -53,7 +53,8 @@ class DecodeScratch:
         """max_rows: the most rows of a residual GEMV (the model dim); attention_records: fp32 values
         of the attention's partial results (ops.decode.attention_scratch_size)."""
         self.partial = zeros(max(1, attention_records), F32)
-        self.counters = zeros(2 * multiprocessors() * MAX_SPLITS, U32)
+        self.counters = zeros(multiprocessors(), U32)  # one per (sequence, head) of a split attention: fewer
+        # than the multiprocessors, or it is not split (ops.decode.attention_splits)
         self.squares = zeros(math.ceil(max_rows / GEMV_ROWS) * MAX_BATCH, F32)
 
 
