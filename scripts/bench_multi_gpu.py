@@ -17,8 +17,9 @@ with the same batch per GPU, so tokens per step grow with N; scaling efficiency 
   reduce-scatters skipped, and from them the exposed communication (step - step without collectives),
   the share hidden (1 - exposed / alone), that of the reduce-scatter alone (1 - (step - step without
   reduce-scatter) / reduce-scatter alone), and the share of the step spent waiting (exposed / step).
---gemm dynamic runs the same step with the GEMM versions that claim their tiles from a counter (8 and 7 for 5
-and 6, the plan's GemmChooser(dynamic=True)): a row per GEMM choice and stage.
+--gemm static dynamic runs the step with the GEMM versions 5 and 6, and with their twins 8 and 7 that claim their
+tiles from a counter (GemmChooser(dynamic=True), which the plan takes on several GPUs): a row per GEMM choice and
+stage, each row's efficiency against the one-GPU step with versions 5 and 6 (the plan's there) where it ran.
 With --trace, every rank also writes the timeline of one eager step (CUDA events around every launcher and
 collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_rank<rank>.json, in the
 Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together).
@@ -171,7 +172,7 @@ def main():
           f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'RS hidden':>10}{'comm share':>11}")
     for name, by_run in results.items():
         for r in by_run.values():
-            base = by_run.get(f"1x1_{r['gemm']}")
+            base = by_run.get("1x1_static") or by_run.get(f"1x1_{r['gemm']}")  # one GPU runs the static GEMMs
             g = r["gpus"]
             tok_s = g * r["B"] * r["T"] / r["ms"] * 1e3
             r["tok_s"] = tok_s
