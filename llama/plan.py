@@ -226,7 +226,7 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
                             f"this model's is {config.dim}")
     rt = runtime()
     peaks = FP32_PEAK_FLOPS if dtype == "fp32" else BF16_PEAK_FLOPS  # fp8: MFU against the bf16 peak
-    # several GPUs: the GEMMs claim their tiles, so that NCCL's kernels beside them delay none (bench_multi_gpu.py:
+    # several GPUs: the GEMMs claim their tiles, so that NCCL's kernels beside them delay them less (bench_multi_gpu.py:
     # 1B at ZeRO-2 on 2 H100s, 284.0 ms a step with versions 5/6, 278.2 with 8/7)
     plan = Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(dynamic=gpus > 1),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
