@@ -219,7 +219,7 @@ class Zero:
             drv = runtime().drv
             event = lambda: drv.Event(drv.event_flags.DISABLE_TIMING)  # noqa: E731
             buckets = range(len(layout.buckets))
-            self._ready, self._reduced, self._gathered = ([event() for _ in buckets] for _ in range(3))
+            self._reduced, self._gathered = ([event() for _ in buckets] for _ in range(2))
             self._released = [event() for _ in range(2)]  # ZeRO-3: a weight slot's layer is done
         if optimizer == "adamw8bit":
             blocks = -(-layout.shard_size // QUANT_BLOCK)
@@ -305,6 +305,18 @@ class Zero:
         self._issued, self._waited = set(), set()  # ("gather" | "reduce", bucket), ("release", slot, bucket)
         self._weight_slots, self._grad_slots = [None, None], [None, None]  # the bucket each slot holds
         self._first = True
+        self._forked = False  # the communication stream has waited for the compute stream in this region
+
+    def _fork(self) -> None:
+        """The communication stream waits for the compute stream's launches so far (before a collective)."""
+        self.comm.fork()
+        self._forked = True
+
+    def _join(self) -> None:
+        """The compute stream waits for the region's collectives; none if it issued none (a captured graph may
+        wait only on work captured with it: a micro-batch between the first and the last at stage 1)."""
+        if self._forked:
+            self.comm.join()
 
     def begin(self, gather: bool, first: bool | None = None) -> None:
         """Before a forward: gather: the weights changed since the last forward (stages 1-2: every bucket's
@@ -321,7 +333,7 @@ class Zero:
                 self.grad_homes.own[k].fill_zero()
         if not (gather or self.stage == 3):
             return
-        self.comm.fork()
+        self._fork()
         for k in (range(len(self.layout.buckets)) if self.stage < 3 else self.weight_homes.own):
             self._gather(k)
         self.stale = False
@@ -357,7 +369,7 @@ class Zero:
         slot = home_slot(k, len(self.layout.buckets))
         self._issued.discard(("release", slot, k))  # in use again until released again
         if self.stage == 3 and ("gather", k) not in self._issued:
-            self.comm.fork()
+            self._fork()
             self._gather(k)
         if ("gather", k) in self._issued and ("gather", k) not in self._waited:
             runtime().stream.wait_for_event(self._gathered[k])
@@ -423,8 +435,7 @@ class Zero:
             if ("reduce", k) in self._issued:
                 continue
             self._issued.add(("reduce", k))
-            self._ready[k].record(runtime().stream)
-            self.comm.stream.wait_for_event(self._ready[k])
+            self._fork()
             start, end = self.layout.buckets[k]
             piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
             grads = self.grads.view(start, (end - start,)) if self.grads is not None else self.grad_homes.home(k)
@@ -454,7 +465,7 @@ class Zero:
         if last is not None:
             self.reduce_from(0, last)
             self._step_first = self._step_first and self.stage == 1
-        self.comm.join()
+        self._join()
         self._start_region()
 
     def finish_reduce(self) -> None:

@@ -27,19 +27,25 @@ STREAMS = ("compute", "communication")
 
 
 class Stream:
+    """A stream's vector clock, and whether it is part of a graph capture (CUDA's rules: a capturing stream may
+    wait only on events recorded in the capture; a stream that waits on such an event joins the capture)."""
+
     def __init__(self, name):
-        self.name, self.clock = name, dict.fromkeys(STREAMS, 0)
+        self.name, self.clock, self.capturing = name, dict.fromkeys(STREAMS, 0), False
 
     def wait_for_event(self, event):
+        if self.capturing and not event.captured:
+            raise AssertionError(f"the capturing {self.name} stream waits on an event recorded outside the capture")
+        self.capturing = self.capturing or event.captured
         self.clock = {s: max(self.clock[s], event.clock[s]) for s in STREAMS}
 
 
 class Event:
     def __init__(self, *flags):
-        self.clock = dict.fromkeys(STREAMS, 0)
+        self.clock, self.captured = dict.fromkeys(STREAMS, 0), False
 
     def record(self, stream):
-        self.clock = dict(stream.clock)
+        self.clock, self.captured = dict(stream.clock), stream.capturing
 
 
 class Recorder:
@@ -133,6 +139,14 @@ def recorder(monkeypatch):
 
 def step(z: Zero, recorder: Recorder, micro: int) -> None:
     """The bf16 model's step as seen by ZeRO: each kernel that reads a bucket's weights or writes its gradients."""
+    z.zero_grad()
+    for m in range(micro):
+        micro_batch(z, recorder, m == 0, m == micro - 1)
+    recorder.access(recorder.compute, "read", z.grad_shard, "optimizer")
+
+
+def micro_batch(z: Zero, recorder: Recorder, first: bool, final: bool) -> None:
+    """One micro-batch's forward and backward, as the bf16 model captures it for its role (first, final)."""
     starts, last = LAYOUT.layer_starts(), len(z.layout.buckets) - 1
 
     def read_weights(k):
@@ -143,27 +157,23 @@ def step(z: Zero, recorder: Recorder, micro: int) -> None:
         start, end = z.layout.spans[k]
         recorder.access(recorder.compute, "write", z.grad(start, (end - start,)), f"grads {k}")
 
-    z.zero_grad()
-    for m in range(micro):
-        first, final = m == 0, m == micro - 1
-        z.begin(gather=first, first=first)
-        z.use_weights(0, prefetch=starts[0])
-        read_weights(0)
-        for i in range(CONFIG.n_layers):
-            with z.layer(starts[i], prefetch=starts[i + 1]):
-                read_weights(i + 1)
-        z.use_weights(LAYOUT.output().offset)
-        read_weights(last)
-        write_grads(last)  # the classifier's dW
-        z.reduce_from(starts[-1], final)
-        for i in reversed(range(CONFIG.n_layers)):
-            with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
-                read_weights(i + 1)
-                write_grads(i + 1)
-            z.reduce_from(starts[i], final)
-        write_grads(0)
-        z.end(final)
-    recorder.access(recorder.compute, "read", z.grad_shard, "optimizer")
+    z.begin(gather=first, first=first)
+    z.use_weights(0, prefetch=starts[0])
+    read_weights(0)
+    for i in range(CONFIG.n_layers):
+        with z.layer(starts[i], prefetch=starts[i + 1]):
+            read_weights(i + 1)
+    z.use_weights(LAYOUT.output().offset)
+    read_weights(last)
+    write_grads(last)  # the classifier's dW
+    z.reduce_from(starts[-1], final)
+    for i in reversed(range(CONFIG.n_layers)):
+        with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
+            read_weights(i + 1)
+            write_grads(i + 1)
+        z.reduce_from(starts[i], final)
+    write_grads(0)
+    z.end(final)
 
 
 def before(a, b) -> bool:
@@ -208,3 +218,20 @@ def test_stage_3_holds_two_layers_and_gathers_each_twice_a_micro_batch(recorder)
     assert len(slots) == 2 and len([g for g in gathers if g[3] not in slots]) == 2  # the embedding and head
     # forward: every layer once; backward: all but the two the forward left in the slots
     assert len([g for g in gathers if g[3] in slots]) == 2 * CONFIG.n_layers - 2
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_captured_micro_batch_forks_and_joins_inside_its_capture(recorder, stage):
+    """A step of three micro-batches runs eagerly, then each role (first, middle, last) is captured as the bf16
+    model captures it: the compute stream waits only on work of the same capture, and the capture ends with
+    the communication stream's work joined (CUDA fails the capture otherwise). Stage 1's middle micro-batch
+    issues no collective, so it must not wait on the communication stream at all."""
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32, stage=stage)
+    step(z, recorder, 3)
+    compute, communication = recorder.compute, recorder.communication
+    for first, final in ((True, False), (False, False), (False, True)):
+        compute.capturing = True
+        micro_batch(z, recorder, first, final)
+        if communication.capturing:  # forked into the capture: joined again before its end
+            assert compute.clock["communication"] >= communication.clock["communication"], "an unjoined fork"
+        compute.capturing = communication.capturing = False
