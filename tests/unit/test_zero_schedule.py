@@ -1,4 +1,4 @@
-"""ZeRO-2 and ZeRO-3's schedule on the CPU: the collectives and the compute stream's waits that
+"""ZeRO's schedule (stages 1-3) on the CPU: the collectives and the compute stream's waits that
 llama/parallel/zero.py issues for a model's forward and backward, checked for races.
 
 Zero runs against stand-ins for the GPU (host arrays, two streams with vector clocks, events) and a
@@ -106,7 +106,8 @@ class Communicator:
         self.recorder.compute.wait_for_event(event)
 
     def all_gather(self, out, x):
-        self.recorder.access(self.stream, "write", out, "gather")
+        self.recorder.access(self.stream, "read", x, "shard read by a gather")
+        self.recorder.access(self.stream, "write", out, f"gather {x.start}")  # named by its shard piece
 
     def reduce_scatter(self, out, x):
         self.recorder.access(self.stream, "read", x, "reduce")
@@ -143,6 +144,7 @@ def step(z: Zero, recorder: Recorder, micro: int) -> None:
     for m in range(micro):
         micro_batch(z, recorder, m == 0, m == micro - 1)
     recorder.access(recorder.compute, "read", z.grad_shard, "optimizer")
+    recorder.access(recorder.compute, "write", z.weight_shard, "optimizer")  # the new weights, gathered next
 
 
 def micro_batch(z: Zero, recorder: Recorder, first: bool, final: bool) -> None:
@@ -194,14 +196,15 @@ def test_the_schedule_has_no_races(recorder, stage, micro, reduce_dtype):
     for a, b in itertools.combinations(accesses, 2):
         if a[0] != b[0] and overlap(a, b) and "write" in (a[2], b[2]):
             assert before(a, b) or before(b, a), f"race: {a[6]} on {a[0]} and {b[6]} on {b[0]}"
-    gathers = [a for a in accesses if a[6] == "gather"]
+    gathers = [a for a in accesses if a[6].startswith("gather ")]
+    if stage < 3:  # every bucket once a step, at the step's first micro-batch
+        assert len(gathers) == 2 * len(z.layout.buckets)
     for read in (a for a in accesses if a[6].startswith("weights")):
         k = int(read[6].split()[1])
         sources = [g for g in gathers if overlap(g, read) and before(g, read)]
-        if stage == 3 or k not in (0,):  # stage 1-2: the full buffer, gathered at the step's first micro-batch
-            assert sources, f"{read[6]} read before any gather"
-        if stage == 3:
-            assert sources[-1][4] == read[4] and sources[-1][5] >= read[5], f"{read[6]} reads another bucket's gather"
+        assert sources, f"{read[6]} read before any gather"
+        assert sources[-1][6] == f"gather {z.layout.shard_offsets[k]}", f"{read[6]} reads another bucket's gather"
+        assert sources[-1][4] <= read[4] and sources[-1][5] >= read[5], f"{read[6]} reads past its gather"
     reductions = [a for a in accesses if a[6] == "reduce" and a[2] == "read"]
     assert len(reductions) == len(z.layout.buckets) * (2 if stage == 1 else 2 * micro)
     optimizer = [a for a in accesses if a[6] == "optimizer"]
@@ -214,7 +217,7 @@ def test_stage_3_holds_two_layers_and_gathers_each_twice_a_micro_batch(recorder)
     recorder.accesses.clear()
     step(z, recorder, 1)
     slots = {id(s) for s in z.weight_homes.slots}
-    gathers = [a for a in recorder.accesses if a[6] == "gather"]
+    gathers = [a for a in recorder.accesses if a[6].startswith("gather ")]
     assert len(slots) == 2 and len([g for g in gathers if g[3] not in slots]) == 2  # the embedding and head
     # forward: every layer once; backward: all but the two the forward left in the slots
     assert len([g for g in gathers if g[3] in slots]) == 2 * CONFIG.n_layers - 2
