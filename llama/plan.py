@@ -198,9 +198,12 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
         raise PlanError(f"--zero {zero}: choose from {', '.join(map(str, ZERO_STAGES))}")
     if zero not in (None, 1) and gpus == 1:
         raise PlanError(f"--zero {zero} shards over several GPUs; on one, everything is held once (stage 1)")
-    if reduce_dtype not in (None, "fp32") and (gpus == 1 or dtype == "fp32" or reduce_dtype != "bf16"):
-        raise PlanError(f"--reduce-dtype {reduce_dtype}: the gradients' reduce-scatter on several GPUs runs in fp32 or "
-                        "bf16, and in fp32 on the exact path")
+    def check_reduce_dtype(dtype: str | None) -> None:
+        if reduce_dtype not in (None, "fp32") and (gpus == 1 or dtype == "fp32" or reduce_dtype != "bf16"):
+            raise PlanError(f"--reduce-dtype {reduce_dtype}: the gradients' reduce-scatter on several GPUs runs in "
+                            "fp32 or bf16, and in fp32 on the exact path")
+
+    check_reduce_dtype(dtype)
     if zero == 3 and dtype == "fp8":
         raise PlanError("--zero 3 with --dtype fp8: the FP8 casts of every weight are made at the forward's start, "
                         "when ZeRO-3 holds two layers; take --zero 2")
@@ -217,6 +220,7 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     if dtype == "fp8" and fp8_unsupported(config):
         raise PlanError(f"--dtype fp8: {fp8_unsupported(config)}")
     dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
+    check_reduce_dtype(dtype)  # the exact path the plan fell back to reduces in fp32
     recipe = choose_recipe(dtype, recompute, optimizer, in_backward, gpus)
     if recipe["in_backward"] and dtype != "fp32":  # each layer's update starts a whole 16-byte vector (8-bit: block)
         unit = QUANT_BLOCK if recipe["optimizer"] == "adamw8bit" else 16

@@ -1,13 +1,13 @@
 """The plan's ZeRO stage and gradient reduction on several GPUs (llama/plan.py, llama/memory.py): the
 refusals, the summary, and the stage chosen from the memory a run needs."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from llama.config import get_preset
 from llama.memory import choose_zero, gpu_training_buffers, what_would_fit
+from llama import plan as plan_module
 from llama.plan import GemmChooser, Plan, PlanError, make_plan
+from tests.unit.test_plan_attention import fake_runtime
 
 GIB = 2**30
 CONFIG = get_preset("llama3.1-8b")
@@ -45,14 +45,21 @@ def test_each_stage_holds_less_and_the_plan_takes_the_lowest_that_fits():
     assert sum(with_bf16.values()) - need[2] == with_bf16["bf16 reduction scratch"] > 0
 
 
+def test_bf16_reduction_is_refused_where_the_plan_falls_back_to_fp32(monkeypatch):
+    """A model the bf16 kernels cannot take runs the exact fp32 path, whose reduce-scatter is fp32."""
+    monkeypatch.setattr(plan_module, "runtime", fake_runtime((9, 0), "sm_90a"))
+    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    odd = get_preset("d12").replace(vocab_size=128257)  # not a whole number of bf16 vectors
+    with pytest.raises(PlanError, match="in fp32 on the exact path"):
+        make_plan(odd, gpus=2, reduce_dtype="bf16")
+    assert make_plan(get_preset("d12"), gpus=2, reduce_dtype="bf16").reduce_dtype == "bf16"
+
+
 def test_several_gpus_take_the_gemms_that_claim_their_tiles(monkeypatch):
     """On an H100 stand-in: one GPU runs GEMM versions 5/6, several their twins 8/7 (NCCL's kernels beside them);
     the FP8 GEMMs stay version 6."""
-    import llama.plan
-    hopper = SimpleNamespace(device=SimpleNamespace(compute_capability=lambda: (9, 0)), name="NVIDIA H100",
-                             code="sm_90a")
-    monkeypatch.setattr(llama.plan, "runtime", lambda: hopper)
-    monkeypatch.setattr(llama.plan, "cuda_unavailable", lambda: None)
+    monkeypatch.setattr(plan_module, "runtime", fake_runtime((9, 0), "sm_90a"))
+    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
     config = get_preset("d12")
     assert make_plan(config, gpus=1).gemm.name == "wgmma5/wgmma6"
     two = make_plan(config, gpus=2)
