@@ -4,9 +4,9 @@ efficiency, memory per GPU, and how much of the communication the step hides.
     python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--zero 1 2 3] [--gemm static dynamic]
                                        [--configs d12 llama3.2-1b] [--steps 12] [--json out.json] [--trace DIR]
 
-The driver starts one run per GPU count (this script with --worker, through llama.launch when N > 1)
-with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
-(N x tok/s on 1). Each run reports, from rank 0:
+The driver starts one run per GPU count, stage and GEMM choice (this script with --worker, through llama.launch
+when N > 1) with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
+(N x tok/s of the one-GPU step with GEMM versions 5 and 6, the plan's there). Each run reports, from rank 0:
 - ms per step: the median over timed steps of GPUModelBF16.train_step (CUDA graphs, one sync a step);
 - memory per GPU: everything our allocations hold, and the optimizer state (fp32 master + AdamW moments).
   The 1-GPU figure is also what plain data parallelism without ZeRO holds per GPU (a full replica);
@@ -17,11 +17,11 @@ with the same batch per GPU, so tokens per step grow with N; scaling efficiency 
   reduce-scatters skipped, and from them the exposed communication (step - step without collectives),
   the share hidden (1 - exposed / alone), that of the reduce-scatter alone (1 - (step - step without
   reduce-scatter) / reduce-scatter alone), and the share of the step spent waiting (exposed / step).
---gemm static dynamic runs the step with the GEMM versions 5 and 6, and with their twins 8 and 7 that claim their
-tiles from a counter (GemmChooser(dynamic=True), which the plan takes on several GPUs): a row per GEMM choice and
-stage, each row's efficiency against the one-GPU step with versions 5 and 6 (the plan's there) where it ran.
+GEMMs: by default each GPU count runs the plan's versions (5 and 6 on one GPU; on several their twins 8 and 7,
+which claim their tiles from a counter: GemmChooser(dynamic=True)); --gemm static dynamic runs both pairs on
+every GPU count, a row each.
 With --trace, every rank also writes the timeline of one eager step (CUDA events around every launcher and
-collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_rank<rank>.json, in the
+collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_<gemm>_rank<rank>.json, in the
 Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together).
 """
 
@@ -120,14 +120,13 @@ def worker(args) -> None:
         del model, z
         gc.collect()
         skip = lambda *a, **k: None  # noqa: E731
-        reduce_scatter, comm.reduce_scatter = comm.reduce_scatter, skip  # the step without its reductions
+        comm.reduce_scatter = skip  # the step without its reductions
         result["no_reduce_ms"], _, model = step_ms(config, B, T, args.steps, comm, zero, gemm)
         del model
         gc.collect()
         for name in ("all_gather", "all_reduce"):  # the same work with no communication
             setattr(comm, name, skip)
         result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm, zero, gemm)
-        comm.reduce_scatter = reduce_scatter
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
     if comm is not None:
@@ -153,8 +152,9 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--zero", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3],
                         help="the ZeRO stages to run on several GPUs (one GPU runs stage 1)")
-    parser.add_argument("--gemm", nargs="+", default=["static"], choices=["static", "dynamic"],
-                        help="the GEMM choices to run: the plan's versions, or their twins that claim tiles")
+    parser.add_argument("--gemm", nargs="+", choices=["static", "dynamic"],
+                        help="GEMM versions 5/6 (static) or their twins 8/7 that claim tiles (dynamic), on every "
+                             "GPU count (default: the plan's, static on one GPU and dynamic on several)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--trace", help="a folder for every rank's timeline of one eager step (Chrome trace JSON)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -163,8 +163,10 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    runs = [(g, z, m) for m in args.gemm for g in args.gpus for z in ([1] if g == 1 else args.zero)]
-    results = {name: {f"{g}x{z}_{m}": run(g, name, args.steps, z, m, args.trace) for g, z, m in runs}
+    gemms = lambda g: args.gemm or (["static"] if g == 1 else ["dynamic"])  # noqa: E731
+    runs = [(g, z, m) for g in args.gpus for m in gemms(g) for z in ([1] if g == 1 else args.zero)]
+    trace = str(Path(args.trace).resolve()) if args.trace else None  # the workers run in the repository root
+    results = {name: {f"{g}x{z}_{m}": run(g, name, args.steps, z, m, trace) for g, z, m in runs}
                for name in args.configs}
     print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO over "
           "NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
@@ -172,11 +174,11 @@ def main():
           f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'RS hidden':>10}{'comm share':>11}")
     for name, by_run in results.items():
         for r in by_run.values():
-            base = by_run.get("1x1_static") or by_run.get(f"1x1_{r['gemm']}")  # one GPU runs the static GEMMs
-            g = r["gpus"]
-            tok_s = g * r["B"] * r["T"] / r["ms"] * 1e3
-            r["tok_s"] = tok_s
-            eff = f"{tok_s / (g * base['tok_s']):.3f}" if base and "tok_s" in base else "-"
+            r["tok_s"] = r["gpus"] * r["B"] * r["T"] / r["ms"] * 1e3
+        base = by_run.get("1x1_static")  # the plan's one-GPU step
+        for r in by_run.values():
+            g, tok_s = r["gpus"], r["tok_s"]
+            eff = f"{tok_s / (g * base['tok_s']):.3f}" if base else "-"
             line = (f"{name:<13}{g:>5}{r['zero']:>5}{r['gemm']:>8}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}"
                     f"{r['memory']['total'] / 1e9:>8.1f}{r['memory']['optimizer'] / 1e9:>9.2f}")
             if g > 1:
