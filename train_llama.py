@@ -6,8 +6,8 @@
     python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o out/1b
 
 This file parses the command line; the run itself is llama/trainer.py's Trainer. On several GPUs
-(llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data parallel with ZeRO-1
-over NCCL (llama/parallel/zero.py); -d counts the tokens of a step over all GPUs, and rank 0 alone
+(llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data parallel with ZeRO
+(stages 1-3, --zero) over NCCL (llama/parallel/zero.py); -d counts the tokens of a step over all GPUs, and rank 0 alone
 prints, logs and writes checkpoints, which resume on any number of GPUs.
 
 With no data arguments it trains on the starter pack's tinyshakespeare shards when they exist

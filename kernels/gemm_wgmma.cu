@@ -1,5 +1,5 @@
 // bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's versions 2 to 8 (dev/cuda/README.md);
-// production on H100/H200 is version 5 or 6 per shape (llama/plan.py GemmChooser).
+// production on H100/H200 is version 5 or 6 per shape, their twins 8 or 7 on several GPUs (llama/plan.py GemmChooser).
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
 // (gemm_epilogue.cuh), strided-batched, layouts nt (forward), nn (dX), tn (dW), no transposes.
@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_accumulators(const Epilogue& e, const floa
     }
 }
 
-// The staged epilogue (versions 5 and 6): the registers' layout writes 16 bytes per row per store instruction
+// The staged epilogue (versions 5 to 8): the registers' layout writes 16 bytes per row per store instruction
 // (a warp's store touches 8 rows), so v2's and v3's epilogues are bound by the number of memory requests,
 // not bytes. Here
 // each consumer warp passes its 16 rows of an m64 half through its own 8 x 132 fp32 staging rows, eight
@@ -298,7 +298,7 @@ __device__ __forceinline__ void store_tile(const Epilogue& e, const float (&d0)[
     store_accumulators<MODE>(e, d1, batch, row + 64, col);
 }
 
-// B's 128 columns n0.. of the k-block at k0 (versions 3-5): one K-major box, or two N-major 64 x 64 slabs 8 KB apart
+// B's 128 columns n0.. of the k-block at k0 (versions 3, 5, 8): one K-major box, or two N-major 64 x 64 slabs 8 KB apart
 template <bool B_KMAJOR>
 __device__ __forceinline__ void load_b_kblock_128(uint32_t b, const CUtensorMap* map_b, int k0, int n0, int batch,
                                                   uint32_t bar) {
@@ -310,7 +310,7 @@ __device__ __forceinline__ void load_b_kblock_128(uint32_t b, const CUtensorMap*
     }
 }
 
-// One 64-deep k-block into a warpgroup's 128 x 128 accumulators (versions 3-5): rows 0-63 of A at a, rows 64-127
+// One 64-deep k-block into a warpgroup's 128 x 128 accumulators (versions 3, 5, 8): rows 0-63 of A at a, rows 64-127
 // at a + 8192 (one 64-row slab further, K- or M-major alike), B at b; the first k16 step overwrites unless
 // accumulate.
 template <bool A_KMAJOR, bool B_KMAJOR, bool FP8 = false>

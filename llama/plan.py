@@ -52,8 +52,8 @@ class GemmChooser:
     version 6 on every shape, faster than version 5 on 27 of the 31 model shapes (geometric mean of the
     ratios to torch._scaled_mm 0.93, against 0.89 for the bf16 rule's picks; dev/cuda/README.md).
     dynamic (bf16 on Hopper): versions 8 and 7 instead of 5 and 6, their twins whose CTAs claim tiles from a
-    counter, so that CTAs which start late (multiprocessors held by NCCL's kernels) leave their tiles to the
-    others; the same results bit for bit."""
+    counter, so that CTAs which start late (multiprocessors held by NCCL's kernels) leave their tiles after the
+    first to the others (a CTA's first tile is still its block index); the same results bit for bit."""
     hopper: bool
     fp8: bool = False
     dynamic: bool = False

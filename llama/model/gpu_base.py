@@ -30,7 +30,7 @@ class GPUModelBase(Model):
         params = model_parameters(self.layout, params, seed)
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
         self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
-        self.grads = self.zero.grads  # the whole flat gradients (one GPU; None at ZeRO-2 and 3, kept by bucket)
+        self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self.shape = None  # (b, t) of the last forward

@@ -117,7 +117,7 @@ class GPUModelBF16(GPUModelBase):
         self._allocate()
         if self.fp8:
             self._allocate_fp8()
-        # (b, t, micro_steps, opt) -> (micro-step graphs (not last, last), optimizer graph); in the backward:
+        # (b, t, micro_steps, opt) -> ({(first, last): micro-batch graph}, optimizer graph); in the backward:
         # (b, t, "in backward", opt) -> the step's graph
         self.graphs = {}
 

@@ -22,7 +22,7 @@ BM, BK = 128, 64
 STAGES = {256: 4, 128: 6}
 PINGPONG_STAGES = 7  # version 3: 128 x 128 tiles, kernels/gemm_wgmma.cu PP_STAGES
 CLUSTER_BM, CLUSTER_STAGES = 256, 4  # version 4: 256 x 128 tiles per CTA, CL_BM and CL_STAGES
-PINGPONG_STAGED_STAGES, STAGING_BYTES = 6, 2 * 4 * 8 * 132 * 4  # version 5: PP5_STAGES; versions 5, 6: STAGING_BYTES
+PINGPONG_STAGED_STAGES, STAGING_BYTES = 6, 2 * 4 * 8 * 132 * 4  # version 5: PP5_STAGES; versions 5-8: STAGING_BYTES
 UNIT_RING_BYTES = 8 * 20  # versions 7, 8: the claimed units' ring, UNIT_RING_BYTES
 # version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
 # 132 SMs; the reduce pass's bandwidth and its launch
@@ -90,9 +90,9 @@ def gemm_wgmma6(p: GemmProblem, bn: int | None = None) -> None:
 
 
 def gemm_wgmma7(p: GemmProblem, bn: int | None = None) -> None:
-    """Version 7: version 6 whose CTAs claim their tiles one by one from a counter (tile_counter()) instead of
-    taking every grid-th, so that CTAs that start late (multiprocessors held by NCCL) leave their tiles to the
-    others. The same results bit for bit."""
+    """Version 7: version 6 whose CTAs claim their tiles after the first (their block index) one by one from a
+    counter (tile_counter()) instead of taking every grid-th, so that CTAs that start late (multiprocessors held
+    by NCCL) leave those tiles to the others. The same results bit for bit."""
     _cooperative(p, bn, "gemm_wgmma7", staging=STAGING_BYTES, dynamic=True)
 
 
@@ -183,7 +183,7 @@ def gemm_wgmma4(p: GemmProblem) -> None:
 
 
 def splitk_splits3(p: GemmProblem, sms: int) -> int:
-    """Version 3's (and 5's) split-K count for a weight gradient (tn or FP8's nt, fp32 out, one batch) on sms
+    """Version 3's (and 5's, 8's) split-K count for a weight gradient (tn or FP8's nt, fp32 out, one batch) on sms
     multiprocessors: the one that minimizes a model of the time, rounds of 128 x 128 work units over the
     multiprocessors times k-blocks per split, plus the reduce pass (reads the partials and c, writes c). Any
     count of non-empty splits."""
