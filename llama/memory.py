@@ -135,9 +135,10 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
             "logits and their gradient": 2 * FLOAT32 * logits, "largest transient": max(update, backward)}
 
 
-def zero_buffers(config: LlamaConfig, gpus: int, zero: int) -> tuple[int, int, int, int, int]:
+def zero_buffers(config: LlamaConfig, gpus: int, zero: int,
+                 reduce_dtype: str = "fp32") -> tuple[int, int, int, int, int]:
     """Values per GPU under ZeRO (llama/parallel/zero.py): the weights the forward reads, the gradients, a shard,
-    the scratch of a later micro-batch's reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
+    the scratch of a later micro-batch's fp32 reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
     gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots)."""
     from .parallel.zero import ShardLayout, home_lengths
     layout = ParameterLayout(config)
@@ -146,7 +147,8 @@ def zero_buffers(config: LlamaConfig, gpus: int, zero: int) -> tuple[int, int, i
     own, slots = home_lengths(shards) if zero > 1 else ({}, [])
     homes = sum(own.values()) + sum(slots)
     return (full if zero < 3 else homes, full if zero == 1 else homes, shards.shard_size,
-            max(shards.pieces) if zero > 1 else 0, max(end - start for start, end in shards.buckets))
+            max(shards.pieces) if zero > 1 and reduce_dtype == "fp32" else 0,
+            max(end - start for start, end in shards.buckets))
 
 
 def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
@@ -159,11 +161,12 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     several GPUs, zero_buffers, and a bucket and a piece in bf16 to reduce in bf16); fp32: its weights, gradients, master shard, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
     top."""
     layout = ParameterLayout(config)
-    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, zero)
+    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, zero, reduce_dtype)
     stage = f" (ZeRO-{zero})" if gpus > 1 else ""
-    if dtype == "fp32":
+    if dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
-                **({"fp32 master shard": FLOAT32 * shard} if gpus > 1 else {}), "adamw moments": 2 * FLOAT32 * shard,
+                **({"fp32 master and gradient shards": 2 * FLOAT32 * shard} if gpus > 1 else {}),
+                "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard,
                 "logits": B * T * config.vocab_size * FLOAT32}
     from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
     from .ops import bf16 as ops

@@ -211,7 +211,8 @@ class Zero:
             self.master = empty(layout.shard_size)
             self.grad_shard = empty(layout.shard_size)
             self.weight_shard = empty(layout.shard_size, weight_dtype) if weight_dtype == BF16 else self.master
-            self.piece_scratch = empty(max(layout.pieces)) if stage >= 2 else None  # a later micro-batch's reduction
+            # a later micro-batch's fp32 reduction, added into the shard after (bf16's widen adds by itself)
+            self.piece_scratch = empty(max(layout.pieces)) if stage >= 2 and np.dtype(reduce_dtype) != BF16 else None
             self.rounded = None  # bf16 reduction: a bucket rounded, and its reduced piece
             if np.dtype(reduce_dtype) == BF16:
                 self.rounded = (empty(max(end - start for start, end in layout.buckets), BF16),

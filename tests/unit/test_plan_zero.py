@@ -4,7 +4,7 @@ refusals, the summary, and the stage chosen from the memory a run needs."""
 import pytest
 
 from llama.config import get_preset
-from llama.memory import choose_zero, gpu_training_buffers, what_would_fit
+from llama.memory import choose_zero, gpu_training_buffers, what_would_fit, zero_buffers
 from llama import plan as plan_module
 from llama.plan import GemmChooser, Plan, PlanError, make_plan
 from tests.unit.test_plan_attention import fake_runtime
@@ -42,7 +42,9 @@ def test_each_stage_holds_less_and_the_plan_takes_the_lowest_that_fits():
     assert what_would_fit(plan, CONFIG, 1, 8192, 2, need[2]) == "--zero 2 would fit"
     assert 79 * GIB < need[3] < 139 * GIB  # 8B at stage 3 fits two H200s, not two H100s
     with_bf16 = gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=2, reduce_dtype="bf16")
-    assert sum(with_bf16.values()) - need[2] == with_bf16["bf16 reduction scratch"] > 0
+    fp32_scratch = 4 * zero_buffers(CONFIG, 2, 2)[3]  # a later micro-batch's fp32 reduction: bf16 adds as it widens
+    assert fp32_scratch > 0 and zero_buffers(CONFIG, 2, 2, "bf16")[3] == 0
+    assert sum(with_bf16.values()) - need[2] == with_bf16["bf16 reduction scratch"] - fp32_scratch
 
 
 def test_bf16_reduction_is_refused_where_the_plan_falls_back_to_fp32(monkeypatch):
