@@ -179,6 +179,17 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
             "in_backward": bool(in_backward)}
 
 
+def check_zero(zero: int | None, gpus: int, dtype: str | None) -> None:
+    """PlanError for a ZeRO stage (None: the plan's choice) that a run on gpus GPUs in dtype cannot take."""
+    if zero is not None and zero not in ZERO_STAGES:
+        raise PlanError(f"--zero {zero}: choose from {', '.join(map(str, ZERO_STAGES))}")
+    if zero not in (None, 1) and gpus == 1:
+        raise PlanError(f"--zero {zero} shards over several GPUs; on one, everything is held once (stage 1)")
+    if zero == 3 and dtype == "fp8":
+        raise PlanError("--zero 3 with --dtype fp8: the FP8 casts of every weight are made at the forward's start, "
+                        "when ZeRO-3 holds two layers; take --zero 2")
+
+
 def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
               optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1,
               fp8_scaling: str | None = None, zero: int | None = None, batch: tuple[int, int] | None = None,
@@ -194,19 +205,13 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
         raise PlanError(f"--fp8-scaling {fp8_scaling}: choose from {', '.join(FP8_SCALINGS)}")
     fp8_scaling = fp8_scaling or FP8_SCALINGS[0]
-    if zero is not None and zero not in ZERO_STAGES:
-        raise PlanError(f"--zero {zero}: choose from {', '.join(map(str, ZERO_STAGES))}")
-    if zero not in (None, 1) and gpus == 1:
-        raise PlanError(f"--zero {zero} shards over several GPUs; on one, everything is held once (stage 1)")
+    check_zero(zero, gpus, dtype)
     def check_reduce_dtype(dtype: str | None) -> None:
         if reduce_dtype not in (None, "fp32") and (gpus == 1 or dtype == "fp32" or reduce_dtype != "bf16"):
             raise PlanError(f"--reduce-dtype {reduce_dtype}: the gradients' reduce-scatter on several GPUs runs in "
                             "fp32 or bf16, and in fp32 on the exact path")
 
     check_reduce_dtype(dtype)
-    if zero == 3 and dtype == "fp8":
-        raise PlanError("--zero 3 with --dtype fp8: the FP8 casts of every weight are made at the forward's start, "
-                        "when ZeRO-3 holds two layers; take --zero 2")
     device, why_no_gpu = _device(device)
     if device == "cpu":  # the numpy reference: fp32, or fp8 as its twin of the FP8 linear layers
         if dtype == "bf16":

@@ -23,7 +23,7 @@ from llama.memory import gpu_free, host_available, size_text, training_buffers, 
 from llama.model.reference import RECOMPUTE
 from llama.optim import OPTIMIZERS
 from llama.parallel.zero import STAGES as ZERO_STAGES
-from llama.plan import ATTENTION_HOPPER, DTYPES, Plan, PlanError, choose_recipe, choose_device
+from llama.plan import ATTENTION_HOPPER, DTYPES, Plan, PlanError, check_zero, choose_recipe, choose_device
 
 GIB = 2**30
 # total memory of the GPUs we train on, as nvidia-smi reports it
@@ -51,10 +51,9 @@ def plan_of(args) -> Plan:
     """The plan of the run asked for, without looking at this machine (the trainer's make_plan does)."""
     path = "cpu" if args.device == "cpu" else args.dtype
     recipe = choose_recipe(path, args.recompute, args.optimizer, args.optimizer_in_backward, args.gpus)
+    check_zero(args.zero, args.gpus, args.dtype)
     if args.device == "cpu":
         return Plan("cpu", "fp32", "CPU", **recipe)
-    if args.zero > 1 and args.gpus == 1:
-        raise PlanError(f"--zero {args.zero} shards over several GPUs: give --gpus")
     return Plan("cuda", args.dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe, zero=args.zero)
 
 

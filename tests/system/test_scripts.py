@@ -109,6 +109,9 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
     (["--device", "cpu", "--gpus", "2"], "--gpus needs --device cuda"),
     (["--gpus", "2", "--optimizer-in-backward"], "--optimizer-in-backward runs on one GPU"),
     (["--dtype", "fp32", "--optimizer-in-backward"], "--optimizer-in-backward: the fp32 GPU model updates after"),
+    (["--zero", "2"], "--zero 2 shards over several GPUs"),
+    (["--gpus", "2", "--zero", "3", "--dtype", "fp8"], "--zero 3 with --dtype fp8"),
+    (["--device", "cpu", "--zero", "2"], "--zero 2 shards over several GPUs"),
 ])
 def test_memory_plan_refuses_what_no_run_can_be_in_one_line(extra, message, capsys):
     assert script("memory_plan")(["d12", "-b", "8", "-t", "1024", *extra]) == 2
