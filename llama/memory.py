@@ -212,7 +212,8 @@ def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -
 def choose_zero(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> int:
     """The ZeRO stage a run on several GPUs takes: the lowest (the least communication) whose buffers fit in
     `available` bytes, else 3 (the memory check then says what would fit)."""
-    stages = (1, 2) if plan.dtype == "fp8" else (1, 2, 3)  # FP8 casts every weight at the forward's start
+    from .plan import zero_stages
+    stages = zero_stages(plan.dtype)
     return next((z for z in stages if sum(training_buffers(replace(plan, zero=z), config, B, T, gpus).values())
                  <= available), stages[-1])
 
@@ -229,7 +230,7 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
     """The least change to a run that does not fit in `available` bytes that would: on several GPUs a higher
     ZeRO stage, else the cheapest memory recipe of its path that fits (RECIPE_COST), else a smaller -b (also
     with the leanest recipe, where that allows a larger one), else (on a GPU) more GPUs."""
-    from .plan import RECIPES
+    from .plan import RECIPES, zero_stages
 
     def fits(recipe: tuple, b: int = B, n: int = gpus, zero: int = plan.zero) -> bool:
         changed = replace(plan, recompute=recipe[0], optimizer=recipe[1], in_backward=recipe[2], zero=zero)
@@ -246,7 +247,7 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
         optimizers, in_backwards = tuple(o for o in optimizers if o != "adamw8bit"), (False,)
     now = (plan.recompute, plan.optimizer, plan.in_backward)
     if plan.device == "cuda" and gpus > 1:
-        stage = next((z for z in range(plan.zero + 1, 3 if plan.dtype == "fp8" else 4) if fits(now, zero=z)), None)
+        stage = next((z for z in zero_stages(plan.dtype) if z > plan.zero and fits(now, zero=z)), None)
         if stage:
             return f"--zero {stage} would fit"
     by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards),
@@ -270,8 +271,7 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
             ways.append(" ".join(options(lean) + [f"-b {largest[lean]}"]))
         return f"{' or '.join(ways)} would fit (-d keeps the tokens per step)"
     sharded = (now[0], "adamw", False)  # several GPUs shard fp32 moments and reduce-scatter the gradients
-    stages = (1, 2) if plan.dtype == "fp8" else (1, 2, 3)
-    more = next(((n, z) for n in (2, 4, 8) for z in stages if n > gpus and fits(sharded, n=n, zero=z)), None) \
+    more = next(((n, z) for n in (2, 4, 8) for z in zero_stages(plan.dtype) if n > gpus and fits(sharded, n=n, zero=z)), None) \
         if plan.device == "cuda" else None
     if more:
         plain = ["--optimizer adamw"] * (now[1] != "adamw") + ["without --optimizer-in-backward"] * now[2]

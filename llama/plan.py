@@ -179,13 +179,18 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
             "in_backward": bool(in_backward)}
 
 
+def zero_stages(dtype: str | None) -> tuple[int, ...]:
+    """The ZeRO stages a dtype runs: FP8 casts every weight at the forward's start, so not stage 3."""
+    return ZERO_STAGES[:2] if dtype == "fp8" else ZERO_STAGES
+
+
 def check_zero(zero: int | None, gpus: int, dtype: str | None) -> None:
     """PlanError for a ZeRO stage (None: the plan's choice) that a run on gpus GPUs in dtype cannot take."""
     if zero is not None and zero not in ZERO_STAGES:
         raise PlanError(f"--zero {zero}: choose from {', '.join(map(str, ZERO_STAGES))}")
     if zero not in (None, 1) and gpus == 1:
         raise PlanError(f"--zero {zero} shards over several GPUs; on one, everything is held once (stage 1)")
-    if zero == 3 and dtype == "fp8":
+    if zero is not None and zero not in zero_stages(dtype):
         raise PlanError("--zero 3 with --dtype fp8: the FP8 casts of every weight are made at the forward's start, "
                         "when ZeRO-3 holds two layers; take --zero 2")
 
