@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from llama.model import reference as ref
+from llama.plan import DYNAMIC_TWINS
 from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu
@@ -119,7 +120,7 @@ def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
     check(f"gemm_{version}_split{splits}_accumulate", c, c0 - 2.0 * opa @ opb, TOL["f32"])
 
 
-DYNAMIC = {"wgmma7": "wgmma6", "wgmma8": "wgmma5"}  # the versions that claim their tiles, and their static twins
+DYNAMIC = {dynamic: static for static, dynamic in DYNAMIC_TWINS.items()}  # the versions that claim tiles: their twins
 
 
 def run_gemm(ops, version, layout, a, b, c0, mode):

@@ -11,7 +11,7 @@ import pytest
 from llama import ops
 from llama.ops.bf16 import EMBEDDING_SEGMENT, embedding_partial_rows
 from llama.ops.gemm_problem import GemmProblem
-from llama.ops.gemm_wgmma import splitk_splits3
+from llama.ops.gemm_wgmma import UNIT_RING_BYTES, splitk_splits3
 from llama.cuda import BF16, DeviceArray
 from llama.optim import AdamWConfig
 
@@ -178,6 +178,9 @@ def test_the_hopper_gemm_chooser(M, N, K, version):
     assert GemmChooser(hopper=True, fp8=True, dynamic=True)(M, N, K) == "wgmma6"  # FP8 has no dynamic twin
 
 
+COUNTER = fake((1,), np.uint32, 256)  # the tile counter the launches below are given
+
+
 def wgmma_launch(monkeypatch, version, M, N, K):
     """The one kernel launch of ops.gemm (nt, bf16 out) on `version`, recorded instead of run on 132 multiprocessors:
     (name, signature, grid, args, shared)."""
@@ -187,7 +190,7 @@ def wgmma_launch(monkeypatch, version, M, N, K):
     monkeypatch.setattr(gemm_wgmma, "multiprocessors", lambda: 132)
     monkeypatch.setattr(gemm_wgmma, "operand_maps", lambda p, bn: (b"", b""))
     monkeypatch.setattr(gemm_wgmma, "device_maps", lambda maps: fake((256,), np.uint8))
-    monkeypatch.setattr(gemm_wgmma, "tile_counter", lambda: fake((1,), np.uint32, 256))
+    monkeypatch.setattr(gemm_wgmma, "tile_counter", lambda: COUNTER)
     monkeypatch.setattr(gemm_wgmma, "kernel", lambda module, name, signature: lambda grid, block, *args, shared: (
         launches.append((name, signature, grid, args, shared))))
     ops.gemm(fake((M, N)), fake((M, K)), fake((N, K)), trans_b=True, version=version)
@@ -205,6 +208,6 @@ def test_dynamic_versions_launch_their_static_twin_with_a_counter(monkeypatch, d
     static_name, static_signature, static_grid, static_args, static_shared = wgmma_launch(monkeypatch, static, M, N,
                                                                                           768)
     assert name == static_name.replace(static, dynamic) and signature == static_signature and grid == static_grid
-    assert len(signature) == len(args) and args[2] == 0x10100 and static_args[2] == 0
+    assert len(signature) == len(args) and args[2] == COUNTER.ptr and static_args[2] == 0
     assert args[:2] + args[3:] == static_args[:2] + static_args[3:]
-    assert shared == static_shared + 160 <= 227 * 1024
+    assert shared == static_shared + UNIT_RING_BYTES <= 227 * 1024
