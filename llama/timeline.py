@@ -50,9 +50,13 @@ class Timeline:
         originals come back at its end, also on an error."""
         event = self.event or runtime().drv.Event
         compute_stream = self.compute_stream or (lambda: runtime().stream)
-        targets = [(module, name, "compute", compute_stream) for name in names]
+
+        def launch_track() -> str:  # a launcher's: the communication stream's within Runtime.launching_on
+            return "communication" if comm is not None and compute_stream() == comm.stream else "compute"
+
+        targets = [(module, name, launch_track, compute_stream) for name in names]
         if comm is not None:
-            targets += [(comm, name, "communication", lambda: comm.stream) for name in COLLECTIVES]
+            targets += [(comm, name, lambda: "communication", lambda: comm.stream) for name in COLLECTIVES]
         originals = [(target, name, getattr(target, name)) for target, name, _, _ in targets]
         for target, name, stream_name, stream in targets:
             setattr(target, name, self._timed(name, getattr(target, name), stream_name, stream, event))
@@ -62,13 +66,13 @@ class Timeline:
             for target, name, original in originals:
                 setattr(target, name, original)
 
-    def _timed(self, name: str, fn: Callable, stream_name: str, stream: Callable, event: Callable) -> Callable:
+    def _timed(self, name: str, fn: Callable, track: Callable, stream: Callable, event: Callable) -> Callable:
         def timed(*args, **kwargs):
             start, end = event(), event()
             start.record(stream())
             result = fn(*args, **kwargs)
             end.record(stream())
-            self.calls.append((stream_name, self.label(name, args, kwargs), start, end))
+            self.calls.append((track(), self.label(name, args, kwargs), start, end))
             return result
         return timed
 

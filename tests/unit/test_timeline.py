@@ -58,6 +58,19 @@ def test_recorded_calls_become_spans_and_totals_and_the_originals_come_back():
     assert timeline.totals() == {"reduce_scatter": 3.0, "gemm nt": 2.0, "gemm tn": 2.0, "swiglu": 0.5}
 
 
+def test_a_launcher_on_the_communication_stream_is_on_its_track():
+    """Runtime.launching_on(comm.stream) sends a launcher's kernels (ZeRO's conversions and adds) to the
+    communication stream: its span is there too."""
+    ops, comm = fakes()
+    current = ["compute"]
+    timeline = Timeline(event=FakeEvent, compute_stream=lambda: current[0])
+    with timeline.recording(ops, ["gemm", "swiglu"], comm=comm):
+        ops.gemm()
+        current[0] = comm.stream
+        ops.swiglu()
+    assert [(s.stream, s.label) for s in timeline.spans()] == [("compute", "gemm"), ("communication", "swiglu")]
+
+
 def test_an_error_inside_the_block_restores_the_launchers():
     ops, _ = fakes()
     original = ops.gemm
