@@ -11,8 +11,10 @@ The fp32 master weights and the AdamW moments exist once over all ranks. A step:
 3. each rank runs AdamW on its shard and writes the new weights of its shard (bf16, or fp32 on the
    exact path);
 4. the shards are all-gathered: stages 1 and 2 into the full weights at the start of the next forward, bucket
-   by bucket, each layer waiting only for its own bucket; stage 3 into the homes, each layer's just before
-   its forward (the next layer's gather running meanwhile) and again before its backward.
+   by bucket, each layer waiting only for its own bucket (the bf16 model; the fp32 model gathers them all
+   after its update, gather_weights); stage 3 into the homes, each layer's just before its forward (the next
+   layer's gather running meanwhile) and again before its backward, but for the two layers the forward leaves
+   in the slots.
 The bf16 model's captured graphs keep every collective inside the forward and backward that waits for it
 (begin ... end), so that CUDA graph capture sees each fork joined.
 
@@ -171,8 +173,9 @@ class Zero:
     after which the slot is free for the layer after next.
     Stage 3: the weights too live in homes: each layer's bucket is all-gathered into its slot before the layer's
     forward (the next layer's gather runs meanwhile), and again before its backward.
-    At stages 1 and 2 the new weights are all-gathered at the start of the next forward, bucket by bucket, and
-    each layer waits only for its own bucket (prefetch), instead of the whole gather after the update.
+    At stages 1 and 2 the bf16 model's new weights are all-gathered at the start of the next forward, bucket by
+    bucket, and each layer waits only for its own bucket (prefetch), instead of the whole gather after the update
+    (which the fp32 model keeps: gather_weights).
     reduce_dtype BF16: the gradients are reduce-scattered in bf16 (rounded before, widened into the fp32 shard
     after, on the communication stream): half the bytes, at the cost of their rounding.
     With comm None (one GPU; stage 1) the shard buffers are the full ones and nothing is communicated.
