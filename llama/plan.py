@@ -198,11 +198,12 @@ def check_zero(zero: int | None, gpus: int, dtype: str | None) -> None:
 def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
               optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1,
               fp8_scaling: str | None = None, zero: int | None = None, batch: tuple[int, int] | None = None,
-              reduce_dtype: str | None = None) -> Plan:
+              reduce_dtype: str | None = None, free_memory: int | None = None) -> Plan:
     """The plan of a run of this model on gpus GPUs: device None picks the GPU where one is usable; dtype
     None picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer
     and in_backward None take the path's defaults (RECIPES); fp8_scaling None is row-wise; zero None on
-    several GPUs is the lowest ZeRO stage whose buffers for (B, T) batches fit the GPU's free memory (stage 1
+    several GPUs is the lowest ZeRO stage whose buffers for (B, T) batches fit in free_memory bytes (None: this
+    GPU's free memory; the trainer passes the least over the ranks, so that they all take the same stage; stage 1
     without a batch); reduce_dtype None reduces the gradients in fp32."""
     if fp8_scaling is not None and dtype != "fp8":
         raise PlanError(f"--fp8-scaling {fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
@@ -250,5 +251,6 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
                 reduce_dtype=reduce_dtype or "fp32")
     if zero is None and gpus > 1 and batch is not None:
         from .memory import choose_zero, gpu_free
-        plan = replace(plan, zero=choose_zero(plan, config, *batch, gpus, gpu_free()))
+        available = gpu_free() if free_memory is None else free_memory
+        plan = replace(plan, zero=choose_zero(plan, config, *batch, gpus, available))
     return plan

@@ -90,11 +90,13 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
     return GPUModelFP32(config, B, T, params=params, comm=comm, zero=plan.zero)
 
 
-def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int) -> str:
-    """One line: what a run needs of its device's memory and what is available, checked before anything
-    large is allocated; NotEnoughMemory, naming what would fit, when it does not (llama/memory.py)."""
+def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, free_gpu: int | None = None) -> str:
+    """One line: what a run needs of its device's memory and what is available (free_gpu: the GPU's free bytes,
+    None reads this one's), checked before anything large is allocated; NotEnoughMemory, naming what would fit,
+    when it does not (llama/memory.py)."""
     needed = sum(training_buffers(plan, config, B, T, gpus).values())
-    available, where = (host_available(), "host") if plan.device == "cpu" else (gpu_free(), "GPU")
+    available, where = ((host_available(), "host") if plan.device == "cpu" else
+                        (gpu_free() if free_gpu is None else free_gpu, "GPU"))
     advice = what_would_fit(plan, config, B, T, gpus, available) if available is not None and needed > available else ""
     return "memory: " + require(needed, available, "the run", where, advice, lower_bound=plan.device == "cuda")
 
@@ -103,7 +105,7 @@ def mean_over_ranks(comm, *values: float) -> list[float]:
     """The mean over ranks of a few host numbers (the values themselves on one process)."""
     if comm is None:
         return list(values)
-    return list(comm.host_sum(values) / comm.world_size)
+    return list(comm.host_reduce(values) / comm.world_size)
 
 
 def find_resume_checkpoint(out: Path) -> dict | None:
@@ -143,9 +145,11 @@ class Trainer:
         # an HF folder's weights are read once the memory check passed, its config.json alone before
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
+        # every rank plans with the least free GPU memory among them: the same ZeRO stage, the same memory verdict
+        free_gpu = int(comm.host_reduce([gpu_free()], "min")[0]) if comm is not None else None
         self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer,
                               args.optimizer_in_backward, self.world, args.fp8_scaling, args.zero, (self.B, self.T),
-                              args.reduce_dtype)
+                              args.reduce_dtype, free_gpu)
         print(self.plan.summary(), file=sys.stderr)
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
@@ -156,7 +160,7 @@ class Trainer:
             print(f"note: this run computes {self.flops_per_step / 1e12:,.1f} TFLOP a step, minutes a step on a CPU: "
                   "its model and batch are sized for a GPU (the CPU default: -e {model} -b {batch_size} -t {seq_len})"
                   .format(**DEVICE_DEFAULTS["cpu"]), file=sys.stderr)
-        print(check_memory(self.plan, self.config, self.B, self.T, self.world), file=sys.stderr)
+        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu), file=sys.stderr)
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}

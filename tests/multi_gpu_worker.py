@@ -43,8 +43,9 @@ def main() -> int:
         assert np.array_equal(gathered.download().view(np.uint16), expected.view(np.uint16)), "all_gather bf16"
         print(f"rank {rank}: all_gather bf16 ok", flush=True)
 
-        assert np.allclose(comm.host_sum([rank, 1.5]), [sum(range(world)), 1.5 * world]), "host_sum"
-        print(f"rank {rank}: host_sum ok", flush=True)
+        assert np.allclose(comm.host_reduce([rank, 1.5]), [sum(range(world)), 1.5 * world]), "host_reduce sum"
+        assert np.array_equal(comm.host_reduce([rank, -rank], "min"), [0, 1 - world]), "host_reduce min"
+        print(f"rank {rank}: host_reduce ok", flush=True)
 
         # a captured fork / all-reduce / join replays with the values in place at replay time
         y = to_device(everyone[rank])

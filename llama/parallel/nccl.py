@@ -32,7 +32,7 @@ from .distributed import DistributedEnv, Rendezvous, Watchdog, abort
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 NCCL_TYPES = {np.dtype(np.float32): 7, np.dtype(np.float64): 8, BF16: 9}  # ncclFloat32, ncclFloat64, ncclBfloat16
-NCCL_SUM, NCCL_AVG = 0, 4
+NCCL_OPS = {"sum": 0, "max": 2, "min": 3, "avg": 4}  # ncclSum, ncclMax, ncclMin, ncclAvg
 NCCL_IN_PROGRESS = 7
 DESTROY_LIMIT = 30.0  # seconds
 
@@ -139,7 +139,7 @@ class Communicator:
         """out (n,) = this rank's n-slice of the sum (or mean) over ranks of x (world_size * n,)."""
         if x.size != out.size * self.world_size or x.dtype != out.dtype:
             raise ValueError(f"reduce_scatter of {x.size} {x.dtype} into {out.size} {out.dtype} on {self.world_size} ranks")
-        _check(_lib().ncclReduceScatter(x.ptr, out.ptr, out.size, NCCL_TYPES[x.dtype], NCCL_AVG if average else NCCL_SUM,
+        _check(_lib().ncclReduceScatter(x.ptr, out.ptr, out.size, NCCL_TYPES[x.dtype], NCCL_OPS["avg" if average else "sum"],
                                         self.comm, self._handle()), "ncclReduceScatter", self.comm)
 
     def all_gather(self, out: DeviceArray, x: DeviceArray) -> None:
@@ -149,22 +149,23 @@ class Communicator:
         _check(_lib().ncclAllGather(x.ptr, out.ptr, x.size, NCCL_TYPES[x.dtype], self.comm, self._handle()),
                "ncclAllGather", self.comm)
 
-    def all_reduce(self, x: DeviceArray, average: bool = False) -> None:
-        """x = the sum (or mean) of x over ranks, in place."""
-        _check(_lib().ncclAllReduce(x.ptr, x.ptr, x.size, NCCL_TYPES[x.dtype], NCCL_AVG if average else NCCL_SUM,
-                                    self.comm, self._handle()), "ncclAllReduce", self.comm)
+    def all_reduce(self, x: DeviceArray, op: str = "sum") -> None:
+        """x = the sum (or max, min, mean: op as NCCL_OPS names them) of x over ranks, in place."""
+        _check(_lib().ncclAllReduce(x.ptr, x.ptr, x.size, NCCL_TYPES[x.dtype], NCCL_OPS[op], self.comm, self._handle()),
+               "ncclAllReduce", self.comm)
 
     def group(self):
         """Collectives issued inside `with comm.group():` go out as one NCCL launch."""
         return _Group()
 
-    def host_sum(self, values) -> np.ndarray:
-        """The sum over ranks of a few host numbers (float64), e.g. the step's loss and stop request."""
+    def host_reduce(self, values, op: str = "sum") -> np.ndarray:
+        """The sum (or op as all_reduce takes it) over ranks of a few host numbers (float64), e.g. the step's loss
+        and stop request, or the least free GPU memory."""
         values = np.asarray(values, dtype=np.float64).ravel()
         scalars = self._scalars.prefix(values.size)
         scalars.upload(values)
         self.fork()
-        self.all_reduce(scalars)
+        self.all_reduce(scalars, op)
         self.join()
         return scalars.download()
 

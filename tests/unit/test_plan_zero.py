@@ -67,3 +67,17 @@ def test_several_gpus_take_the_gemms_that_claim_their_tiles(monkeypatch):
     two = make_plan(config, gpus=2)
     assert two.gemm.name == "wgmma8/wgmma7" and "gemm wgmma8/wgmma7" in two.summary()
     assert make_plan(config, dtype="fp8", gpus=2).fp8_gemm.name == "wgmma6"
+
+
+def test_the_stage_comes_from_the_free_memory_the_ranks_share(monkeypatch):
+    """make_plan takes the stage from free_memory when given (the trainer passes the least over the ranks, so
+    that a rank with more room does not pick a lower stage than the others and wait on collectives they never
+    issue), else from this GPU's free memory."""
+    from llama import memory
+    monkeypatch.setattr(plan_module, "runtime", fake_runtime((9, 0), "sm_90a"))
+    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    monkeypatch.setattr(memory, "gpu_free", lambda: 10**15)  # this GPU: room for anything
+    need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}
+    options = dict(recompute="full", gpus=2, batch=(1, 8192))
+    assert make_plan(CONFIG, **options).zero == 1
+    assert [make_plan(CONFIG, **options, free_memory=room).zero for room in (need[1], need[2], need[3])] == [1, 2, 3]
