@@ -1,5 +1,6 @@
 """One rank of the collectives check (tests/gpu/test_multi_gpu.py): started by llama.launch, one process
-per GPU. Every check compares with values computed on the host; a failure exits non-zero."""
+per GPU. Each check compares with values computed on the host, or (the bf16 model's eager steps) with the
+captured step; a failure exits non-zero."""
 
 import faulthandler
 import sys
@@ -15,8 +16,37 @@ def rank_values(rank: int, n: int, dtype) -> np.ndarray:
     return (np.random.default_rng(rank).standard_normal(n)).astype(dtype)
 
 
+def eager_steps_match_captured(comm, stage: int) -> None:
+    """The bf16 model's eager path (forward, backward per micro-batch, then optimizer_step) gives the bits of its
+    captured train_step at this ZeRO stage: two steps of two micro-batches (the later one's reductions add to the
+    shard at stages 2-3), different batches on each rank."""
+    from llama.config import get_preset
+    from llama.model.gpu_bf16 import GPUModelBF16
+    from llama.optim import AdamWConfig
+    from llama.params import init_parameters
+    from llama.plan import make_plan
+    config = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=3, vocab_size=512, multiple_of=64,
+                                        max_seq_len=64)
+    params, opt = init_parameters(config, 3).astype(BF16).astype(np.float32), AdamWConfig()
+    plan = make_plan(config, "cuda", "bf16", gpus=comm.world_size, zero=stage)
+    captured, eager = (GPUModelBF16(config, 2, 64, params=params, comm=comm, plan=plan) for _ in range(2))
+    rng = np.random.default_rng(comm.rank)
+    batches = [(rng.integers(0, 512, (2, 64)), rng.integers(0, 512, (2, 64))) for _ in range(2)]
+    for step in (1, 2):  # the second step replays the captured graphs
+        captured.train_step(batches, 1e-3, step, opt)
+        eager.zero_grad()
+        for tokens, targets in batches:
+            eager.forward(tokens, targets, loss_scale=0.5)
+            eager.backward()
+        eager.optimizer_step(1e-3, step, opt)
+    a, b = captured.get_params(), eager.get_params()
+    if comm.rank == 0:
+        assert not np.array_equal(a, params), f"ZeRO-{stage}: the steps changed nothing"
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"ZeRO-{stage}: eager steps differ from train_step"
+
+
 def main() -> int:
-    faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where it is
+    faulthandler.dump_traceback_later(240, exit=True)  # a hang shows where it is
     env = DistributedEnv.from_environ()
     select_device(env.local_rank)
     from llama.parallel.nccl import Communicator
@@ -75,6 +105,9 @@ def main() -> int:
                     f"bucket {k} at stage {stage}"
             zero.end(None)
             print(f"rank {rank}: Zero stage {stage} gathers ok", flush=True)
+        for stage in STAGES:
+            eager_steps_match_captured(comm, stage)
+            print(f"rank {rank}: bf16 eager steps at ZeRO-{stage} ok", flush=True)
         runtime().synchronize()
     print(f"rank {rank}: collectives ok")
     return 0

@@ -280,15 +280,17 @@ class GPUModelBF16(GPUModelBase):
                 return_loss: bool = True) -> float | None:
         """Run the model on (b, t) tokens. With targets the mean loss is returned (reading it is a
         sync; return_loss=False skips it) and, when loss_scale is given, the head's gradients are
-        added in the forward (chunked classifier) for backward() to continue. Without targets the
-        final norm is kept for read_logits()."""
+        added in the forward (chunked classifier) for backward() to continue (on several GPUs in the same
+        ZeRO region, which backward() ends). Without targets the final norm is kept for read_logits()."""
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         self._upload(tokens, targets)
         self.shape = tokens.shape
         self.loss_total.fill_zero()
+        with_gradients = targets is not None and loss_scale is not None
         self.zero.begin(gather=self.zero.stale)
-        self._forward(loss_scale if targets is not None else None, targets is not None, 1.0)
-        self.zero.end(None)
+        self._forward(loss_scale if with_gradients else None, targets is not None, 1.0)
+        if not with_gradients:
+            self.zero.end(None)
         if targets is None or not return_loss:
             return None
         return float(self.loss_total.download()[0])
@@ -353,10 +355,17 @@ class GPUModelBF16(GPUModelBase):
                 self.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
         ops.loss_accumulate_bf16(self.loss_total, s["losses"], loss_weight / N)
 
-    def backward(self, sync: bool = False) -> None:
-        """Add the gradients of the last forward (run with loss_scale) into the gradients; with sync (the
-        last micro-batch of a step, several GPUs) each bucket of final gradients is reduce-scattered
-        while the backward goes on."""
+    def backward(self) -> None:
+        """Add the gradients of the last forward (run with loss_scale) into the gradients (the eager path:
+        optimizer_step() after the step's last one). On several GPUs it ends the forward's ZeRO region: at
+        stages 2-3 each bucket is reduce-scattered into the shard (added from the step's second micro-batch
+        on) as soon as it is final; stage 1 reduces them all in optimizer_step()."""
+        self._backward(sync=False)
+        self.zero.end(last=False)
+
+    def _backward(self, sync: bool) -> None:
+        """The backward's launches (captured by train_step); with sync (the last micro-batch of a step, several
+        GPUs) each bucket of final gradients is reduce-scattered while the backward goes on."""
         c, z, starts = self.config, self.zero, self.layout.layer_starts()
         b, t = self.shape
         N, H, KV = b * t, c.n_heads, c.n_kv_heads
@@ -530,7 +539,7 @@ class GPUModelBF16(GPUModelBase):
         last one reduce-scatters the gradients (several GPUs; at ZeRO-2 and 3 every one does)."""
         self.zero.begin(gather=first, first=first)
         self._forward(1.0 / micro, True, 1.0 / micro)
-        self.backward(sync=last)
+        self._backward(sync=last)
         self.zero.end(last)
 
     # ---- the optimizer in the backward: one micro-batch a step, one captured graph
@@ -565,7 +574,7 @@ class GPUModelBF16(GPUModelBase):
         self.zero_grad()
         self.loss_total.fill_zero()
         self._forward(1.0, True, 1.0)
-        self.backward()  # the last group's update leaves this step's squared norm in norm_squared
+        self._backward(sync=False)  # the last group's update leaves this step's squared norm in norm_squared
         self.group_norms.copy_from(self.step_group_norms)
 
     @property
