@@ -189,6 +189,34 @@ def test_dynamic_claiming_counter_resets(ops, version):
     assert tile_counter().download()[0] == 0
 
 
+@pytest.mark.parametrize("version", list(DYNAMIC))
+def test_dynamic_claiming_takes_its_tiles_from_the_counter(ops, version):
+    """With the counter preset past the last unit, every claim fails: each CTA runs only its first tile (its block
+    index), and the tiles past the grid stay poisoned. A kernel that ignored the counter would write them all.
+    9 x 16 tiles of 128 x 128 (too few for version 7's wide tiles; a bf16 c, so version 8 does not split K)."""
+    if version not in versions():
+        pytest.skip(f"{version} needs sm_90a")
+    from llama.cuda import BF16
+    from llama.ops.common import multiprocessors
+    from llama.ops.gemm_wgmma import tile_counter
+    M, N, K, units, grid = 9 * 128, 16 * 128, 264, 9 * 16, multiprocessors()
+    if grid >= units:
+        pytest.skip(f"{grid} multiprocessors run all {units} tiles at once")
+    a, b = (dev_bf16(x) for x in operands("nt", M, N, K, 1)[:2])
+    full, c = poisoned((M, N), BF16), poisoned((M, N), BF16)
+    ops.gemm(full, a, b, trans_b=True, version=version)  # compiles, allocates the counter
+    tile_counter().upload(np.array([units], np.uint32))
+    ops.gemm(c, a, b, trans_b=True, version=version)
+    left = int(tile_counter().download()[0])
+    tile_counter().fill_zero()
+    assert left == units + grid, "each CTA claims once, and no claim resets the counter"
+    written, reference = c.download().astype(np.float32), full.download().astype(np.float32)
+    assert np.isfinite(reference).all()
+    tiles = np.isfinite(written).reshape(9, 128, 16, 128).any(axis=(1, 3))
+    assert tiles.sum() == grid, "tiles written besides each CTA's first"
+    assert np.array_equal(written[np.isfinite(written)], reference[np.isfinite(written)])
+
+
 def test_gemm_deterministic(ops, version):
     for layout in ("nt", "nn", "tn"):
         a, b, _, _ = operands(layout, 1000, 1032, 2048, 1)
