@@ -1,5 +1,6 @@
-// Precision conversions around a collective: the gradients reduce-scattered in bf16 (--reduce-dtype bf16,
-// llama/parallel/zero.py) are rounded from fp32 before it and widened back into the fp32 shard after it.
+// Precision conversions: the gradients reduce-scattered in bf16 (--reduce-dtype bf16, llama/parallel/zero.py) are
+// rounded from fp32 before the collective and widened back into the fp32 shard after it; the decoder rounds its
+// bf16 copy of fp32 weights (llama/model/gpu_decoder.py).
 // round_to_bf16: out (n,) bf16 = x (n,) fp32, rounded to nearest even.
 // widen_bf16: out (n,) fp32 = x (n,) bf16, or out += x with accumulate (a later micro-batch's reduction).
 #include "common.cuh"

@@ -26,7 +26,6 @@
 //                   (h, bi) to arrive combines the splits in split order: deterministic. Needs D a multiple
 //                   of 8, at most ATT_MAX_D.
 // advance:          after the sampler wrote ids (B,): history (B, T_max) at p + 1 = ids, *position += 1.
-// to_bf16:          out (n,) bf16 = in (n,) fp32 rounded to nearest even (the decoder's copy of fp32 weights).
 #include <cstdint>
 #include "bf16.cuh"
 
@@ -261,9 +260,4 @@ extern "C" __global__ void advance(int* history, int* position, const int* ids, 
         if (p + 1 < T_max) history[(long long)b * T_max + p + 1] = ids[b];
     __syncthreads();  // every thread has read the position
     if (threadIdx.x == 0) *position = p + 1;
-}
-
-extern "C" __global__ void to_bf16(bf16* out, const float* in, long long n) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(in[i]);
 }

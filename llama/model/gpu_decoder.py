@@ -100,7 +100,7 @@ class GPUDecoder:
     def reset(self) -> None:
         """Forget the cache (position 0); a decoder with its own bf16 copy remakes it from params."""
         if self.owns_weights:
-            ops.to_bf16(self.weights.prefix(self.layout.size), self.params.prefix(self.layout.size))
+            ops.round_to_bf16(self.weights.prefix(self.layout.size), self.params.prefix(self.layout.size))
         self.position, self.drawn = 0, False
 
     # ---- the decoder interface

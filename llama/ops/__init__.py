@@ -22,7 +22,7 @@ from .bf16 import (ADAMW_SCALARS, adamw8bit_update_bf16, adamw_scalars, adamw_up
                    swiglu_forward_bf16, token_segments, widen_bf16)
 from .common import NORM_BLOCKS
 from .decode import (MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,
-                     embed_tokens, last_residual, to_bf16)
+                     embed_tokens, last_residual)
 from .flash_attention import (FlashAttentionProblem, FlashSource, flash_attention_backward,
                               flash_attention_backward_atomic_dq, flash_attention_forward,
                               flash_attention_scratch_size)

@@ -410,7 +410,7 @@ def adamw_update_bf16(params: DeviceArray, params_bf16: DeviceArray, grads: Devi
                                                                      opt.grad_clip)))
 
 
-# ---- conversions around a collective (kernels/convert.cu)
+# ---- precision conversions (kernels/convert.cu)
 
 def round_to_bf16(out: DeviceArray, x: DeviceArray) -> None:
     """out (n,) bf16 = x (n,) fp32, rounded to nearest even."""

@@ -115,11 +115,3 @@ def advance(history: DeviceArray, position: DeviceArray, ids: DeviceArray) -> No
     check("ids", ids, (B,), I32)
     check("position", position, (1,), I32)
     kernel("decode", "advance", "PPPii")((1,), 32, history.ptr, position.ptr, ids.ptr, B, T_max, dependent=True)
-
-
-def to_bf16(out: DeviceArray, x: DeviceArray) -> None:
-    """out = x (fp32) rounded to bf16, any shape."""
-    check("x", x, x.shape, F32)
-    check("out", out, x.shape, BF16)
-    kernel("decode", "to_bf16", "PPq")((min(blocks(x.size)[0], 32 * multiprocessors()),), BLOCK, out.ptr, x.ptr,
-                                       x.size)
