@@ -252,6 +252,7 @@ class Trainer:
                                        seed=args.seed, vocab_size=V)
         self.val_loader = (DataLoader(self.val_pattern, B, T, self.rank, self.world, shuffle=False, vocab_size=V)
                            if self.val_pattern else None)
+        self.upcoming = None  # the next step's micro-batches, read while this step's were on the GPU
         if args.steps is not None and args.steps != -1:
             self.steps = args.steps
         elif args.epochs is not None or args.steps == -1:  # -x -1 is one epoch, as in llm.c
@@ -289,12 +290,20 @@ class Trainer:
     # ---- what a run does
 
     def step(self, step: int) -> tuple[float, float, float]:
-        """One optimizer step (0-based): (loss, grad norm, lr), the loss the mean over ranks."""
+        """One optimizer step (0-based): (loss, grad norm, lr). The next step's batch is read first and
+        handed to the model, which prepares it while this step runs; a checkpoint keeps the loader's
+        position from before that read."""
         lr = learning_rate(step, self.steps, self.lr, self.args.warmup, self.args.schedule, self.args.final_lr_frac)
-        inputs, targets = self.train_loader.next_batch()
-        batches = list(zip(np.split(inputs, self.grad_accum), np.split(targets, self.grad_accum)))
-        loss, norm = self.model.train_step(batches, lr, step + 1, self.opt)
+        batches = self.upcoming or self._next_batches()
+        self.loader_state = self.train_loader.state_dict()
+        self.upcoming = self._next_batches() if step + 1 < self.steps else None
+        loss, norm = self.model.train_step(batches, lr, step + 1, self.opt, self.upcoming[0] if self.upcoming else None)
         return loss, norm, lr
+
+    def _next_batches(self) -> list:
+        """The loader's next batch as the step's micro-batches [(tokens, targets), ...]."""
+        inputs, targets = self.train_loader.next_batch()
+        return list(zip(np.split(inputs, self.grad_accum), np.split(targets, self.grad_accum)))
 
     def evaluate(self) -> float:
         """The mean loss over the first --val-batches batches of the validation data."""
@@ -329,7 +338,7 @@ class Trainer:
         adam_m, adam_v = self.model.get_optimizer_state()
         if self.rank != 0:
             return
-        state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.train_loader.state_dict(),
+        state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.loader_state,
                  "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
                  "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": vars(self.args),
                  "group_norms_squared": self.model.group_norms_squared}

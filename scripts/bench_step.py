@@ -51,9 +51,9 @@ def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
     batches = [[(rng.integers(0, c.vocab_size, (B, T)), rng.integers(0, c.vocab_size, (B, T)))] for _ in range(4)]
     opt, done = AdamWConfig(), [0]
 
-    def step():
+    def step():  # as the trainer runs it: the next step's first micro-batch staged while this one runs
         done[0] += 1
-        model.train_step(batches[done[0] % 4], 1e-4, done[0], opt)
+        model.train_step(batches[done[0] % 4], 1e-4, done[0], opt, upcoming=batches[(done[0] + 1) % 4][0])
 
     for _ in range(warmup):  # the first step compiles and captures
         step()

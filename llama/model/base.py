@@ -81,13 +81,15 @@ class Model:
     reference and the fp32 GPU model); the bf16 GPU model replays them as captured CUDA graphs."""
     group_norms_squared: list[float] | None = None
 
-    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
+                   upcoming: tuple | None = None) -> tuple[float, float]:
         """One optimizer step over the micro-batches [(tokens, targets), ...] (step counts from 1):
-        (mean loss, grad norm)."""
+        (mean loss, grad norm). upcoming: the next step's first micro-batch, if known: the bf16 GPU model
+        does its host work while this step runs, and skips it when the same arrays (unchanged) come back."""
         self.start_step(batches, opt)
         for i, (tokens, targets) in enumerate(batches):
             self.micro_step(tokens, targets, len(batches), last=i == len(batches) - 1)
-        return self.finish_step(lr, step, opt)
+        return self.finish_step(lr, step, opt, upcoming)
 
     def start_step(self, batches: list, opt: AdamWConfig) -> None:
         self.zero_grad()
@@ -98,7 +100,7 @@ class Model:
         self.step_loss += self.forward(tokens, targets) / micro
         self.backward(loss_scale=1.0 / micro)
 
-    def finish_step(self, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
-        """Clip and AdamW; a non-finite loss skips the update and gives a NaN norm."""
+    def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:
+        """Clip and AdamW; a non-finite loss skips the update and gives a NaN norm (upcoming: train_step's)."""
         norm = self.optimizer_step(lr, step, opt) if math.isfinite(self.step_loss) else float("nan")
         return self.step_loss, norm

@@ -21,8 +21,10 @@ which live in the embedding's buffer and one buffer the other groups use in turn
 The training step (llama/model/base.py drives it: start_step, micro_step, finish_step) is captured
 as CUDA graphs, a micro-step (forward and backward) and the optimizer step, on the first step of a
 shape and replayed after: tokens upload asynchronously from pinned memory, lr and the bias
-corrections live in device memory, the loss accumulates on the device and is read once. Which GEMM
-version and flash attention build run is the plan's (llama/plan.py).
+corrections live in device memory, the loss accumulates on the device and is read once. While the
+step runs, the host stages the next step's first micro-batch when the caller names it (train_step's
+upcoming: its pinned copy and token segments), so that the GPU does not wait for that host work between
+steps. Which GEMM version and flash attention build run is the plan's (llama/plan.py).
 
 With --dtype fp8 (the plan's dtype "fp8", Hopper) the seven linear layers of each block run their forward,
 dX and dW GEMMs on FP8 e4m3 casts with row-wise power-of-two scales (ops.cast_fp8, ops.gemm_fp8), whose
@@ -149,6 +151,7 @@ class GPUModelBF16(GPUModelBase):
         for event in self.pinned_free:
             event.record(runtime().stream)
         self.turn = 0
+        self.staged = None  # the (tokens, targets) whose host work the pinned set of this turn holds already
 
     def _allocate_fp8(self) -> None:
         """The casts' scratch (fp8_shapes) and each linear weight's two FP8 copies with their scales (its rows
@@ -259,20 +262,33 @@ class GPUModelBF16(GPUModelBase):
     # ---- inputs
 
     def _upload(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
-        """Stage the batch in pinned memory and copy it in asynchronously, in stream order."""
-        N = tokens.size
-        pinned = self.pinned[self.turn]
-        self.pinned_free[self.turn].synchronize()  # the copies that last read this set have run
-        pinned["tokens"][:N] = tokens.ravel()
-        names = ["tokens"]
-        if targets is not None:
-            pinned["targets"][:N] = targets.ravel()
-            pinned["order"][:N], pinned["segments"][:N] = ops.token_segments(tokens)
-            names += ["targets", "order", "segments"]
-        for name in names:
+        """Stage the batch in pinned memory (unless _prepare staged these very arrays) and copy it in
+        asynchronously, in stream order."""
+        if self.staged is None or self.staged[0] is not tokens or self.staged[1] is not targets:
+            self._stage(tokens, targets)
+        self.staged = None
+        N, pinned = tokens.size, self.pinned[self.turn]
+        for name in ["tokens"] + (["targets", "order", "segments"] if targets is not None else []):
             self.inputs[name].prefix(*pinned[name][:N].shape).upload_async(pinned[name][:N])
         self.pinned_free[self.turn].record(runtime().stream)
         self.turn ^= 1
+
+    def _stage(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        """The host side of an upload: the batch, and with targets its token segments (the embedding's
+        backward), into the pinned set of this turn."""
+        N, pinned = tokens.size, self.pinned[self.turn]
+        self.pinned_free[self.turn].synchronize()  # the copies that last read this set have run
+        pinned["tokens"][:N] = tokens.ravel()
+        if targets is not None:
+            pinned["targets"][:N] = targets.ravel()
+            pinned["order"][:N], pinned["segments"][:N] = ops.token_segments(tokens)
+
+    def _prepare(self, upcoming: tuple | None) -> None:
+        """While the step runs on the GPU: the host work of the next step's first micro-batch (tokens,
+        targets), which the next _upload of the same arrays skips (Model.train_step's upcoming)."""
+        if upcoming is not None:
+            self._stage(*upcoming)
+            self.staged = upcoming
 
     # ---- forward and backward
 
@@ -518,14 +534,16 @@ class GPUModelBF16(GPUModelBase):
         self.micro_index += 1
         self.zero.stale = self.zero.stale and not first
 
-    def finish_step(self, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
-        """The optimizer step, then the loss and norm read with one synchronization."""
+    def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:
+        """The optimizer step, the next step's first micro-batch staged meanwhile, then the loss and norm read
+        with one synchronization."""
         key, micro, graphs = self.step_graphs
         self._set_scalars(lr, step, opt)
         if graphs is not None:
             graphs[1].replay()
         else:
             self._optimizer(opt)
+        self._prepare(upcoming)
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
         if graphs is None and key is not None:  # everything is allocated and compiled now: a graph per role
             roles = {(i == 0, i == micro - 1) for i in range(micro)}  # (first, last) of the step's micro-batches
@@ -544,13 +562,14 @@ class GPUModelBF16(GPUModelBase):
 
     # ---- the optimizer in the backward: one micro-batch a step, one captured graph
 
-    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
+                   upcoming: tuple | None = None) -> tuple[float, float]:
         """Model.train_step; with the optimizer in the backward one forward and a backward that updates
         each group of weights as soon as its gradients are final, clipped by the norm estimated from the
         groups' norms so far and the last step's (group_norms_squared), as the reference does. The first
         step of a shape runs eagerly and captures."""
         if not self.in_backward:
-            return super().train_step(batches, lr, step, opt)
+            return super().train_step(batches, lr, step, opt, upcoming)
         if len(batches) != 1:
             raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
         tokens, targets = batches[0]
@@ -563,6 +582,7 @@ class GPUModelBF16(GPUModelBase):
             graph.replay()
         else:
             self._step_in_backward(opt)
+        self._prepare(upcoming)
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
         if graph is None:
             self.graphs[key] = Graph(lambda: self._step_in_backward(opt))

@@ -486,11 +486,13 @@ class ReferenceModel(Model):
                                   opt, grad_scale=scale, start=first)
             self.pending, self.frontier = self.pending[:first - start].copy(), first
 
-    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
-        """Model.train_step; with in_backward one forward and a backward that updates the weights as it
-        goes, each update clipped by the norm estimated from the groups' norms so far and the last step's."""
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
+                   upcoming: tuple | None = None) -> tuple[float, float]:
+        """Model.train_step (nothing to stage: upcoming is ignored); with in_backward one forward and a backward
+        that updates the weights as it goes, each update clipped by the norm estimated from the groups' norms so
+        far and the last step's."""
         if not self.in_backward:
-            return super().train_step(batches, lr, step, opt)
+            return super().train_step(batches, lr, step, opt, upcoming)
         if len(batches) != 1:
             raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
         loss = self.forward(*batches[0])

@@ -117,6 +117,25 @@ def test_captured_step_matches_the_eager_path():
     assert np.array_equal(a.get_params().view(np.uint32), b.get_params().view(np.uint32))
 
 
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_staging_the_next_batch_changes_no_bit(in_backward):
+    """train_step's upcoming (the next step's first micro-batch staged while the step runs) gives the bits of
+    steps without it; a forward in between (an evaluation), or a step on other arrays than the staged ones,
+    uploads its own batch."""
+    params = bf16_params(CONFIG, seed=10)
+    a, b = (bf16_model(CONFIG, 3, 80, params, in_backward=in_backward) for _ in range(2))
+    batches = [[batch(20 + i)] for i in range(4)]
+    expected = [a.train_step(batches[i], 1e-3, i + 1, OPT) for i in range(4)]
+    got = [b.train_step(batches[0], 1e-3, 1, OPT, upcoming=batches[1][0])]
+    assert b.staged is batches[1][0]
+    b.forward(*batch(30))  # an evaluation between steps
+    got.append(b.train_step(batches[1], 1e-3, 2, OPT, upcoming=batches[3][0]))  # a wrong guess
+    got.append(b.train_step(batches[2], 1e-3, 3, OPT, upcoming=batches[3][0]))
+    got.append(b.train_step(batches[3], 1e-3, 4, OPT))
+    assert got == expected
+    assert np.array_equal(a.get_params().view(np.uint32), b.get_params().view(np.uint32))
+
+
 def test_full_recompute_gives_the_same_gradients_bit_for_bit():
     """The backward runs each layer's forward again from its input: the same activations, so the same
     gradients as keeping everything (and as the partial recompute)."""
