@@ -96,8 +96,10 @@ def main() -> int:
             if rank == 0:
                 assert np.array_equal(back, flat), f"Zero.gather at stage {stage}"
             assert np.array_equal(zero.gather_flat(zero.master).download(), flat), f"Zero.gather_flat at stage {stage}"
-            if zero.weights is not None:  # stages 1-2: what the gather does not write stays NaN
-                zero.weights.upload(np.full(zero.weights.size, np.nan, BF16))
+            # what the gathers do not write stays NaN: the full weights (stages 1-2), the buckets' homes (stage 3)
+            homes = zero.weight_homes
+            for buffer in [zero.weights] if zero.weights is not None else [*homes.own.values(), *homes.slots]:
+                buffer.upload(np.full(buffer.size, np.nan, BF16))
             zero.begin(gather=True)
             for k, (start, end) in enumerate(layout.spans):
                 zero.use_weights(start, prefetch=layout.spans[k + 1][0] if k + 1 < len(layout.spans) else None)
