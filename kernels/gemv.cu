@@ -33,6 +33,7 @@
 #include <cstdint>
 #include "bf16.cuh"
 #include "mma.cuh"
+#include "swiglu.cuh"
 
 #define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
@@ -269,7 +270,7 @@ __device__ void gemv(const GemvArgs& a) {
             const int r = e / GEMV_MAX_BATCH, b = e % GEMV_MAX_BATCH, n = row0 + r;
             if (b >= a.B || n >= a.N || !finishes_row(r, EPILOGUE, a.splits, rank)) continue;
             const float gate = tile[r][b] * rstd[b], up = tile[16 + r][b] * rstd[b];
-            a.out_bf16[(long long)b * a.N + n] = __float2bfloat16(gate / (1.0f + expf(-gate)) * up);
+            a.out_bf16[(long long)b * a.N + n] = __float2bfloat16(swiglu_value(gate, up));
         }
     } else {  // GEMV_QKV_ROPE: rows (2j, 2j + 1) of a head are a pair
         const int p = *a.position, half = a.D / 2;
