@@ -10,9 +10,12 @@ from llama.config import get_preset
 from llama.ops.flash_attention import FlashSource
 
 
-def fake_runtime(capability, code):
+def use_stand_in_gpu(monkeypatch, capability=(9, 0), code="sm_90a"):
+    """The plan sees one GPU of this compute capability and build code (an H100's by default), no CUDA needed."""
     device = SimpleNamespace(compute_capability=lambda: capability)
-    return lambda: SimpleNamespace(name="NVIDIA Test GPU", code=code, device=device)
+    monkeypatch.setattr(plan_module, "runtime", lambda: SimpleNamespace(name="NVIDIA Test GPU", code=code,
+                                                                         device=device))
+    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
 
 
 @pytest.mark.parametrize("capability, code, module, tma, name", [
@@ -20,8 +23,7 @@ def fake_runtime(capability, code):
     ((8, 0), "sm_80", "flash_attention", False, "flash v2 (mma.sync)"),
 ])
 def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, name):
-    monkeypatch.setattr(plan_module, "runtime", fake_runtime(capability, code))
-    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    use_stand_in_gpu(monkeypatch, capability, code)
     plan = plan_module.make_plan(get_preset("d12"), device="cuda")
     assert (plan.attention.module, plan.attention.tma, plan.attention_name) == (module, tma, name)
     assert f"attention {name}" in plan.summary()

@@ -8,15 +8,12 @@ from llama.config import get_preset
 from llama.memory import gpu_training_buffers
 from llama.params import ParameterLayout
 from llama.plan import PlanError
-from tests.unit.test_plan_attention import fake_runtime
+from tests.unit.test_plan_attention import use_stand_in_gpu
 
 
 @pytest.fixture
 def gpu(monkeypatch):
-    def use(capability, code):
-        monkeypatch.setattr(plan_module, "runtime", fake_runtime(capability, code))
-        monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
-    return use
+    return lambda capability, code: use_stand_in_gpu(monkeypatch, capability, code)
 
 
 def test_fp8_runs_on_hopper_and_says_so(gpu):

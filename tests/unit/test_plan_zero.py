@@ -5,9 +5,8 @@ import pytest
 
 from llama.config import get_preset
 from llama.memory import choose_zero, gpu_training_buffers, what_would_fit, zero_buffers
-from llama import plan as plan_module
 from llama.plan import GemmChooser, Plan, PlanError, make_plan
-from tests.unit.test_plan_attention import fake_runtime
+from tests.unit.test_plan_attention import use_stand_in_gpu
 
 GIB = 2**30
 CONFIG = get_preset("llama3.1-8b")
@@ -49,8 +48,7 @@ def test_each_stage_holds_less_and_the_plan_takes_the_lowest_that_fits():
 
 def test_bf16_reduction_is_refused_where_the_plan_falls_back_to_fp32(monkeypatch):
     """A model the bf16 kernels cannot take runs the exact fp32 path, whose reduce-scatter is fp32."""
-    monkeypatch.setattr(plan_module, "runtime", fake_runtime((9, 0), "sm_90a"))
-    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    use_stand_in_gpu(monkeypatch)
     odd = get_preset("d12").replace(vocab_size=128257)  # not a whole number of bf16 vectors
     with pytest.raises(PlanError, match="in fp32 on the exact path"):
         make_plan(odd, gpus=2, reduce_dtype="bf16")
@@ -60,8 +58,7 @@ def test_bf16_reduction_is_refused_where_the_plan_falls_back_to_fp32(monkeypatch
 def test_several_gpus_take_the_gemms_that_claim_their_tiles(monkeypatch):
     """On an H100 stand-in: one GPU runs GEMM versions 5/6, several their twins 8/7 (NCCL's kernels beside them);
     the FP8 GEMMs stay version 6."""
-    monkeypatch.setattr(plan_module, "runtime", fake_runtime((9, 0), "sm_90a"))
-    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    use_stand_in_gpu(monkeypatch)
     config = get_preset("d12")
     assert make_plan(config, gpus=1).gemm.name == "wgmma5/wgmma6"
     two = make_plan(config, gpus=2)
@@ -74,8 +71,7 @@ def test_the_stage_comes_from_the_free_memory_the_ranks_share(monkeypatch):
     that a rank with more room does not pick a lower stage than the others and wait on collectives they never
     issue), else from this GPU's free memory."""
     from llama import memory
-    monkeypatch.setattr(plan_module, "runtime", fake_runtime((9, 0), "sm_90a"))
-    monkeypatch.setattr(plan_module, "cuda_unavailable", lambda: None)
+    use_stand_in_gpu(monkeypatch)
     monkeypatch.setattr(memory, "gpu_free", lambda: 10**15)  # this GPU: room for anything
     need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}
     options = dict(recompute="full", gpus=2, batch=(1, 8192))
