@@ -36,11 +36,9 @@ from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir
 from llama.memory import NotEnoughMemory
-from llama.model.reference import FP8_SCALINGS, RECOMPUTE
-from llama.optim import OPTIMIZERS, SCHEDULES
+from llama.options import DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, SCHEDULES, ZERO_STAGES
 from llama.parallel.distributed import DistributedEnv, DistributedError
-from llama.parallel.zero import STAGES as ZERO_STAGES
-from llama.plan import DTYPES, PlanError
+from llama.plan import PlanError
 from llama.signals import StopNow
 from llama.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
 

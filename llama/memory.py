@@ -168,7 +168,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
                 **({"fp32 master and gradient shards": 2 * FLOAT32 * shard} if gpus > 1 else {}),
                 "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard,
                 "logits": B * T * config.vocab_size * FLOAT32}
-    from .model.gpu_bf16 import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
+    from .model.shapes import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
     from .ops import bf16 as ops
     from .plan import ATTENTION_HOPPER
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEDULES = ("cosine", "linear", "constant", "wsd")
+from .options import SCHEDULES
+
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ class AdamW8bitState(AdamWState):
                     np.zeros(self.size, np.float32) if v is None else np.asarray(v, np.float32))
 
 
-OPTIMIZERS = {state.name: state for state in (AdamWState, AdamW8bitState)}
+OPTIMIZER_STATES = {state.name: state for state in (AdamWState, AdamW8bitState)}  # by options.OPTIMIZERS
 
 
 def learning_rate(step: int, max_steps: int, lr: float, warmup_steps: int = 0,

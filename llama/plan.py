@@ -14,19 +14,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .cuda import cuda_unavailable, runtime
-from .model.reference import FP8_SCALINGS, RECOMPUTE
-from .optim import OPTIMIZERS, QUANT_BLOCK
+from .optim import QUANT_BLOCK
+from .options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
-from .parallel.zero import STAGES as ZERO_STAGES
 
-DTYPES = ("bf16", "fp8", "fp32")
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
 # reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU),
 # and so its FP8 linear layers; the fp32 GPU model keeps everything, with fp32 moments updated after the backward
-RECIPES = {"cpu": (RECOMPUTE, tuple(OPTIMIZERS), (False, True)),
-           "bf16": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
-           "fp8": (("partial", "none", "full"), tuple(OPTIMIZERS), (False, True)),
+RECIPES = {"cpu": (RECOMPUTE, OPTIMIZERS, (False, True)),
+           "bf16": (("partial", "none", "full"), OPTIMIZERS, (False, True)),
+           "fp8": (("partial", "none", "full"), OPTIMIZERS, (False, True)),
            "fp32": (("none",), ("adamw",), (False,))}
 DYNAMIC_TWINS = {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}  # GEMM versions and their twins that claim tiles
 FP8_ROW = 16  # FP8 rows hold a multiple of this many values: TMA reads rows of whole 16-byte units

@@ -28,10 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_log import read_log  # noqa: E402
 
-from llama.model.reference import FP8_SCALINGS  # noqa: E402
+from llama.options import DTYPES, FP8_SCALINGS  # noqa: E402
 
 B, T = 8, 1024
-DTYPES = ("bf16", "fp8", "fp32")  # llama/plan.py's
 TRAIN = str(Path(__file__).resolve().parents[1] / "train_llama.py")
 RECIPES = {"plain": [], "partial": ["--recompute", "partial"], "full": ["--recompute", "full"],
            "adamw8bit": ["--optimizer", "adamw8bit"], "in-backward": ["--optimizer-in-backward"]}

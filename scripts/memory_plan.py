@@ -20,10 +20,8 @@ import sys
 from llama.cli import HelpFormatter, positive_float, positive_int
 from llama.config import ConfigError, get_preset
 from llama.memory import gpu_free, host_available, size_text, training_buffers, what_would_fit
-from llama.model.reference import RECOMPUTE
-from llama.optim import OPTIMIZERS
-from llama.parallel.zero import STAGES as ZERO_STAGES
-from llama.plan import ATTENTION_HOPPER, DTYPES, Plan, PlanError, check_zero, choose_recipe, choose_device
+from llama.options import DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
+from llama.plan import ATTENTION_HOPPER, Plan, PlanError, check_zero, choose_recipe, choose_device
 
 GIB = 2**30
 # total memory of the GPUs we train on, as nvidia-smi reports it
@@ -40,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of a ZeRO run (with --device cuda)")
     p.add_argument("--zero", type=int, choices=ZERO_STAGES, default=1, help="the ZeRO stage on several GPUs")
     p.add_argument("--recompute", choices=RECOMPUTE, default=None, help="default: the path's (partial in bf16)")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=None, help="default: adamw")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="default: adamw")
     p.add_argument("--optimizer-in-backward", action="store_true", help="gradients a group at a time")
     p.add_argument("--memory", type=positive_float, default=None,
                    help="GiB to fit in (default: what is free here, or an H100 80GB and an H200 without a GPU)")

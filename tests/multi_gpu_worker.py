@@ -9,7 +9,8 @@ import numpy as np
 
 from llama.cuda import BF16, Graph, empty, runtime, select_device, to_device
 from llama.parallel.distributed import DistributedEnv
-from llama.parallel.zero import STAGES, ShardLayout, Zero
+from llama.options import ZERO_STAGES as STAGES
+from llama.parallel.zero import ShardLayout, Zero
 
 
 def rank_values(rank: int, n: int, dtype) -> np.ndarray:

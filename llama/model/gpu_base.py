@@ -19,7 +19,7 @@ class GPUModelBase(Model):
                reduce_dtype=np.float32) -> np.ndarray:
         """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
         weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
-        moments' format (llama/optim.py OPTIMIZERS); gradients False: no full gradient buffer (the
+        moments' format (llama/optim.py OPTIMIZER_STATES); gradients False: no full gradient buffer (the
         model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
         reduce-scatter. Returns the starting flat fp32 params (params, or a fresh
         initialization from seed)."""

@@ -25,8 +25,9 @@ import ml_dtypes
 import numpy as np
 
 from ..config import LlamaConfig
+from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
 from ..generate import HostSampling
-from ..optim import OPTIMIZERS, QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
+from ..optim import OPTIMIZER_STATES, QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
 
@@ -80,7 +81,6 @@ def matmul_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tupl
 # the largest |x| / scale of a slice is in (224, 448]. Tensor-wise scaling, the comparison, gives every
 # slice of a tensor the scale of the whole tensor's amax.
 E4M3_MAX = 448.0  # the largest finite float8 e4m3fn
-FP8_SCALINGS = ("row", "tensor")  # one scale per slice along K, or one per tensor
 
 
 def quantize_fp8(x: np.ndarray, axis: int = -1, scaling: str = "row") -> tuple[np.ndarray, np.ndarray]:
@@ -283,7 +283,6 @@ def rmsnorm_residual_backward(dresidual: np.ndarray, dout: np.ndarray, h: np.nda
 # The model
 
 
-RECOMPUTE = ("none", "partial", "full")  # what the backward recomputes: nothing, the norms and SwiGLU, every layer
 RECOMPUTED = {"none": (), "partial": ("ln1", "ln2", "ffn")}  # the activations a layer does not keep ("full": all but x)
 
 
@@ -327,7 +326,7 @@ class ReferenceModel(Model):
         self.params = params.astype(self.dtype, copy=True)
         self.in_backward = in_backward
         self.grads = None if in_backward else np.zeros_like(self.params)
-        self.optimizer = OPTIMIZERS[optimizer](self.layout.size, self.dtype)
+        self.optimizer = OPTIMIZER_STATES[optimizer](self.layout.size, self.dtype)
         self.decay_mask = self.layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.acts = None

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..cuda import BF16, FP8, DeviceArray, empty
-from ..model.reference import FP8_SCALINGS
+from ..options import FP8_SCALINGS
 from .bf16 import gemm_epilogue, launch_gemm
 from .common import I32, check, check_aligned, kernel
 from .gemm_problem import GemmProblem

@@ -36,10 +36,10 @@ import numpy as np
 
 from .. import ops
 from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
-from ..optim import OPTIMIZERS, QUANT_BLOCK, ZERO_CODES, AdamW8bitState
+from ..optim import QUANT_BLOCK, ZERO_CODES, AdamW8bitState
+from ..options import OPTIMIZERS, ZERO_STAGES
 
 ALIGN = 16  # elements: pieces start 64-byte aligned in fp32, 32-byte in bf16
-STAGES = (1, 2, 3)  # ZeRO: the optimizer state sharded; and the gradients; and the weights
 
 
 def round_up(x: int, unit: int) -> int:
@@ -189,8 +189,8 @@ class Zero:
                  optimizer: str = "adamw", gradients: bool = True, stage: int = 1, reduce_dtype=np.float32):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
-        if stage not in STAGES:
-            raise ValueError(f"ZeRO stage {stage}: choose from {', '.join(map(str, STAGES))}")
+        if stage not in ZERO_STAGES:
+            raise ValueError(f"ZeRO stage {stage}: choose from {', '.join(map(str, ZERO_STAGES))}")
         if optimizer == "adamw8bit" and comm is not None:
             raise ValueError("8-bit moments run on one GPU: ZeRO's shards would cut their blocks")
         if not gradients and comm is not None:

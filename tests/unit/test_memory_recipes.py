@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.model.reference import RECOMPUTE, ReferenceModel
+from llama.model.reference import ReferenceModel
+from llama.options import RECOMPUTE
 from llama.optim import QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
 from llama.plan import PlanError, choose_recipe
 
