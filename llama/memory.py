@@ -29,8 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from .config import LlamaConfig
+from .cuda import runtime
+from .model.shapes import FP32_BUFFERS, HOPPER_ATTENTION, activation_shapes, fp8_shapes, linear_weights
+from .ops import bf16 as ops
 from .optim import QUANT_BLOCK, AdamW8bitState
+from .options import RECIPES, zero_stages
 from .params import ParameterLayout, count_parameters
+from .parallel.zero import ShardLayout, home_lengths
 
 FLOAT32 = 4
 # cgroup v2, then v1: (limit, usage) as a container sees them
@@ -96,7 +101,6 @@ def host_available() -> int | None:
 
 def gpu_free() -> int:
     """Bytes free on this process's GPU."""
-    from .cuda import runtime
     return runtime().drv.mem_get_info()[0]
 
 
@@ -140,7 +144,6 @@ def zero_buffers(config: LlamaConfig, gpus: int, zero: int,
     """Values per GPU under ZeRO (llama/parallel/zero.py): the weights the forward reads, the gradients, a shard,
     the scratch of a later micro-batch's fp32 reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
     gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots)."""
-    from .parallel.zero import ShardLayout, home_lengths
     layout = ParameterLayout(config)
     shards = ShardLayout(layout.size, gpus, layout.layer_starts())
     full = shards.padded_size
@@ -168,12 +171,9 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
                 **({"fp32 master and gradient shards": 2 * FLOAT32 * shard} if gpus > 1 else {}),
                 "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard,
                 "logits": B * T * config.vocab_size * FLOAT32}
-    from .model.shapes import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
-    from .ops import bf16 as ops
-    from .plan import ATTENTION_HOPPER
 
     N = B * T
-    layer, shared = activation_shapes(config, B, T, recompute, attention or ATTENTION_HOPPER[0])
+    layer, shared = activation_shapes(config, B, T, recompute, attention or HOPPER_ATTENTION)
 
     def size(shapes: dict) -> int:
         return sum(math.prod(shape) * (FLOAT32 if name in FP32_BUFFERS else 2) for name, shape in shapes.items())
@@ -212,7 +212,6 @@ def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -
 def choose_zero(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> int:
     """The ZeRO stage a run on several GPUs takes: the lowest (the least communication) whose buffers fit in
     `available` bytes, else 3 (the memory check then says what would fit)."""
-    from .plan import zero_stages
     stages = zero_stages(plan.dtype)
     return next((z for z in stages if sum(training_buffers(replace(plan, zero=z), config, B, T, gpus).values())
                  <= available), stages[-1])
@@ -230,8 +229,6 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
     """The least change to a run that does not fit in `available` bytes that would: on several GPUs a higher
     ZeRO stage, else the cheapest memory recipe of its path that fits (RECIPE_COST), else a smaller -b (also
     with the leanest recipe, where that allows a larger one), else (on a GPU) more GPUs."""
-    from .plan import RECIPES, zero_stages
-
     def fits(recipe: tuple, b: int = B, n: int = gpus, zero: int = plan.zero) -> bool:
         changed = replace(plan, recompute=recipe[0], optimizer=recipe[1], in_backward=recipe[2], zero=zero)
         return sum(training_buffers(changed, config, b, T, n).values()) <= available

@@ -3,6 +3,10 @@
 rest of the package, so any layer can read it.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 DEVICES = ("cuda", "cpu")
 DTYPES = ("bf16", "fp8", "fp32")  # GPU precision: mixed bf16, bf16 with FP8 linear layers, the exact fp32 path
 RECOMPUTE = ("none", "partial", "full")  # what the backward recomputes: nothing, the norms and SwiGLU, every layer
@@ -11,3 +15,38 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")  # the learning-rate schedul
 FP8_SCALINGS = ("row", "tensor")  # --dtype fp8: one scale per slice along K, or one per tensor
 ZERO_STAGES = (1, 2, 3)  # ZeRO: the optimizer state sharded; and the gradients; and the weights
 REDUCE_DTYPES = ("fp32", "bf16")  # several GPUs: the gradients' reduce-scatter
+
+# the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
+# reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU),
+# and so its FP8 linear layers; the fp32 GPU model keeps everything, with fp32 moments updated after the backward
+RECIPES = {"cpu": (RECOMPUTE, OPTIMIZERS, (False, True)),
+           "bf16": (("partial", "none", "full"), OPTIMIZERS, (False, True)),
+           "fp8": (("partial", "none", "full"), OPTIMIZERS, (False, True)),
+           "fp32": (("none",), ("adamw",), (False,))}
+
+
+def zero_stages(dtype: str | None) -> tuple[int, ...]:
+    """The ZeRO stages a dtype runs: FP8 casts every weight at the forward's start, so not stage 3."""
+    return ZERO_STAGES[:2] if dtype == "fp8" else ZERO_STAGES
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a run asks of the plan (llama/plan.py make_plan); None leaves the choice to the plan. gpus and
+    batch ((B, T) per GPU) size the ZeRO stage the plan picks on several GPUs."""
+    device: str | None = None  # DEVICES
+    dtype: str | None = None  # DTYPES
+    recompute: str | None = None  # RECOMPUTE
+    optimizer: str | None = None  # OPTIMIZERS
+    in_backward: bool = False  # the optimizer steps inside the backward
+    fp8_scaling: str | None = None  # FP8_SCALINGS, with dtype fp8
+    zero: int | None = None  # ZERO_STAGES
+    reduce_dtype: str | None = None  # REDUCE_DTYPES
+    gpus: int = 1
+    batch: tuple[int, int] | None = None
+
+    @classmethod
+    def from_args(cls, args, gpus: int = 1, batch: tuple[int, int] | None = None) -> "RunOptions":
+        """The options of train_llama.py's parsed command line."""
+        return cls(args.device, args.dtype, args.recompute, args.optimizer, args.optimizer_in_backward,
+                   args.fp8_scaling, args.zero, args.reduce_dtype, gpus, batch)

@@ -11,28 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 
 from .cuda import cuda_unavailable, runtime
+from .memory import choose_zero, gpu_free
+from .model.shapes import HOPPER_ATTENTION
 from .optim import QUANT_BLOCK
-from .options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
+from .options import FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
 from .ops.bf16 import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
-# the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
-# reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU),
-# and so its FP8 linear layers; the fp32 GPU model keeps everything, with fp32 moments updated after the backward
-RECIPES = {"cpu": (RECOMPUTE, OPTIMIZERS, (False, True)),
-           "bf16": (("partial", "none", "full"), OPTIMIZERS, (False, True)),
-           "fp8": (("partial", "none", "full"), OPTIMIZERS, (False, True)),
-           "fp32": (("none",), ("adamw",), (False,))}
 DYNAMIC_TWINS = {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}  # GEMM versions and their twins that claim tiles
 FP8_ROW = 16  # FP8 rows hold a multiple of this many values: TMA reads rows of whole 16-byte units
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
 # the flash attention build and its name in the plan's line: the ladder's v3 (kernels/flash_attention_wgmma.cu)
 # on Hopper, v2 (kernels/flash_attention.cu, mma.sync) on any other GPU from sm_80
-ATTENTION_HOPPER = FlashSource("flash_attention_wgmma", tma=True), "flash v3 (wgmma + TMA)"
+ATTENTION_HOPPER = HOPPER_ATTENTION, "flash v3 (wgmma + TMA)"
 ATTENTION = FlashSource(), "flash v2 (mma.sync)"
 
 
@@ -177,11 +171,6 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
             "in_backward": bool(in_backward)}
 
 
-def zero_stages(dtype: str | None) -> tuple[int, ...]:
-    """The ZeRO stages a dtype runs: FP8 casts every weight at the forward's start, so not stage 3."""
-    return ZERO_STAGES[:2] if dtype == "fp8" else ZERO_STAGES
-
-
 def check_zero(zero: int | None, gpus: int, dtype: str | None) -> None:
     """PlanError for a ZeRO stage (None: the plan's choice) that a run on gpus GPUs in dtype cannot take."""
     if zero is not None and zero not in ZERO_STAGES:
@@ -193,44 +182,44 @@ def check_zero(zero: int | None, gpus: int, dtype: str | None) -> None:
                         "when ZeRO-3 holds two layers; take --zero 2")
 
 
-def make_plan(config, device: str | None = None, dtype: str | None = None, recompute: str | None = None,
-              optimizer: str | None = None, in_backward: bool | None = None, gpus: int = 1,
-              fp8_scaling: str | None = None, zero: int | None = None, batch: tuple[int, int] | None = None,
-              reduce_dtype: str | None = None, free_memory: int | None = None) -> Plan:
-    """The plan of a run of this model on gpus GPUs: device None picks the GPU where one is usable; dtype
-    None picks bf16 wherever its kernels take the model, else the exact fp32 path; recompute, optimizer
-    and in_backward None take the path's defaults (RECIPES); fp8_scaling None is row-wise; zero None on
-    several GPUs is the lowest ZeRO stage whose buffers for (B, T) batches fit in free_memory bytes (None: this
-    GPU's free memory; the trainer passes the least over the ranks, so that they all take the same stage; stage 1
-    without a batch); reduce_dtype None reduces the gradients in fp32."""
-    if fp8_scaling is not None and dtype != "fp8":
-        raise PlanError(f"--fp8-scaling {fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
-                        f"{dtype or 'not fp8'}")
-    if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
-        raise PlanError(f"--fp8-scaling {fp8_scaling}: choose from {', '.join(FP8_SCALINGS)}")
-    fp8_scaling = fp8_scaling or FP8_SCALINGS[0]
-    check_zero(zero, gpus, dtype)
-    def check_reduce_dtype(dtype: str | None) -> None:
-        if reduce_dtype not in (None, "fp32") and (gpus == 1 or dtype == "fp32" or reduce_dtype != "bf16"):
-            raise PlanError(f"--reduce-dtype {reduce_dtype}: the gradients' reduce-scatter on several GPUs runs in "
-                            "fp32 or bf16, and in fp32 on the exact path")
+def check_reduce_dtype(reduce_dtype: str | None, gpus: int, dtype: str | None) -> None:
+    """PlanError for a reduce-scatter dtype (None: fp32) that a run on gpus GPUs in dtype cannot take."""
+    if reduce_dtype not in (None, "fp32") and (gpus == 1 or dtype == "fp32" or reduce_dtype not in REDUCE_DTYPES):
+        raise PlanError(f"--reduce-dtype {reduce_dtype}: the gradients' reduce-scatter on several GPUs runs in "
+                        "fp32 or bf16, and in fp32 on the exact path")
 
-    check_reduce_dtype(dtype)
-    device, why_no_gpu = _device(device)
+
+def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | None = None) -> Plan:
+    """The plan of a run of this model with these options (llama/options.py RunOptions): device None picks the
+    GPU where one is usable; dtype None picks bf16 wherever its kernels take the model, else the exact fp32
+    path; recompute, optimizer and in_backward None take the path's defaults (RECIPES); fp8_scaling None is
+    row-wise; zero None on several GPUs is the lowest ZeRO stage whose buffers for the options' (B, T) batches
+    fit in free_memory bytes (None: this GPU's free memory; the trainer passes the least over the ranks, so that
+    they all take the same stage; stage 1 without a batch); reduce_dtype None reduces the gradients in fp32."""
+    o = options
+    if o.fp8_scaling is not None and o.dtype != "fp8":
+        raise PlanError(f"--fp8-scaling {o.fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
+                        f"{o.dtype or 'not fp8'}")
+    if o.fp8_scaling is not None and o.fp8_scaling not in FP8_SCALINGS:
+        raise PlanError(f"--fp8-scaling {o.fp8_scaling}: choose from {', '.join(FP8_SCALINGS)}")
+    fp8_scaling = o.fp8_scaling or FP8_SCALINGS[0]
+    check_zero(o.zero, o.gpus, o.dtype)
+    check_reduce_dtype(o.reduce_dtype, o.gpus, o.dtype)
+    device, why_no_gpu = _device(o.device)
     if device == "cpu":  # the numpy reference: fp32, or fp8 as its twin of the FP8 linear layers
-        if dtype == "bf16":
+        if o.dtype == "bf16":
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 (or fp8's casts)")
-        return Plan("cpu", dtype or "fp32", "CPU",
+        return Plan("cpu", o.dtype or "fp32", "CPU",
                     note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
-                    **choose_recipe("cpu", recompute, optimizer, in_backward), fp8_scaling=fp8_scaling)
+                    **choose_recipe("cpu", o.recompute, o.optimizer, o.in_backward), fp8_scaling=fp8_scaling)
     why_not_bf16 = bf16_unsupported(config)
-    if dtype in ("bf16", "fp8") and why_not_bf16:
-        raise PlanError(f"--dtype {dtype}: {why_not_bf16}")
-    if dtype == "fp8" and fp8_unsupported(config):
+    if o.dtype in ("bf16", "fp8") and why_not_bf16:
+        raise PlanError(f"--dtype {o.dtype}: {why_not_bf16}")
+    if o.dtype == "fp8" and fp8_unsupported(config):
         raise PlanError(f"--dtype fp8: {fp8_unsupported(config)}")
-    dtype = dtype or ("fp32" if why_not_bf16 else "bf16")
-    check_reduce_dtype(dtype)  # the exact path the plan fell back to reduces in fp32
-    recipe = choose_recipe(dtype, recompute, optimizer, in_backward, gpus)
+    dtype = o.dtype or ("fp32" if why_not_bf16 else "bf16")
+    check_reduce_dtype(o.reduce_dtype, o.gpus, dtype)  # the exact path the plan fell back to reduces in fp32
+    recipe = choose_recipe(dtype, o.recompute, o.optimizer, o.in_backward, o.gpus)
     if recipe["in_backward"] and dtype != "fp32":  # each layer's update starts a whole 16-byte vector (8-bit: block)
         unit = QUANT_BLOCK if recipe["optimizer"] == "adamw8bit" else 16
         if config.dim % unit:
@@ -241,14 +230,13 @@ def make_plan(config, device: str | None = None, dtype: str | None = None, recom
     peaks = FP32_PEAK_FLOPS if dtype == "fp32" else BF16_PEAK_FLOPS  # fp8: MFU against the bf16 peak
     # several GPUs: the GEMMs claim their tiles, so that NCCL's kernels beside them delay them less (bench_multi_gpu.py:
     # 1B at ZeRO-2 on 2 H100s, 284.0 ms a step with versions 5/6, 278.2 with 8/7)
-    plan = Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(dynamic=gpus > 1),
+    plan = Plan("cuda", dtype, f"GPU {rt.name} ({rt.code})", gemm_chooser(dynamic=o.gpus > 1),
                 *(ATTENTION_HOPPER if rt.code == "sm_90a" else ATTENTION),
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,
-                fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None, zero=zero or 1,
-                reduce_dtype=reduce_dtype or "fp32")
-    if zero is None and gpus > 1 and batch is not None:
-        from .memory import choose_zero, gpu_free
+                fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None,
+                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32")
+    if o.zero is None and o.gpus > 1 and o.batch is not None:
         available = gpu_free() if free_memory is None else free_memory
-        plan = replace(plan, zero=choose_zero(plan, config, *batch, gpus, available))
+        plan = replace(plan, zero=choose_zero(plan, config, *o.batch, o.gpus, available))
     return plan

@@ -28,6 +28,7 @@ from .io.run_dir import RunDir
 from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
 from .model.reference import ReferenceModel
 from .optim import AdamWConfig, learning_rate
+from .options import RunOptions
 from .params import ParameterLayout, count_parameters, init_parameters
 from .plan import Plan, choose_device, make_plan
 from .progress import TrainingProgress, bar
@@ -147,9 +148,7 @@ class Trainer:
                                          read_hf_config(hf_folder) if hf_folder else None)
         # every rank plans with the least free GPU memory among them: the same ZeRO stage, the same memory verdict
         free_gpu = int(comm.host_reduce([gpu_free()], "min")[0]) if comm is not None else None
-        self.plan = make_plan(self.config, args.device, args.dtype, args.recompute, args.optimizer,
-                              args.optimizer_in_backward, self.world, args.fp8_scaling, args.zero, (self.B, self.T),
-                              args.reduce_dtype, free_gpu)
+        self.plan = make_plan(self.config, RunOptions.from_args(args, self.world, (self.B, self.T)), free_gpu)
         print(self.plan.summary(), file=sys.stderr)
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from llama.config import get_preset  # noqa: E402
 from llama.optim import AdamWConfig  # noqa: E402
+from llama.options import RunOptions  # noqa: E402
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T) per GPU
 VOCAB = 128256
@@ -57,7 +58,7 @@ def step_ms(config, B: int, T: int, steps: int, comm, zero: int, gemm: str) -> t
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.plan import make_plan
     before = allocated_bytes()
-    plan = make_plan(config, "cuda", "bf16", gpus=comm.world_size if comm else 1, zero=zero)
+    plan = make_plan(config, RunOptions("cuda", "bf16", gpus=comm.world_size if comm else 1, zero=zero))
     plan = replace(plan, gemm=replace(plan.gemm, dynamic=gemm == "dynamic"))
     model = GPUModelBF16(config, B, T, comm=comm, plan=plan)
     rng = np.random.default_rng(comm.rank if comm else 0)

@@ -33,6 +33,7 @@ from llama.config import get_preset
 from llama.cuda import allocated_bytes, runtime, time_ms
 from llama.memory import gpu_free, size_text, training_buffers
 from llama.optim import AdamWConfig
+from llama.options import RunOptions
 from llama.plan import make_plan
 from llama.timeline import Timeline
 from llama.trainer import matmul_flops_per_token
@@ -181,7 +182,7 @@ def main():
     for name, B, T in runs:
         c = get_preset(name).replace(vocab_size=VOCAB)
         key = f"{name} B{B} T{T}"
-        plan = make_plan(c, "cuda", args.dtype, args.recompute, args.optimizer, args.optimizer_in_backward)
+        plan = make_plan(c, RunOptions("cuda", args.dtype, args.recompute, args.optimizer, args.optimizer_in_backward))
         need, free = sum(training_buffers(plan, c, B, T).values()), gpu_free()
         print(f"\n{key}: {plan.summary()}; needs at least {size_text(need)}, {size_text(free)} free", flush=True)
         r = results[key] = {"B": B, "T": T, "recipe": plan.summary().split(" | ", 3)[-1], "ours_ms": None,

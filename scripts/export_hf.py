@@ -15,8 +15,8 @@ import argparse
 import sys
 
 from llama.cli import existing_path, positive_float
-from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
-from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, save_hf_folder
+from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
+from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, run_tokenizer_path, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 

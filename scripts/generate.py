@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
-from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint, run_tokenizer_path
+from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
 from llama.generate import Sampling, TextStream, generate
 from llama.model.reference import ReferenceDecoder
-from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
+from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder, run_tokenizer_path
+from llama.options import RunOptions
 from llama.plan import Plan, make_plan
 from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
 
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
         max_len = min(config.max_seq_len, len(ids) + args.max_new_tokens)
         if len(ids) >= max_len:
             raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room in the model's {config.max_seq_len}")
-        plan = make_plan(config, args.device)
+        plan = make_plan(config, RunOptions(args.device))
         decoder = make_decoder(plan, config, params, max_len)
         if not args.chat:
             sys.stdout.write(prompt)

@@ -25,11 +25,12 @@ def eager_steps_match_captured(comm, stage: int) -> None:
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.optim import AdamWConfig
     from llama.params import init_parameters
+    from llama.options import RunOptions
     from llama.plan import make_plan
     config = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=3, vocab_size=512, multiple_of=64,
                                         max_seq_len=64)
     params, opt = init_parameters(config, 3).astype(BF16).astype(np.float32), AdamWConfig()
-    plan = make_plan(config, "cuda", "bf16", gpus=comm.world_size, zero=stage)
+    plan = make_plan(config, RunOptions("cuda", "bf16", gpus=comm.world_size, zero=stage))
     captured, eager = (GPUModelBF16(config, 2, 64, params=params, comm=comm, plan=plan) for _ in range(2))
     rng = np.random.default_rng(comm.rank)
     batches = [(rng.integers(0, 512, (2, 64)), rng.integers(0, 512, (2, 64))) for _ in range(2)]

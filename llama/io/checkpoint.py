@@ -341,16 +341,3 @@ def reading_checkpoint(path: str | Path) -> Iterator[Path]:
         finally:
             if fd is not None:
                 os.close(fd)
-
-
-def run_tokenizer_path(state: dict) -> str | None:
-    """The tokenizer file a training run used, from its recorded arguments: --tokenizer, else the
-    tokenizer of its --init hf: folder; None means the default (data/tokenizer/, else bytes)."""
-    from .hf import hf_tokenizer_path
-
-    args = state.get("args", {})
-    init = args.get("init") or ""
-    if args.get("tokenizer"):
-        return args["tokenizer"]
-    found = hf_tokenizer_path(init[3:]) if init.startswith("hf:") else None
-    return str(found) if found else None

@@ -408,3 +408,14 @@ def _write_export(out: Path, shown: Path, config: LlamaConfig, params: np.ndarra
         (out / name).write_text(json.dumps(values, indent=indent, ensure_ascii=False) + "\n", encoding="utf-8")
         written.append(out / name)
     return written
+
+
+def run_tokenizer_path(state: dict) -> str | None:
+    """The tokenizer file a training run used, from its recorded arguments: --tokenizer, else the
+    tokenizer of its --init hf: folder; None means the default (data/tokenizer/, else bytes)."""
+    args = state.get("args", {})
+    init = args.get("init") or ""
+    if args.get("tokenizer"):
+        return args["tokenizer"]
+    found = hf_tokenizer_path(init[3:]) if init.startswith("hf:") else None
+    return str(found) if found else None

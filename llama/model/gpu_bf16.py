@@ -49,6 +49,7 @@ from .. import ops
 from ..config import LlamaConfig
 from ..cuda import BF16, FP8, DeviceArray, Graph, empty, runtime, zeros
 from ..optim import QUANT_BLOCK, AdamWConfig
+from ..options import RunOptions
 from ..parallel.zero import MasterReplica
 from ..plan import Plan, make_plan
 from .base import check_batch
@@ -62,7 +63,7 @@ class GPUModelBF16(GPUModelBase):
         """plan: the run's (llama/plan.py), which says which GEMM and attention builds run, what the
         backward recomputes and the optimizer; None makes the default bf16 plan of this model on this GPU
         (a PlanError says why the model does not fit it)."""
-        self.plan = plan or make_plan(config, "cuda", "bf16")
+        self.plan = plan or make_plan(config, RunOptions("cuda", "bf16"))
         self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
         self.fp8 = self.plan.dtype == "fp8"
         params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward,

@@ -27,6 +27,7 @@ from ..cuda import BF16, DeviceArray, Graph, empty, to_device, zeros
 from ..ops.flash_attention import HEAD_DIMS
 from ..ops.decode import MAX_HEAD_DIM
 from ..ops.gemv import MAX_BATCH, DecodeScratch
+from ..options import RunOptions
 from ..params import ParameterLayout
 from ..plan import Plan, make_plan
 from .base import rope_cos_sin
@@ -54,7 +55,7 @@ class GPUDecoder:
         if c.dim % 8 or c.head_dim % 8 or c.ffn_hidden_dim % 8 or c.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"the GPU decoder needs dim, head_dim and the FFN width in multiples of 8 and head_dim "
                              f"<= {MAX_HEAD_DIM}: {c}")
-        self.plan = plan or make_plan(config, "cuda")
+        self.plan = plan or make_plan(config, RunOptions("cuda"))
         self.params = params
         self.owns_weights = weights is None
         self.weights = empty(self.layout.size, BF16) if weights is None else weights

@@ -33,8 +33,9 @@ def bf16_params(config, seed):
 
 def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw", in_backward=False):
     from llama.model.gpu_bf16 import GPUModelBF16
+    from llama.options import RunOptions
     from llama.plan import make_plan
-    plan = make_plan(config, "cuda", "bf16", recompute=recompute, optimizer=optimizer, in_backward=in_backward)
+    plan = make_plan(config, RunOptions("cuda", "bf16", recompute=recompute, optimizer=optimizer, in_backward=in_backward))
     return GPUModelBF16(config, B, T, params=params, plan=plan)
 
 

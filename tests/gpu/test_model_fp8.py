@@ -31,9 +31,10 @@ def hopper():
 
 def fp8_model(config, B, T, params, recompute="partial", scaling="row"):
     from llama.model.gpu_bf16 import GPUModelBF16
+    from llama.options import RunOptions
     from llama.plan import make_plan
     return GPUModelBF16(config, B, T, params=params,
-                        plan=make_plan(config, "cuda", "fp8", recompute=recompute, fp8_scaling=scaling))
+                        plan=make_plan(config, RunOptions("cuda", "fp8", recompute=recompute, fp8_scaling=scaling)))
 
 
 @pytest.mark.parametrize("tied, scaling", [(False, "row"), (True, "row"), (False, "tensor")])

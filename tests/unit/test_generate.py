@@ -8,6 +8,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.generate import Sampling, TextStream, decoder_for, generate, sample_token
+from llama.options import RunOptions
 from llama.plan import make_plan
 from llama.model.reference import ReferenceDecoder
 from llama.model.reference import ReferenceModel
@@ -55,7 +56,7 @@ def test_greedy_generation_is_the_same_with_and_without_the_cache():
 
 def test_generation_stops_at_a_stop_id_or_a_full_cache():
     model = random_model(np.float32, seed=3)
-    decoder = decoder_for(model, make_plan(CONFIG, "cpu"), max_len=12)
+    decoder = decoder_for(model, make_plan(CONFIG, RunOptions("cpu")), max_len=12)
     free = generate(decoder, [1, 2, 3], 50, Sampling(temperature=0))
     assert len(free.tokens) == 10 and decoder.position == 12  # 12 positions: 3 prompt + 9 decoded, 1 more drawn
     stop = free.tokens[4]

@@ -8,6 +8,7 @@ import pytest
 from llama import plan as plan_module
 from llama.config import get_preset
 from llama.ops.flash_attention import FlashSource
+from llama.options import RunOptions
 
 
 def use_stand_in_gpu(monkeypatch, capability=(9, 0), code="sm_90a"):
@@ -24,7 +25,7 @@ def use_stand_in_gpu(monkeypatch, capability=(9, 0), code="sm_90a"):
 ])
 def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, name):
     use_stand_in_gpu(monkeypatch, capability, code)
-    plan = plan_module.make_plan(get_preset("d12"), device="cuda")
+    plan = plan_module.make_plan(get_preset("d12"), RunOptions(device="cuda"))
     assert (plan.attention.module, plan.attention.tma, plan.attention_name) == (module, tma, name)
     assert f"attention {name}" in plan.summary()
 

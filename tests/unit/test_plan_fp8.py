@@ -6,6 +6,7 @@ import pytest
 from llama import plan as plan_module
 from llama.config import get_preset
 from llama.memory import gpu_training_buffers
+from llama.options import RunOptions
 from llama.params import ParameterLayout
 from llama.plan import PlanError
 from tests.unit.test_plan_attention import use_stand_in_gpu
@@ -18,14 +19,14 @@ def gpu(monkeypatch):
 
 def test_fp8_runs_on_hopper_and_says_so(gpu):
     gpu((9, 0), "sm_90a")
-    plan = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8")
+    plan = plan_module.make_plan(get_preset("d12"), RunOptions(device="cuda", dtype="fp8"))
     assert (plan.path, plan.recompute) == ("fp8", "partial")
     assert "| dtype fp8 | gemm wgmma5/wgmma6 (FP8 e4m3 on wgmma6, row-wise scales, in the linear layers)," in (
         plan.summary())
     # version 6 for every FP8 shape, where the bf16 rule sends short K and the d768 weight gradients to version 5
     assert plan.fp8_gemm(16384, 768, 768) == plan.fp8_gemm(1280, 768, 16384) == "wgmma6"
     assert plan.gemm(16384, 768, 768) == plan.gemm(1280, 768, 16384) == "wgmma5"
-    tensor = plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8", fp8_scaling="tensor")
+    tensor = plan_module.make_plan(get_preset("d12"), RunOptions(device="cuda", dtype="fp8", fp8_scaling="tensor"))
     assert (tensor.path, tensor.fp8_scaling) == ("fp8", "tensor")
     assert "(FP8 e4m3 on wgmma6, tensor-wise scales, in the linear layers)" in tensor.summary()
 
@@ -39,35 +40,35 @@ def test_fp8_runs_on_hopper_and_says_so(gpu):
 def test_fp8_scaling_is_refused_in_one_line_without_fp8(gpu, device, dtype, scaling, message):
     gpu((9, 0), "sm_90a")
     with pytest.raises(PlanError, match=f"^{message}$"):
-        plan_module.make_plan(get_preset("d12"), device=device, dtype=dtype, fp8_scaling=scaling)
+        plan_module.make_plan(get_preset("d12"), RunOptions(device=device, dtype=dtype, fp8_scaling=scaling))
 
 
 def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpu):
     gpu((8, 0), "sm_80")
     with pytest.raises(PlanError, match=r"^--dtype fp8: FP8 GEMMs are wgmma kernels for sm_90a \(Hopper\), this GPU "
                                         r"is sm_80$"):
-        plan_module.make_plan(get_preset("d12"), device="cuda", dtype="fp8")
+        plan_module.make_plan(get_preset("d12"), RunOptions(device="cuda", dtype="fp8"))
     gpu((9, 0), "sm_90a")
     with pytest.raises(PlanError, match=r"^--dtype fp8: FP8 rows hold multiples of 16 values: ffn_hidden_dim 2072$"):
-        plan_module.make_plan(get_preset("d12").replace(multiple_of=8, ffn_dim_multiplier=1.01), device="cuda",
-                              dtype="fp8")
+        plan_module.make_plan(get_preset("d12").replace(multiple_of=8, ffn_dim_multiplier=1.01), RunOptions(device="cuda",
+                              dtype="fp8"))
     with pytest.raises(PlanError, match=r"^--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 "
                                         r"\(or fp8's casts\)$"):
-        plan_module.make_plan(get_preset("d12"), device="cpu", dtype="bf16")
+        plan_module.make_plan(get_preset("d12"), RunOptions(device="cpu", dtype="bf16"))
 
 
 def test_on_the_cpu_fp8_is_the_reference_with_its_fp8_casts():
     from llama.model.reference import ReferenceModel
     from llama.trainer import build_model
     config = get_preset("tiny")
-    plans = {dtype: plan_module.make_plan(config, device="cpu", dtype=dtype) for dtype in (None, "fp32", "fp8")}
+    plans = {dtype: plan_module.make_plan(config, RunOptions(device="cpu", dtype=dtype)) for dtype in (None, "fp32", "fp8")}
     assert [plan.dtype for plan in plans.values()] == ["fp32", "fp32", "fp8"]
     assert "| dtype fp8 | the numpy reference with FP8 casts (row-wise scales) in the linear layers |" in (
         plans["fp8"].summary())
     models = {dtype: build_model(plan, config, 2, 16, None) for dtype, plan in plans.items()}
     assert all(isinstance(model, ReferenceModel) for model in models.values())
     assert [model.fp8 for model in models.values()] == [None, None, "row"]
-    tensor = plan_module.make_plan(config, device="cpu", dtype="fp8", fp8_scaling="tensor")
+    tensor = plan_module.make_plan(config, RunOptions(device="cpu", dtype="fp8", fp8_scaling="tensor"))
     assert "the numpy reference with FP8 casts (tensor-wise scales)" in tensor.summary()
     assert build_model(tensor, config, 2, 16, None).fp8 == "tensor"
 

@@ -5,6 +5,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.memory import choose_zero, gpu_training_buffers, what_would_fit, zero_buffers
+from llama.options import RunOptions
 from llama.plan import GemmChooser, Plan, PlanError, make_plan
 from tests.unit.test_plan_attention import use_stand_in_gpu
 
@@ -22,7 +23,7 @@ CONFIG = get_preset("llama3.1-8b")
 ])
 def test_refusals(options, message):
     with pytest.raises(PlanError, match=message):
-        make_plan(CONFIG, **options)
+        make_plan(CONFIG, RunOptions(**options))
 
 
 def test_the_summary_names_the_stage_and_the_reduction():
@@ -51,8 +52,8 @@ def test_bf16_reduction_is_refused_where_the_plan_falls_back_to_fp32(monkeypatch
     use_stand_in_gpu(monkeypatch)
     odd = get_preset("d12").replace(vocab_size=128257)  # not a whole number of bf16 vectors
     with pytest.raises(PlanError, match="in fp32 on the exact path"):
-        make_plan(odd, gpus=2, reduce_dtype="bf16")
-    assert make_plan(get_preset("d12"), gpus=2, reduce_dtype="bf16").reduce_dtype == "bf16"
+        make_plan(odd, RunOptions(gpus=2, reduce_dtype="bf16"))
+    assert make_plan(get_preset("d12"), RunOptions(gpus=2, reduce_dtype="bf16")).reduce_dtype == "bf16"
 
 
 def test_several_gpus_take_the_gemms_that_claim_their_tiles(monkeypatch):
@@ -60,20 +61,20 @@ def test_several_gpus_take_the_gemms_that_claim_their_tiles(monkeypatch):
     the FP8 GEMMs stay version 6."""
     use_stand_in_gpu(monkeypatch)
     config = get_preset("d12")
-    assert make_plan(config, gpus=1).gemm.name == "wgmma5/wgmma6"
-    two = make_plan(config, gpus=2)
+    assert make_plan(config, RunOptions(gpus=1)).gemm.name == "wgmma5/wgmma6"
+    two = make_plan(config, RunOptions(gpus=2))
     assert two.gemm.name == "wgmma8/wgmma7" and "gemm wgmma8/wgmma7" in two.summary()
-    assert make_plan(config, dtype="fp8", gpus=2).fp8_gemm.name == "wgmma6"
+    assert make_plan(config, RunOptions(dtype="fp8", gpus=2)).fp8_gemm.name == "wgmma6"
 
 
 def test_the_stage_comes_from_the_free_memory_the_ranks_share(monkeypatch):
     """make_plan takes the stage from free_memory when given (the trainer passes the least over the ranks, so
     that a rank with more room does not pick a lower stage than the others and wait on collectives they never
     issue), else from this GPU's free memory."""
-    from llama import memory
+    from llama import plan
     use_stand_in_gpu(monkeypatch)
-    monkeypatch.setattr(memory, "gpu_free", lambda: 10**15)  # this GPU: room for anything
+    monkeypatch.setattr(plan, "gpu_free", lambda: 10**15)  # this GPU: room for anything
     need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}
     options = dict(recompute="full", gpus=2, batch=(1, 8192))
-    assert make_plan(CONFIG, **options).zero == 1
-    assert [make_plan(CONFIG, **options, free_memory=room).zero for room in (need[1], need[2], need[3])] == [1, 2, 3]
+    assert make_plan(CONFIG, RunOptions(**options)).zero == 1
+    assert [make_plan(CONFIG, RunOptions(**options), free_memory=room).zero for room in (need[1], need[2], need[3])] == [1, 2, 3]
