@@ -26,6 +26,8 @@ from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
 from .io.run_dir import RunDir
 from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
+from .model.gpu_bf16 import GPUModelBF16
+from .model.gpu_fp32 import GPUModelFP32
 from .model.reference import ReferenceModel
 from .optim import AdamWConfig, learning_rate
 from .options import RunOptions
@@ -85,9 +87,7 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
                               in_backward=plan.in_backward,
                               fp8=plan.fp8_scaling if plan.dtype == "fp8" else None)
     if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
-        from .model.gpu_bf16 import GPUModelBF16
         return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
-    from .model.gpu_fp32 import GPUModelFP32
     return GPUModelFP32(config, B, T, params=params, comm=comm, zero=plan.zero)
 
 
