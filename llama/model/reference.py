@@ -26,10 +26,10 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
-from ..generate import HostSampling
 from ..optim import OPTIMIZER_STATES, QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
+from .sampling import HostSampling
 
 # ----------------------------------------------------------------------------------------------
 # Layers
