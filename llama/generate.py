@@ -8,9 +8,9 @@ each generated token costs one position instead of the whole window:
   decoder.forward(tokens)            (B, V) logits of the last of n new positions (no draw)
   decoder.reset()                    forget the cache (position 0)
   decoder.position, decoder.max_len, decoder.batch
-ReferenceDecoder (llama/model/reference.py, numpy; it draws on the host through HostSampling) and
-GPUDecoder (llama/model/gpu_decoder.py, our kernels; it draws on the GPU) have this interface;
-generate() drives either.
+ReferenceDecoder (llama/model/reference.py, numpy; it draws on the host through HostSampling, with the
+sampling rules in llama/model/sampling.py) and GPUDecoder (llama/model/gpu_decoder.py, our kernels; it draws
+on the GPU) have this interface; generate() drives either.
 """
 
 from __future__ import annotations
