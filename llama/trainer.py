@@ -20,7 +20,7 @@ from .config import META_MODELS, LlamaConfig, get_preset
 from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
-from .generate import Sampling, decoder_for, generate
+from .generate import decoder_for, generate
 from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
@@ -29,6 +29,7 @@ from .memory import gpu_free, host_available, require, training_buffers, what_wo
 from .model.gpu_bf16 import GPUModelBF16
 from .model.gpu_fp32 import GPUModelFP32
 from .model.reference import ReferenceModel
+from .model.sampling import Sampling
 from .optim import AdamWConfig, learning_rate
 from .options import RunOptions
 from .params import ParameterLayout, count_parameters, init_parameters

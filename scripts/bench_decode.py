@@ -24,7 +24,7 @@ import numpy as np
 
 from llama.config import get_preset
 from llama.cuda import DEPENDENT_LAUNCHES, empty, runtime, to_device
-from llama.generate import Sampling
+from llama.model.sampling import Sampling
 from llama.model.gpu_decoder import GPUDecoder
 from llama.params import ParameterLayout
 

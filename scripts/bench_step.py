@@ -92,14 +92,7 @@ def kernel_breakdown(model, batches, opt) -> Timeline:
     with timeline.recording(ops, LAUNCHERS, comm=getattr(model, "comm", None)):
         from llama.model.gpu_bf16 import GPUModelBF16
         if isinstance(model, GPUModelBF16):  # its step replays CUDA graphs: run its launches eagerly
-            model.zero_grad()
-            model.loss_total.fill_zero()
-            for i, (tokens, targets) in enumerate(batches):
-                model._upload(tokens, targets)
-                model.shape = tokens.shape
-                model._micro_step(len(batches), i == 0, i == len(batches) - 1)
-            model._set_scalars(1e-4, 1, opt)
-            model._optimizer(opt)
+            model.eager_step(batches, 1e-4, 1, opt)
         else:  # the fp32 model's step is eager
             model.train_step(batches, 1e-4, 1, opt)
         runtime().synchronize()

@@ -19,8 +19,9 @@ import numpy as np
 
 from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
-from llama.generate import Sampling, TextStream, generate
+from llama.generate import TextStream, generate
 from llama.model.reference import ReferenceDecoder
+from llama.model.sampling import Sampling
 from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder, run_tokenizer_path
 from llama.options import RunOptions
 from llama.plan import Plan, make_plan

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llama import cuda  # noqa: E402
 from llama.config import get_preset  # noqa: E402
 from llama.cuda import Graph, time_ms, to_device  # noqa: E402
-from llama.generate import Sampling  # noqa: E402
+from llama.model.sampling import Sampling  # noqa: E402
 from llama.model.gpu_decoder import GPUDecoder  # noqa: E402
 from llama.params import ParameterLayout  # noqa: E402
 from scripts.bench_decode import random_params  # noqa: E402

@@ -14,31 +14,23 @@ What each layer keeps for its backward is the plan's recompute (LAYER_ACTIVATION
 ("none"); all but the RMSNorm outputs and the SwiGLU product, recomputed in the backward ("partial");
 only its input, the backward running the layer's forward again first ("full"). The recomputed
 activations are the same bits, so are the gradients. AdamW's moments are fp32, or 8-bit blocks on one
-GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16). With the optimizer in the
-backward (one GPU) each group of weights is updated as soon as the backward finishes its gradients,
-which live in the embedding's buffer and one buffer the other groups use in turn (train_step).
+GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16). Which GEMM version and flash
+attention build run is the plan's (llama/plan.py).
 
-The training step (llama/model/base.py drives it: start_step, micro_step, finish_step) is captured
-as CUDA graphs, a micro-step (forward and backward) and the optimizer step, on the first step of a
-shape and replayed after: tokens upload asynchronously from pinned memory, lr and the bias
-corrections live in device memory, the loss accumulates on the device and is read once. While the
-step runs, the host stages the next step's first micro-batch when the caller names it (train_step's
-upcoming: its pinned copy and token segments), so that the GPU does not wait for that host work between
-steps. Which GEMM version and flash attention build run is the plan's (llama/plan.py).
-
-With --dtype fp8 (the plan's dtype "fp8", Hopper) the seven linear layers of each block run their forward,
-dX and dW GEMMs on FP8 e4m3 casts with row-wise power-of-two scales (ops.cast_fp8, ops.gemm_fp8), whose
-twins are reference.matmul_fp8_forward/backward: the input along its rows (forward) and transposed (dW), the
-output's gradient the same two ways (dX, dW), the weight along its rows (forward) and transposed (dX), cast
-from the bf16 copy at the start of every forward. Everything else is the bf16 path's. The plan's fp8_scaling
-"tensor" (the comparison) gives each cast one scale, that of the whole operand's amax.
+The model is this module's buffers, forward and backward, composed with one helper per concern:
+  bf16_block.py        the block's forward (BF16Block), shared with the GPU decoder's prefill
+  bf16_fp8.py          the linear layers on FP8 casts under --dtype fp8 (FP8Linears)
+  bf16_inputs.py       the batch and the optimizer's scalars, staged in pinned memory (PinnedInputs)
+  bf16_step.py         the step as CUDA graphs by their keys, eager_step, the ZeRO optimizer (CapturedStep)
+  bf16_in_backward.py  the optimizer in the backward (OptimizerInBackward)
 
 With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO
 (llama/parallel/zero.py, stage 1, 2 or 3): the backward reduce-scatters each layer's gradients as soon as
 they are final, each rank updates its shard of the fp32 master weights and moments, and the next forward
 all-gathers the bf16 weights bucket by bucket, each layer waiting for its own (stage 3: into two slots used
-in turn, before the layer's forward and again before its backward). The RMSNorm weights, read in fp32, come
-from a small all-reduced replica of their masters.
+in turn, before the layer's forward and again before its backward): the forward and backward bracket each
+layer with Zero.layer. The RMSNorm weights, read in fp32, come from a small all-reduced replica of their
+masters.
 """
 
 from __future__ import annotations
@@ -47,17 +39,19 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import BF16, FP8, DeviceArray, Graph, empty, runtime, zeros
-from ..optim import QUANT_BLOCK, AdamWConfig
+from ..cuda import BF16, DeviceArray, empty, zeros
 from ..options import RunOptions
 from ..parallel.zero import MasterReplica
 from ..plan import Plan, make_plan
 from .base import check_batch
+from .bf16_fp8 import FP8Linears
+from .bf16_in_backward import OptimizerInBackward
+from .bf16_inputs import PinnedInputs
 from .gpu_base import GPUModelBase
-from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activation_shapes, fp8_shapes, linear_weights
+from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activation_shapes
 
 
-class GPUModelBF16(GPUModelBase):
+class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
                  comm=None, plan: Plan | None = None):
         """plan: the run's (llama/plan.py), which says which GEMM and attention builds run, what the
@@ -97,52 +91,7 @@ class GPUModelBF16(GPUModelBase):
         self.norm_scratch = zeros(ops.NORM_BLOCKS + 1, np.float64)
         self.norm_squared, self.loss_total = zeros(1), zeros(1)
         self.adam_scalars = zeros(ops.ADAMW_SCALARS)
-        # inputs: device buffers, and two sets of pinned host buffers used in turn
-        self.inputs = {"tokens": empty(N, np.int32), "targets": empty(N, np.int32), "order": empty(N, np.int32),
-                       "segments": empty((N, 4), np.int32)}
-        drv = runtime().drv
-        self.pinned = [{k: drv.pagelocked_empty(a.shape, np.int32) for k, a in self.inputs.items()} for _ in range(2)]
-        self.pinned_scalars = drv.pagelocked_empty(ops.ADAMW_SCALARS, np.float32)
-        self.pinned_free = [drv.Event() for _ in range(3)]  # one per input set, one for the scalars
-        for event in self.pinned_free:
-            event.record(runtime().stream)
-        self.turn = 0
-        self.staged = None  # the (tokens, targets) whose host work the pinned set of this turn holds already
-
-    def _allocate_fp8(self) -> None:
-        """The casts' scratch (fp8_shapes) and each linear weight's two FP8 copies with their scales (its rows
-        for the forward, its transpose for dX), by the address of the bf16 weight they are cast from."""
-        shapes = fp8_shapes(self.config, self.B, self.T)
-        self.fp8_scratch = {name: empty(shape, dtype) for name, (shape, dtype) in shapes.items()}
-        self.fp8_weights = {}
-        for i in range(self.config.n_layers):
-            for tensor in linear_weights(self.layout, i):
-                rows, cols = tensor.shape
-                self.fp8_weights[self.weight(tensor).ptr] = (
-                    empty((rows, cols), FP8), empty(rows), empty((cols, rows), FP8), empty(cols))
-
-    def _cast_weights(self) -> None:
-        """Every linear weight's FP8 copies from its bf16 copy (the start of a forward)."""
-        for i in range(self.config.n_layers):
-            self.zero.use_weights(self.layout.wqkv(i).offset)  # gathered (stages 1-2; stage 3 has no FP8)
-            for tensor in linear_weights(self.layout, i):
-                weight = self.weight(tensor)
-                q, scales, q_t, scales_t = self.fp8_weights[weight.ptr]
-                self._cast_fp8(weight, rows=q, row_scales=scales, cols=q_t, col_scales=scales_t)
-
-    def _cast_fp8(self, x: DeviceArray, **outputs) -> None:
-        """ops.cast_fp8 of x into outputs, with the plan's scaling and the casts' amax scratch."""
-        ops.cast_fp8(x, **outputs, amax=self.fp8_scratch["amax"], scaling=self.plan.fp8_scaling)
-
-    def _allocate_groups(self) -> None:
-        """The optimizer in the backward: the gradient groups (the embedding table, each layer, the final
-        norm and head, as the reference's), the embedding's gradients (a tied head adds to them in the
-        forward) and one buffer that each other group uses in turn, and the groups' squared norms of this
-        step and of the last."""
-        self.groups = self.layout.gradient_groups()
-        self.embedding_grads = zeros(self.groups[0][1])
-        self.group_grads = zeros(max(end - start for start, end in self.groups[1:]))
-        self.step_group_norms, self.group_norms = zeros(len(self.groups)), zeros(len(self.groups))
+        self._allocate_inputs(N)
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
@@ -152,40 +101,6 @@ class GPUModelBF16(GPUModelBase):
         for a in layers:  # each layer reads the shared buffers of what it does not keep under their usual names
             a.update({k: views[k] for k in LAYER_ACTIVATIONS["none"] if k not in a})
         return layers, views
-
-    def gemm(self, c: DeviceArray, a: DeviceArray, b: DeviceArray, **options) -> None:
-        """ops.gemm with the plan's GEMM version for the problem's shape."""
-        ops.gemm(c, a, b, version=self.plan.gemm, **options)
-
-    def linear_forward(self, out: DeviceArray, x: DeviceArray, weight: DeviceArray, rope: tuple | None = None) -> None:
-        """out (N, OC) = x (N, IC) @ weight (OC, IC)^T, weight a bf16 copy; rope as ops.gemm's. FP8: on the
-        casts of x along its rows and of the weight (reference.matmul_fp8_forward)."""
-        if not self.fp8:
-            self.gemm(out, x, weight, trans_b=True, rope=rope)
-            return
-        (N, IC), f = x.shape, self.fp8_scratch
-        x_q, x_scales = f["input"].prefix(N, IC), f["input_scales"].prefix(N)
-        self._cast_fp8(x, rows=x_q, row_scales=x_scales)
-        w_q, w_scales, _, _ = self.fp8_weights[weight.ptr]
-        ops.gemm_fp8(out, x_q, x_scales, w_q, w_scales, rope=rope, version=self.plan.fp8_gemm)
-
-    def linear_backward(self, dx: DeviceArray, dweight: DeviceArray, dout: DeviceArray, x: DeviceArray,
-                        weight: DeviceArray) -> None:
-        """dweight (fp32) += dout (N, OC)^T @ x (N, IC), then dx (N, IC) = dout @ weight (dx may be x's
-        buffer). FP8: on the casts reference.matmul_fp8_backward takes, each along its GEMM's K."""
-        if not self.fp8:
-            self.gemm(dweight, dout, x, trans_a=True, accumulate=True)
-            self.gemm(dx, dout, weight)
-            return
-        (N, IC), OC, f = x.shape, dout.shape[-1], self.fp8_scratch
-        g_q, g_scales = f["grad"].prefix(N, OC), f["grad_scales"].prefix(N)
-        g_t, g_t_scales = f["grad_t"].prefix(OC, N), f["grad_t_scales"].prefix(OC)
-        self._cast_fp8(dout, rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales)
-        x_t, x_t_scales = f["input"].prefix(IC, N), f["input_scales"].prefix(IC)
-        self._cast_fp8(x, cols=x_t, col_scales=x_t_scales)
-        ops.gemm_fp8(dweight, g_t, g_t_scales, x_t, x_t_scales, accumulate=True, version=self.plan.fp8_gemm)
-        _, _, w_t, w_t_scales = self.fp8_weights[weight.ptr]
-        ops.gemm_fp8(dx, g_q, g_scales, w_t, w_t_scales, version=self.plan.fp8_gemm)
 
     def weight(self, tensor) -> DeviceArray:
         """A weight's bf16 copy, as the GEMMs read it (a Tensor of the layout or its name)."""
@@ -198,53 +113,6 @@ class GPUModelBF16(GPUModelBase):
             return self.norm_weights.view(name)
         tensor = self.layout.tensors[name]
         return self.zero.master.view(tensor.offset, tensor.shape)
-
-    def grad(self, tensor) -> DeviceArray:
-        """Where a tensor's gradient accumulates (a Tensor of the layout or its name): its view of the flat
-        gradients, or with the optimizer in the backward of its group's buffer."""
-        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
-        if not self.in_backward:
-            return self.zero.grad(tensor.offset, tensor.shape)
-        group = next(g for g, (start, end) in enumerate(self.groups) if start <= tensor.offset < end)
-        buffer = self.embedding_grads if group == 0 else self.group_grads
-        return buffer.view(tensor.offset - self.groups[group][0], tensor.shape)
-
-    def zero_grad(self) -> None:
-        if not self.in_backward:
-            return super().zero_grad()
-        self.embedding_grads.fill_zero()
-        self.group_grads.fill_zero()
-
-    # ---- inputs
-
-    def _upload(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
-        """Stage the batch in pinned memory (unless _prepare staged these very arrays) and copy it in
-        asynchronously, in stream order."""
-        if self.staged is None or self.staged[0] is not tokens or self.staged[1] is not targets:
-            self._stage(tokens, targets)
-        self.staged = None
-        N, pinned = tokens.size, self.pinned[self.turn]
-        for name in ["tokens"] + (["targets", "order", "segments"] if targets is not None else []):
-            self.inputs[name].prefix(*pinned[name][:N].shape).upload_async(pinned[name][:N])
-        self.pinned_free[self.turn].record(runtime().stream)
-        self.turn ^= 1
-
-    def _stage(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
-        """The host side of an upload: the batch, and with targets its token segments (the embedding's
-        backward), into the pinned set of this turn."""
-        N, pinned = tokens.size, self.pinned[self.turn]
-        self.pinned_free[self.turn].synchronize()  # the copies that last read this set have run
-        pinned["tokens"][:N] = tokens.ravel()
-        if targets is not None:
-            pinned["targets"][:N] = targets.ravel()
-            pinned["order"][:N], pinned["segments"][:N] = ops.token_segments(tokens)
-
-    def _prepare(self, upcoming: tuple | None) -> None:
-        """While the step runs on the GPU: the host work of the next step's first micro-batch (tokens,
-        targets), which the next _upload of the same arrays skips (Model.train_step's upcoming)."""
-        if upcoming is not None:
-            self._stage(*upcoming)
-            self.staged = upcoming
 
     # ---- forward and backward
 
@@ -283,32 +151,13 @@ class GPUModelBF16(GPUModelBase):
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
             with z.layer(starts[i], prefetch=starts[i + 1]):
-                if i == 0:
-                    ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"],
-                                             self.master("layers.0.attention_norm.weight"), c.norm_eps)
-                else:  # x = h + ffn branch of the layer before, then its norm
-                    ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], layers[i - 1]["h"], s["branch"],
-                                                      self.master(f"layers.{i}.attention_norm.weight"), c.norm_eps)
+                self._attention_norm(i, a, layers[i - 1]["h"], s["branch"])  # x = h + branch of the layer before
                 self._layer_forward(i, a, s, N, rope)
         ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
             z.use_weights(self.layout.output().offset)
             self._classifier(s, N, loss_scale, loss_weight)
-
-    def _layer_forward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
-        """Layer i's forward after its first norm (a["ln1"] of a["x"]): attention, the residual and the
-        second norm, the SwiGLU FFN; its output branch goes to s["branch"] (added to a["h"] by the next
-        norm)."""
-        c, L, pre = self.config, self.layout, f"layers.{i}."
-        self.linear_forward(a["qkv"].reshape(N, -1), a["ln1"], self.weight(L.wqkv(i)), rope)
-        ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention)
-        self.linear_forward(s["branch"], a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
-        ops.rmsnorm_residual_forward_bf16(a["h"], a["ln2"], a["rstd2"], a["x"], s["branch"],
-                                          self.master(pre + "ffn_norm.weight"), c.norm_eps)
-        self.linear_forward(a["gate_up"], a["ln2"], self.weight(L.w13(i)))
-        ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-        self.linear_forward(s["branch"], a["ffn"], self.weight(pre + "feed_forward.w2.weight"))
 
     def _classifier(self, s: dict, N: int, loss_scale: float | None, loss_weight: float) -> None:
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
@@ -387,27 +236,6 @@ class GPUModelBF16(GPUModelBase):
         ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                   self.master(pre + "attention_norm.weight"), a["rstd1"])
 
-    def _gradients_final_from(self, name: str, sync: bool) -> None:
-        """The gradients from this tensor to the end of the flat buffer are final: reduce-scatter them
-        (several GPUs), or with the optimizer in the backward update the group this tensor starts."""
-        offset = self.layout.tensors[name].offset
-        if self.in_backward:
-            self._update_group(next(g for g, (start, _) in enumerate(self.groups) if start == offset))
-        else:
-            self.zero.reduce_from(offset, last=sync)
-
-    def _update_group(self, g: int) -> None:
-        """AdamW on group g's weights from its final gradients: its squared norm into step_group_norms[g],
-        clipped by the norm estimated from this step's and the last step's group norms (norm_squared), and
-        the shared buffer zeroed for the group the backward does next."""
-        start, end = self.groups[g]
-        grads = (self.embedding_grads if g == 0 else self.group_grads).prefix(end - start)
-        ops.global_norm_squared_bf16(self.step_group_norms.view(g, (1,)), self.norm_scratch, grads)
-        ops.clip_norm_estimate(self.norm_squared, self.step_group_norms, self.group_norms, g)
-        self._adamw(start, grads, self.step_opt)
-        if g > 1:
-            self.group_grads.prefix(self.groups[g - 1][1] - self.groups[g - 1][0]).fill_zero()
-
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""
         if self.shape is None:
@@ -420,150 +248,6 @@ class GPUModelBF16(GPUModelBase):
             self.gemm(logits.prefix(1, V), lnf.view(row * C, (1, C)), w_out, trans_b=True)
             out[i] = logits.prefix(1, V).download().astype(np.float32)[0]
         return out.reshape(b, t, V) if position is None else out
-
-    # ---- optimizer and the captured step
-
-    def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
-        """Clip by global norm and take one AdamW step (step counts from 1), updating the bf16 copy."""
-        self.zero.finish_reduce()
-        self._set_scalars(lr, step, opt)
-        self._optimizer(opt)
-        self.zero.stale = True
-        return float(np.sqrt(self.norm_squared.download()[0])) if return_norm else None
-
-    def _set_scalars(self, lr: float, step: int, opt: AdamWConfig) -> None:
-        """lr and the bias corrections of this step into device memory, where the AdamW kernel reads them."""
-        self.pinned_free[2].synchronize()
-        self.pinned_scalars[:] = ops.adamw_scalars(step, lr, opt)
-        self.adam_scalars.upload_async(self.pinned_scalars)
-        self.pinned_free[2].record(runtime().stream)
-
-    def _optimizer(self, opt: AdamWConfig) -> None:
-        """ZeRO (llama/parallel/zero.py) on the reduced gradient shard: the global norm, AdamW on this rank's
-        shard, and the norms' new fp32 masters to every rank; the new bf16 weights are all-gathered as the next
-        forward needs them."""
-        z = self.zero
-        ops.global_norm_squared_bf16(self.norm_squared, self.norm_scratch, z.grad_shard)
-        z.sum_over_ranks(self.norm_squared)
-        self._adamw(0, z.grad_shard, opt)
-        if self.norm_weights is not None:
-            self.norm_weights.collect()
-            z.sum_over_ranks(self.norm_weights.values)
-
-    def _adamw(self, start: int, grads: DeviceArray, opt: AdamWConfig) -> None:
-        """AdamW, with the run's moments (fp32 or 8-bit), on the grads.size values of this rank's shard from
-        start, clipped by the norm whose square norm_squared holds; the new bf16 weights into the shard."""
-        z, n = self.zero, grads.size
-
-        def shard(a: DeviceArray) -> DeviceArray:
-            return a.view(start, (n,))
-
-        def blocks(a: DeviceArray) -> DeviceArray:  # one scale per QUANT_BLOCK values
-            return a.view(start // QUANT_BLOCK, (-(-n // QUANT_BLOCK),))
-
-        if z.optimizer == "adamw8bit":
-            ops.adamw8bit_update_bf16(shard(z.master), shard(z.weight_shard), grads, shard(z.m_codes), blocks(z.m_scales),
-                                      shard(z.v_codes), blocks(z.v_scales), shard(z.decay_mask), self.norm_squared,
-                                      self.adam_scalars, z.maps, opt)
-        else:
-            ops.adamw_update_bf16(shard(z.master), shard(z.weight_shard), grads, shard(z.m), shard(z.v),
-                                  shard(z.decay_mask), self.norm_squared, self.adam_scalars, opt)
-
-    def start_step(self, batches: list, opt: AdamWConfig) -> None:
-        """The captured graphs of this step's shape when they exist (the first step of a shape runs
-        eagerly and captures them at its end); the gradients and the loss zeroed."""
-        micro, shapes = len(batches), {x.shape for x, _ in batches}
-        key = (*batches[0][0].shape, micro, opt) if len(shapes) == 1 else None
-        self.step_graphs, self.micro_index = (key, micro, self.graphs.get(key)), 0
-        self.zero_grad()
-        self.loss_total.fill_zero()
-
-    def micro_step(self, tokens: np.ndarray, targets: np.ndarray, micro: int, last: bool) -> None:
-        check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
-        self._upload(tokens, targets)
-        self.shape = tokens.shape
-        graphs, first = self.step_graphs[2], self.micro_index == 0
-        if graphs is not None:
-            graphs[0][first, last].replay()
-        else:
-            self._micro_step(micro, first, last)
-        self.micro_index += 1
-        self.zero.stale = self.zero.stale and not first
-
-    def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:
-        """The optimizer step, the next step's first micro-batch staged meanwhile, then the loss and norm read
-        with one synchronization."""
-        key, micro, graphs = self.step_graphs
-        self._set_scalars(lr, step, opt)
-        if graphs is not None:
-            graphs[1].replay()
-        else:
-            self._optimizer(opt)
-        self._prepare(upcoming)
-        loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
-        if graphs is None and key is not None:  # everything is allocated and compiled now: a graph per role
-            roles = {(i == 0, i == micro - 1) for i in range(micro)}  # (first, last) of the step's micro-batches
-            self.graphs[key] = ({role: Graph(lambda role=role: self._micro_step(micro, *role)) for role in roles},
-                                Graph(lambda: self._optimizer(opt)))
-        self.zero.stale = True
-        return loss, norm
-
-    def _micro_step(self, micro: int, first: bool, last: bool) -> None:
-        """Forward and backward of one micro-batch; the first one of a step gathers the new weights, the
-        last one reduce-scatters the gradients (several GPUs; at ZeRO-2 and 3 every one does)."""
-        self.zero.begin(gather=first, first=first)
-        self._forward(1.0 / micro, True, 1.0 / micro)
-        self._backward(sync=last)
-        self.zero.end(last)
-
-    # ---- the optimizer in the backward: one micro-batch a step, one captured graph
-
-    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
-                   upcoming: tuple | None = None) -> tuple[float, float]:
-        """Model.train_step; with the optimizer in the backward one forward and a backward that updates
-        each group of weights as soon as its gradients are final, clipped by the norm estimated from the
-        groups' norms so far and the last step's (group_norms_squared), as the reference does. The first
-        step of a shape runs eagerly and captures."""
-        if not self.in_backward:
-            return super().train_step(batches, lr, step, opt, upcoming)
-        if len(batches) != 1:
-            raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
-        tokens, targets = batches[0]
-        check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
-        self._set_scalars(lr, step, opt)
-        self._upload(tokens, targets)
-        self.shape, key = tokens.shape, (*tokens.shape, "in backward", opt)
-        graph = self.graphs.get(key)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._step_in_backward(opt)
-        self._prepare(upcoming)
-        loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
-        if graph is None:
-            self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
-        return loss, norm
-
-    def _step_in_backward(self, opt: AdamWConfig) -> None:
-        """The launches of one step with the optimizer in the backward (captured by train_step)."""
-        self.step_opt = opt
-        self.zero_grad()
-        self.loss_total.fill_zero()
-        self._forward(1.0, True, 1.0)
-        self._backward(sync=False)  # the last group's update leaves this step's squared norm in norm_squared
-        self.group_norms.copy_from(self.step_group_norms)
-
-    @property
-    def group_norms_squared(self) -> list[float] | None:
-        """Each gradient group's squared norm of the last step, from which the optimizer in the backward
-        estimates the norm it clips by (Model); checkpoints keep it."""
-        return [float(x) for x in self.group_norms.download()] if self.in_backward else None
-
-    @group_norms_squared.setter
-    def group_norms_squared(self, norms: list[float] | None) -> None:
-        if self.in_backward:
-            self.group_norms.upload(np.zeros(len(self.groups), np.float32) if norms is None
-                                    else np.asarray(norms, np.float32))
 
     # ---- state for checkpoints: GPUModelBase's, and the norms' fp32 replica
 

@@ -4,9 +4,9 @@ Weights: the bf16 copy of every matrix (a bf16 training model's own, read in pla
 from fp32 weights and remade by reset()); the RMSNorm weights are read in fp32 from the flat fp32
 parameters (llama/params.py layout). The caches, (B, KV, max_len, D) bf16 per layer for k and v.
 
-Prefill (the prompt, or any new positions) runs the bf16 training forward's kernels over them: the
-GEMMs with RoPE in the QKV epilogue, flash attention when the chunk starts the sequence (else
-attention over the cache), fused residual+RMSNorm, SwiGLU; then the k, v of each layer go to the cache.
+Prefill (the prompt, or any new positions) runs the bf16 training model's block (llama/model/bf16_block.py)
+over them: the GEMMs with RoPE in the QKV epilogue, the k, v to the cache, flash attention when the chunk
+starts the sequence (else attention over the cache), fused residual+RMSNorm, SwiGLU.
 A decode step is one token per sequence through kernels/gemv.cu and kernels/decode.cu, which read
 the position from device memory; with the sampler (kernels/sample.cu) and the step's end it is
 captured once as a CUDA graph (per batch and sampling settings) and replayed per token:
@@ -14,7 +14,11 @@ captured once as a CUDA graph (per batch and sampling settings) and replayed per
   decode_attention (flash-decoding) -> gemv_residual (wo, + residual, the stream's sums of squares) ->
   gemv_swiglu (RMSNorm in, w13, SwiGLU out) -> gemv_residual (w2) -> gemv_logits (final RMSNorm, head)
   -> sample_tokens -> advance (the id into the history, position + 1).
-Only token ids cross to the host, once per burst of steps.
+Only token ids cross to the host, once per burst of steps. The step keeps its own path rather than the
+block's: one position per sequence is a GEMV, not a GEMM, and its kernels fuse what the block runs as kernels
+of their own (the RMSNorms into the GEMVs' loads; RoPE, the cache write and the residual adds with the
+stream's sums of squares into their epilogues), so the block would launch more kernels and read the stream
+more often for every token.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from ..options import RunOptions
 from ..params import ParameterLayout
 from ..plan import Plan, make_plan
 from .base import rope_cos_sin
+from .bf16_block import BF16Block
 
 PREFILL_TOKENS = 4096  # positions of all sequences that one prefill chunk takes
 
 
-class GPUDecoder:
+class GPUDecoder(BF16Block):
     """The decoder interface of llama/generate.py with our kernels; see the module docstring."""
 
     def __init__(self, config: LlamaConfig, params: DeviceArray, batch: int = 1, max_len: int | None = None,
@@ -75,26 +80,27 @@ class GPUDecoder:
         self.step = {"x": empty((B, C)), "q": empty((B, 1, H, D)), "att": empty((B, 1, H * D), BF16),
                      "ffn": empty((B, F), BF16), "logits": empty((B, c.vocab_size))}
         # a prefill chunk's activations (bf16, as in training), for up to `chunk` positions per sequence
-        self.prefill_buffers = {"tokens": empty(N, np.int32), "x": empty((N, C), BF16), "ln": empty((N, C), BF16),
-                                "rstd": empty(N), "qkv": empty(N * (H + 2 * KV) * D, BF16),
+        self.prefill_buffers = {"tokens": empty(N, np.int32), "x": empty((N, C), BF16), "ln1": empty((N, C), BF16),
+                                "rstd1": empty(N), "qkv": empty(N * (H + 2 * KV) * D, BF16),
                                 "att": empty(N * H * D, BF16), "lse": empty(B * H * self.chunk),
                                 "h": empty((N, C), BF16), "branch": empty((N, C), BF16),
                                 "gate_up": empty((N, 2 * F), BF16), "ffn": empty((N, F), BF16)}
         self.stream_slots = 1  # partial sums of squares of the stream x in scratch.squares (per sequence)
         self.graph = None  # (sampling settings, the captured decode step): the last settings' only
+        self.chunk_start = 0  # the first position of the prefill chunk running (_attention)
         self.drawn = False  # whether self.tokens holds ids drawn by prefill() or decode(), for decode() to feed
         self.position = 0
         self.reset()
 
     # ---- weights
 
-    def _matrix(self, tensor) -> DeviceArray:
+    def weight(self, tensor) -> DeviceArray:
+        """A matrix's bf16 copy (a Tensor of the layout or its name)."""
+        tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
         return self.weights.view(tensor.offset, tensor.shape)
 
-    def _weight(self, name: str) -> DeviceArray:
-        return self._matrix(self.layout.tensors[name])
-
-    def _norm(self, name: str) -> DeviceArray:
+    def master(self, name: str) -> DeviceArray:
+        """A norm's fp32 weights."""
         tensor = self.layout.tensors[name]
         return self.params.view(tensor.offset, tensor.shape)
 
@@ -168,27 +174,27 @@ class GPUDecoder:
 
     def _stream_norm(self, name: str) -> ops.StreamNorm:
         """The RMSNorm `name` of the stream x, with the sums of squares its last writer left."""
-        return ops.StreamNorm(self._norm(name), self.scratch.squares, self.stream_slots, self.config.norm_eps)
+        return ops.StreamNorm(self.master(name), self.scratch.squares, self.stream_slots, self.config.norm_eps)
 
     def _decode_layers(self) -> None:
         """One position per sequence (ids in self.tokens, at position_d) through every layer."""
         c, L, s, squares = self.config, self.layout, self.step, self.scratch.squares
-        ops.embed_tokens(s["x"], squares.prefix(self.batch), self.tokens, self._weight("tok_embeddings.weight"))
+        ops.embed_tokens(s["x"], squares.prefix(self.batch), self.tokens, self.weight("tok_embeddings.weight"))
         self.stream_slots = 1
         for i in range(c.n_layers):
             pre = f"layers.{i}."
             ops.gemv_qkv_rope(s["q"].reshape(self.batch, c.n_heads, c.head_dim), self.k_cache[i], self.v_cache[i],
-                              s["x"], self._matrix(L.wqkv(i)), self._stream_norm(pre + "attention_norm.weight"),
+                              s["x"], self.weight(L.wqkv(i)), self._stream_norm(pre + "attention_norm.weight"),
                               self.rope_cos, self.rope_sin, self.position_d)
             ops.decode_attention(s["att"], s["q"], self.k_cache[i], self.v_cache[i], self.position_d, self.scratch)
             self.stream_slots = ops.gemv_residual(s["x"], squares, s["att"].reshape(self.batch, -1),
-                                                  self._weight(pre + "attention.wo.weight"))
-            ops.gemv_swiglu(s["ffn"], s["x"], self._matrix(L.w13(i)), self._stream_norm(pre + "ffn_norm.weight"))
+                                                  self.weight(pre + "attention.wo.weight"))
+            ops.gemv_swiglu(s["ffn"], s["x"], self.weight(L.w13(i)), self._stream_norm(pre + "ffn_norm.weight"))
             self.stream_slots = ops.gemv_residual(s["x"], squares, s["ffn"],
-                                                  self._weight(pre + "feed_forward.w2.weight"))
+                                                  self.weight(pre + "feed_forward.w2.weight"))
 
     def _logits(self) -> None:
-        ops.gemv_logits(self.step["logits"], self.step["x"], self._matrix(self.layout.output()),
+        ops.gemv_logits(self.step["logits"], self.step["x"], self.weight(self.layout.output()),
                         self._stream_norm("norm.weight"))
 
     def _sample(self, sampling) -> None:
@@ -207,44 +213,36 @@ class GPUDecoder:
             self._prefill_chunk(tokens[:, start:start + self.chunk], self.position + start)
 
     def _prefill_chunk(self, tokens: np.ndarray, p0: int) -> None:
-        c, L, B = self.config, self.layout, self.batch
+        """A chunk of n positions from p0 through the block, its activations as in training (one norm buffer
+        serving both norms of a layer, the layer's x and h reused by the next)."""
+        c, B = self.config, self.batch
         n = tokens.shape[1]
         N, H, KV, D, C, F = B * n, c.n_heads, c.n_kv_heads, c.head_dim, c.dim, c.ffn_hidden_dim
         buffers = self.prefill_buffers
-        shapes = {"tokens": (N,), "x": (N, C), "ln": (N, C), "rstd": (N,), "qkv": (B, n, (H + 2 * KV) * D),
+        shapes = {"tokens": (N,), "x": (N, C), "ln1": (N, C), "rstd1": (N,), "qkv": (B, n, (H + 2 * KV) * D),
                   "att": (B, n, H * D), "lse": (B, H, n), "h": (N, C), "branch": (N, C), "gate_up": (N, 2 * F),
                   "ffn": (N, F)}
         a = {name: buffers[name].prefix(*shape) for name, shape in shapes.items()}
+        a["ln2"], a["rstd2"] = a["ln1"], a["rstd1"]
         a["tokens"].upload(tokens.astype(np.int32).ravel())
         self.position_d.upload(np.array([p0], np.int32))
+        self.chunk_start = p0
         rope = (self.rope_cos.view(p0 * (D // 2), (self.max_len - p0, D // 2)),
                 self.rope_sin.view(p0 * (D // 2), (self.max_len - p0, D // 2)), n, (H + KV) * D)
-        flash = p0 == 0 and D in HEAD_DIMS
-        ops.embedding_forward_bf16(a["x"], a["tokens"], self._weight("tok_embeddings.weight"))
+        ops.embedding_forward_bf16(a["x"], a["tokens"], self.weight("tok_embeddings.weight"))
         for i in range(c.n_layers):
-            pre = f"layers.{i}."
-            if i == 0:
-                ops.rmsnorm_forward_bf16(a["ln"], a["rstd"], a["x"], self._norm(pre + "attention_norm.weight"),
-                                         c.norm_eps)
-            else:  # x = h + ffn branch of the layer before, then its norm
-                ops.rmsnorm_residual_forward_bf16(a["x"], a["ln"], a["rstd"], a["h"], a["branch"],
-                                                  self._norm(pre + "attention_norm.weight"), c.norm_eps)
-            self._gemm(a["qkv"].reshape(N, -1), a["ln"], self._matrix(L.wqkv(i)), rope=rope)
-            ops.cache_write(self.k_cache[i], self.v_cache[i], a["qkv"], H, self.position_d)
-            if flash:
-                ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], H, KV, source=self.plan.attention)
-            else:
-                ops.decode_attention(a["att"], a["qkv"], self.k_cache[i], self.v_cache[i], self.position_d,
-                                     self.scratch)
-            self._gemm(a["branch"], a["att"].reshape(N, -1), self._weight(pre + "attention.wo.weight"))
-            ops.rmsnorm_residual_forward_bf16(a["h"], a["ln"], a["rstd"], a["x"], a["branch"],
-                                              self._norm(pre + "ffn_norm.weight"), c.norm_eps)
-            self._gemm(a["gate_up"], a["ln"], self._matrix(L.w13(i)))
-            ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-            self._gemm(a["branch"], a["ffn"], self._weight(pre + "feed_forward.w2.weight"))
+            self._attention_norm(i, a, a["h"], a["branch"])
+            self._layer_forward(i, a, a, N, rope)
         ops.last_residual(self.step["x"], self.scratch.squares.prefix(B), a["h"].reshape(B, n, C),
                           a["branch"].reshape(B, n, C))
         self.stream_slots = 1
 
-    def _gemm(self, c: DeviceArray, a: DeviceArray, w: DeviceArray, rope: tuple | None = None) -> None:
-        ops.gemm(c, a, w, trans_b=True, rope=rope, version=self.plan.gemm)
+    def _attention(self, i: int, a: dict) -> None:
+        """The block's attention in a prefill chunk: its k, v into layer i's cache, then flash attention when
+        the chunk starts the sequence, else its queries over the cache."""
+        c = self.config
+        ops.cache_write(self.k_cache[i], self.v_cache[i], a["qkv"], c.n_heads, self.position_d)
+        if self.chunk_start == 0 and c.head_dim in HEAD_DIMS:
+            super()._attention(i, a)
+        else:
+            ops.decode_attention(a["att"], a["qkv"], self.k_cache[i], self.v_cache[i], self.position_d, self.scratch)

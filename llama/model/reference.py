@@ -26,10 +26,10 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
-from ..generate import HostSampling
 from ..optim import OPTIMIZER_STATES, QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
 from ..params import ParameterLayout, init_parameters
 from .base import Model, check_batch, rope_cos_sin
+from .sampling import HostSampling
 
 # ----------------------------------------------------------------------------------------------
 # Layers
@@ -286,7 +286,42 @@ def rmsnorm_residual_backward(dresidual: np.ndarray, dout: np.ndarray, h: np.nda
 RECOMPUTED = {"none": (), "partial": ("ln1", "ln2", "ffn")}  # the activations a layer does not keep ("full": all but x)
 
 
-class ReferenceModel(Model):
+class ReferenceBlock:
+    """The transformer block on the CPU, defined once for the model and its decoder: the layers' forward
+    (_layer_forward), its attention step over the sequence (_attention, the decoder's over its KV cache), and
+    a block's linear layers (exact, or the FP8 twins). Its users hold config, layout, params (flat), p (the
+    layout's views of params), dtype and fp8."""
+
+    def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
+        return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
+
+    def _linear_forward(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """A block's linear layer: matmul_forward, or its FP8 twin."""
+        if self.fp8 is None:
+            return matmul_forward(x, weight)
+        return matmul_fp8_forward(x, weight, self.fp8).astype(self.dtype)
+
+    def _attention(self, i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Layer i's causal attention of the new positions' q, k, v (head-major): (att, lse)."""
+        return attention_forward(q, k, v)
+
+    def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:
+        """Layer i on its input x (B, T, C): every activation its backward reads, and its output "out"."""
+        c, p, L, pre = self.config, self.p, self.layout, f"layers.{i}."
+        a = {"x": x}
+        a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
+        qkv = self._linear_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
+        a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
+        a["att"], a["lse"] = self._attention(i, a["q"], a["k"], a["v"])
+        a["h"] = residual_forward(x, self._linear_forward(a["att"], p[pre + "attention.wo.weight"]))
+        a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
+        a["gate_up"] = self._linear_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
+        a["ffn"] = swiglu_forward(a["gate_up"])
+        a["out"] = residual_forward(a["h"], self._linear_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
+        return a
+
+
+class ReferenceModel(ReferenceBlock, Model):
     """Llama 3.1 on the CPU: forward, backward into one flat gradient buffer, AdamW (fp32 or 8-bit
     moments, llama/optim.py). recompute: what each layer keeps for the backward (RECOMPUTE): everything,
     all but its RMSNorm outputs and SwiGLU product (as the bf16 GPU model), or only its input, the
@@ -336,36 +371,12 @@ class ReferenceModel(Model):
         self.step_norms = None  # optimizer-in-backward: the groups' squared norms of this step
         self.group_norms_squared = None  # optimizer-in-backward: the last step's (zeros before the first)
 
-    def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
-        return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
-
-    def _linear_forward(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        """A block's linear layer: matmul_forward, or its FP8 twin."""
-        if self.fp8 is None:
-            return matmul_forward(x, weight)
-        return matmul_fp8_forward(x, weight, self.fp8).astype(self.dtype)
-
     def _linear_backward(self, dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A block's linear layer: matmul_backward, or its FP8 twin."""
         if self.fp8 is None:
             return matmul_backward(dout, x, weight)
         dx, dweight = matmul_fp8_backward(dout, x, weight, self.fp8)
         return dx.astype(self.dtype), dweight.astype(self.dtype)
-
-    def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:
-        """Layer i on its input x (B, T, C): every activation its backward reads, and its output "out"."""
-        c, p, L, pre = self.config, self.p, self.layout, f"layers.{i}."
-        a = {"x": x}
-        a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
-        qkv = self._linear_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
-        a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
-        a["att"], a["lse"] = attention_forward(a["q"], a["k"], a["v"])
-        a["h"] = residual_forward(x, self._linear_forward(a["att"], p[pre + "attention.wo.weight"]))
-        a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
-        a["gate_up"] = self._linear_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
-        a["ffn"] = swiglu_forward(a["gate_up"])
-        a["out"] = residual_forward(a["h"], self._linear_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
-        return a
 
     def _kept(self, a: dict) -> dict:
         """What a layer keeps for the backward under self.recompute."""
@@ -555,9 +566,11 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np
     return out.transpose(0, 2, 1, 3).reshape(B, n, H * D)
 
 
-class ReferenceDecoder(HostSampling):
-    """The model on the CPU with a KV cache: reference.py's layers on the new positions only.
-    params is a flat array in the parameter layout (a ReferenceModel's .params: shared, not copied)."""
+class ReferenceDecoder(ReferenceBlock, HostSampling):
+    """The model on the CPU with a KV cache: the model's block (ReferenceBlock) on the new positions only,
+    attending over the cache. params is a flat array in the parameter layout (a ReferenceModel's .params:
+    shared, not copied)."""
+    fp8 = None  # the exact linear layers
 
     def __init__(self, config: LlamaConfig, params: np.ndarray, batch: int = 1, max_len: int | None = None):
         self.config, self.batch = config, batch
@@ -576,11 +589,16 @@ class ReferenceDecoder(HostSampling):
     def reset(self) -> None:
         self.position = 0
 
-    def _matrix(self, tensor) -> np.ndarray:
-        return self.params[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
+    def _attention(self, i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, None]:
+        """The new positions' k, v into layer i's cache, then their queries over it (no lse: nothing runs
+        backward)."""
+        p0, n = self.position, q.shape[2]
+        self.k_cache[i][:, :, p0:p0 + n] = k
+        self.v_cache[i][:, :, p0:p0 + n] = v
+        return decode_attention(q, self.k_cache[i][:, :, :p0 + n], self.v_cache[i][:, :, :p0 + n], p0), None
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
-        c, p, L = self.config, self.p, self.layout
+        c, p = self.config, self.p
         tokens = np.asarray(tokens)
         B, n = tokens.shape
         p0 = self.position
@@ -589,17 +607,7 @@ class ReferenceDecoder(HostSampling):
                              "positions used")
         x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
         for i in range(c.n_layers):
-            pre = f"layers.{i}."
-            ln, _ = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
-            qkv = matmul_forward(ln, self._matrix(L.wqkv(i)))
-            q, k, v = rope_forward(qkv, self.rope_cos[p0:], self.rope_sin[p0:], c.n_heads, c.n_kv_heads)
-            self.k_cache[i][:, :, p0:p0 + n] = k
-            self.v_cache[i][:, :, p0:p0 + n] = v
-            att = decode_attention(q, self.k_cache[i][:, :, :p0 + n], self.v_cache[i][:, :, :p0 + n], p0)
-            h = residual_forward(x, matmul_forward(att, p[pre + "attention.wo.weight"]))
-            ln, _ = rmsnorm_forward(h, p[pre + "ffn_norm.weight"], c.norm_eps)
-            ffn = swiglu_forward(matmul_forward(ln, self._matrix(L.w13(i))))
-            x = residual_forward(h, matmul_forward(ffn, p[pre + "feed_forward.w2.weight"]))
+            x = self._layer_forward(i, x, (self.rope_cos[p0:], self.rope_sin[p0:]))["out"]
         self.position += n
         lnf, _ = rmsnorm_forward(x[:, -1], p["norm.weight"], c.norm_eps)
-        return matmul_forward(lnf, self._matrix(L.output()))
+        return matmul_forward(lnf, self._matrix(self.params, self.layout.output()))

@@ -8,7 +8,8 @@ import pytest
 
 from llama.config import get_preset
 from llama.cuda import BF16, to_device
-from llama.generate import Sampling, generate
+from llama.generate import generate
+from llama.model.sampling import Sampling
 from llama.model import reference as ref
 from llama.model.base import rope_cos_sin
 from llama.params import ParameterLayout

@@ -119,6 +119,19 @@ def test_captured_step_matches_the_eager_path():
 
 
 @pytest.mark.parametrize("in_backward", [False, True])
+def test_the_eager_step_gives_the_captured_steps_bits(in_backward):
+    """eager_step (the benchmark's breakdown) runs train_step's launches without CUDA graphs: the same losses,
+    norms and state, bit for bit, against steps that replay the captured graphs."""
+    params = bf16_params(CONFIG, seed=11)
+    captured, eager = (bf16_model(CONFIG, 3, 80, params, in_backward=in_backward) for _ in range(2))
+    micro = BATCHES[:1] if in_backward else BATCHES  # the optimizer in the backward takes one micro-batch
+    steps = [(micro, 1e-3, step, OPT) for step in (1, 2, 3)]  # the captured model replays from step 2
+    assert [captured.train_step(*s) for s in steps] == [eager.eager_step(*s) for s in steps]
+    assert not eager.graphs
+    assert all(np.array_equal(x, y) for x, y in zip(state_bits(captured), state_bits(eager)))
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
 def test_staging_the_next_batch_changes_no_bit(in_backward):
     """train_step's upcoming (the next step's first micro-batch staged while the step runs) gives the bits of
     steps without it; a forward in between (an evaluation), or a step on other arrays than the staged ones,

@@ -5,7 +5,7 @@ of a Philox4x32-10 twin where every kept id has the same weight, CUDA-graph repl
 import numpy as np
 import pytest
 
-from llama.generate import sampling_probabilities
+from llama.model.sampling import sampling_probabilities
 from tests.gpu_helpers import dev
 
 pytestmark = pytest.mark.gpu

@@ -19,7 +19,8 @@ from llama import trainer
 from llama.io.checkpoint import latest_checkpoint, load_checkpoint
 from llama.config import get_preset
 from llama.data.datasets import prepare_tinyshakespeare
-from llama.generate import Sampling, generate
+from llama.generate import generate
+from llama.model.sampling import Sampling
 from llama.model.reference import ReferenceDecoder
 from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.params import init_parameters

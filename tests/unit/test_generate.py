@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.generate import Sampling, TextStream, decoder_for, generate, sample_token
+from llama.generate import TextStream, decoder_for, generate
+from llama.model.sampling import Sampling, sample_token
 from llama.options import RunOptions
 from llama.plan import make_plan
 from llama.model.reference import ReferenceDecoder

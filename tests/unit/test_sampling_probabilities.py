@@ -4,7 +4,7 @@ the supports and sums of the sampling rules, and sample_token drawing from it.""
 import numpy as np
 import pytest
 
-from llama.generate import sample_token, sampling_probabilities
+from llama.model.sampling import sample_token, sampling_probabilities
 
 PROBS = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
 LOGITS = np.log(PROBS)

@@ -1,0 +1,66 @@
+"""The bf16 model's per-step inputs from the host, staged in pinned memory and copied in asynchronously in
+stream order, so that a captured step reads them from fixed device buffers: the batch (tokens, targets, and
+the token segments of the embedding's backward), in two pinned sets used in turn, and the optimizer's lr and
+bias corrections. While a step runs, the host may stage the next step's first micro-batch (_prepare)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..cuda import empty, runtime
+from ..optim import AdamWConfig
+
+
+class PinnedInputs:
+    """Its user holds adam_scalars (the device's ops.ADAMW_SCALARS values) and allocates with _allocate_inputs."""
+
+    def _allocate_inputs(self, N: int) -> None:
+        """Device buffers for batches of up to N tokens, two sets of pinned host buffers used in turn, the
+        scalars' pinned buffer, and an event per pinned buffer that says when its last copy has run."""
+        self.inputs = {"tokens": empty(N, np.int32), "targets": empty(N, np.int32), "order": empty(N, np.int32),
+                       "segments": empty((N, 4), np.int32)}
+        drv = runtime().drv
+        self.pinned = [{k: drv.pagelocked_empty(a.shape, np.int32) for k, a in self.inputs.items()} for _ in range(2)]
+        self.pinned_scalars = drv.pagelocked_empty(ops.ADAMW_SCALARS, np.float32)
+        self.pinned_free = [drv.Event() for _ in range(3)]  # one per input set, one for the scalars
+        for event in self.pinned_free:
+            event.record(runtime().stream)
+        self.turn = 0
+        self.staged = None  # the (tokens, targets) whose host work the pinned set of this turn holds already
+
+    def _upload(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        """Stage the batch in pinned memory (unless _prepare staged these very arrays) and copy it in
+        asynchronously, in stream order."""
+        if self.staged is None or self.staged[0] is not tokens or self.staged[1] is not targets:
+            self._stage(tokens, targets)
+        self.staged = None
+        N, pinned = tokens.size, self.pinned[self.turn]
+        for name in ["tokens"] + (["targets", "order", "segments"] if targets is not None else []):
+            self.inputs[name].prefix(*pinned[name][:N].shape).upload_async(pinned[name][:N])
+        self.pinned_free[self.turn].record(runtime().stream)
+        self.turn ^= 1
+
+    def _stage(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        """The host side of an upload: the batch, and with targets its token segments (the embedding's
+        backward), into the pinned set of this turn."""
+        N, pinned = tokens.size, self.pinned[self.turn]
+        self.pinned_free[self.turn].synchronize()  # the copies that last read this set have run
+        pinned["tokens"][:N] = tokens.ravel()
+        if targets is not None:
+            pinned["targets"][:N] = targets.ravel()
+            pinned["order"][:N], pinned["segments"][:N] = ops.token_segments(tokens)
+
+    def _prepare(self, upcoming: tuple | None) -> None:
+        """While the step runs on the GPU: the host work of the next step's first micro-batch (tokens,
+        targets), which the next _upload of the same arrays skips (Model.train_step's upcoming)."""
+        if upcoming is not None:
+            self._stage(*upcoming)
+            self.staged = upcoming
+
+    def _set_scalars(self, lr: float, step: int, opt: AdamWConfig) -> None:
+        """lr and the bias corrections of this step into device memory, where the AdamW kernel reads them."""
+        self.pinned_free[2].synchronize()
+        self.pinned_scalars[:] = ops.adamw_scalars(step, lr, opt)
+        self.adam_scalars.upload_async(self.pinned_scalars)
+        self.pinned_free[2].record(runtime().stream)
