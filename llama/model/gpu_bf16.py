@@ -255,7 +255,7 @@ class GPUModelBF16(GPUModelBase):
         ZeRO region, which backward() ends). Without targets the final norm is kept for read_logits()."""
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         self._upload(tokens, targets)
-        self.shape = tokens.shape
+        self.shape, self.has_targets = tokens.shape, targets is not None
         self.loss_total.fill_zero()
         with_gradients = targets is not None and loss_scale is not None
         self.zero.begin(gather=self.zero.stale)
@@ -407,6 +407,13 @@ class GPUModelBF16(GPUModelBase):
         if g > 1:
             self.group_grads.prefix(self.groups[g - 1][1] - self.groups[g - 1][0]).fill_zero()
 
+    def token_losses(self) -> np.ndarray:
+        """(b, t) fp32 cross-entropy of each target of the last forward() with targets (of its bf16 logits)."""
+        if self.shape is None or not self.has_targets:
+            raise RuntimeError("token_losses() needs a forward() with targets first")
+        b, t = self.shape
+        return self.buffers["losses"].prefix(b * t).download().reshape(b, t)
+
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""
         if self.shape is None:
@@ -480,7 +487,7 @@ class GPUModelBF16(GPUModelBase):
     def micro_step(self, tokens: np.ndarray, targets: np.ndarray, micro: int, last: bool) -> None:
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         self._upload(tokens, targets)
-        self.shape = tokens.shape
+        self.shape, self.has_targets = tokens.shape, targets is not None
         graphs, first = self.step_graphs[2], self.micro_index == 0
         if graphs is not None:
             graphs[0][first, last].replay()
