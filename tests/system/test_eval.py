@@ -42,14 +42,15 @@ def test_hellaswag_is_downloaded_once_from_a_mirror_and_then_read_from_the_cache
     route = fake_hellaswag.routes[ROUTE] = Route(BODY)
     task = load_task("hellaswag", tmp_path / "cache", fake_hellaswag.url)
     assert len(task.items) == 600 and task.log_key == "hella"
-    assert task.items[0].context == "Baking: A man cracks eggs. He" and task.items[0].choices[1] == "eats the bowl. whole."
+    assert task.items[0].context == "Baking: A man cracks eggs. He"
+    assert task.items[0].choices[1] == "eats the bowl. whole."
     assert (tmp_path / "cache" / HELLASWAG["dest"]).read_bytes() == BODY
     assert load_task("hellaswag", tmp_path / "cache", fake_hellaswag.url, limit=2).items == task.items[:2]
     assert len(route.requests) == 1
 
 
 def test_a_dropped_download_resumes(fake_hellaswag, tmp_path):
-    route = fake_hellaswag.routes[ROUTE] = Route(BODY, drop_first_after=len(BODY) - 1000)  # past the first 64 KiB chunks
+    route = fake_hellaswag.routes[ROUTE] = Route(BODY, drop_first_after=len(BODY) - 1000)  # past 64 KiB chunks
     assert len(load_task("hellaswag", tmp_path / "cache", fake_hellaswag.url).items) == 600
     assert route.requests[0] is None and route.requests[1].startswith("bytes=") and route.requests[1] != "bytes=0-"
 
@@ -107,4 +108,5 @@ def test_eval_script_scores_a_checkpoint_and_writes_each_items_scores(fake_hella
     acc = float(out.split("| acc ")[1].split()[0])
     assert acc == pytest.approx(np.mean([r["acc"] for r in records]), abs=1e-4)
     assert eval_main([*argv[:2], "nowhere.jsonl", *argv[3:]]) == 1
-    assert capsys.readouterr().err.strip() == "error: --task nowhere.jsonl: neither hellaswag nor a JSONL file of multiple-choice items"
+    assert capsys.readouterr().err.strip() == ("error: --task nowhere.jsonl: neither hellaswag nor a JSONL file of "
+                                               "multiple-choice items")

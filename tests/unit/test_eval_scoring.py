@@ -60,8 +60,8 @@ def test_a_request_longer_than_the_window_loses_tokens_from_the_left():
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    return logits - logits.max(-1, keepdims=True) - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
 ITEMS = [Item("The cat sat on the", ("mat.", "moon and the stars.", "a"), 0),

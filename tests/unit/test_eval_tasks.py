@@ -12,7 +12,8 @@ def test_a_users_jsonl_gives_its_items_and_skips_blank_lines(tmp_path):
     path.write_text(GOOD + "\n\n" + '{"context": "One and one", "choices": ["three", "two", "eleven"], "label": 1}\n')
     task = load_task(str(path))
     assert task.name == "sums" and task.log_key == "eval"
-    assert task.items == [Item("Two plus two is", ("four", "five"), 0), Item("One and one", ("three", "two", "eleven"), 1)]
+    assert task.items == [Item("Two plus two is", ("four", "five"), 0),
+                          Item("One and one", ("three", "two", "eleven"), 1)]
     assert load_task(str(path), limit=1).items == task.items[:1]
 
 
