@@ -52,12 +52,13 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval", default=None, metavar="TASK",
                    help="score the model on hellaswag (its validation set, downloaded on first use into data/eval/) "
                         "or on a JSONL of {\"context\", \"choices\", \"label\"} items; main.log gets "
-                        "s:<step> hella:<acc> lines")
+                        "s:<step> hella:<acc> lines (default: none)")
     g.add_argument("--eval-every", type=nonnegative_int, default=None,
                    help="evaluate every N steps and at the last (0: the last only; default: --val-every's N)")
-    g.add_argument("--eval-limit", type=positive_int, default=None, help="score the first N items only")
+    g.add_argument("--eval-limit", type=positive_int, default=None, help="score the first N items only (default: all)")
     g.add_argument("--eval-source", default=None,
-                   help="hellaswag: a local copy of hellaswag_val.jsonl, or a mirror's base URL")
+                   help="hellaswag: a local copy of hellaswag_val.jsonl, or a mirror's base URL (default: GitHub's raw "
+                        "file)")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

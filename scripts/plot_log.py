@@ -19,17 +19,25 @@ LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
 EVAL_LINE = re.compile(r"^s:(\d+) (\w+):([0-9.]+) \2_norm:([0-9.]+)")
 
 
-def read_log(path: str) -> tuple[dict, dict, dict]:
-    """{step: train loss}, {step: val loss}, {task key: {step: accuracy}} (the --eval lines' acc)."""
-    train, val, evals = {}, {}, {}
+def read_log(path: str) -> tuple[dict, dict]:
+    """{step: train loss}, {step: val loss}."""
+    train, val = {}, {}
     with open(path) as f:
         for line in f:
             m = LINE.match(line)
             if m:
                 (train if m[2] == "trl" else val)[int(m[1])] = float(m[3])
-            elif m := EVAL_LINE.match(line):
+    return train, val
+
+
+def read_eval_log(path: str) -> dict[str, dict]:
+    """{task key: {step: accuracy}} of the --eval lines (their acc)."""
+    evals = {}
+    with open(path) as f:
+        for line in f:
+            if m := EVAL_LINE.match(line):
                 evals.setdefault(m[2], {})[int(m[1])] = float(m[3])
-    return train, val, evals
+    return evals
 
 
 def trailing_mean(values: list[float], n: int) -> list[float]:
@@ -57,7 +65,8 @@ def main(argv=None) -> int:
     runs = []
     for log in args.logs:
         try:
-            train, val, evals = read_log(log)
+            train, val = read_log(log)
+            evals = read_eval_log(log)
         except OSError as e:
             print(f"error: cannot read {log}: {e.strerror}", file=sys.stderr)
             return 2

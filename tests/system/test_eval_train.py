@@ -33,8 +33,9 @@ def test_eval_lines_follow_the_schedule_reach_the_summary_and_the_plot(corpus, t
     assert "step 4: romeo acc " in out
     acc = lines[4].split()[1][5:]
     assert f"| eval {acc} (acc_norm " in out and " at step 4 | checkpoint " in out
-    train, _, evals = runpy.run_path(str(REPO / "scripts" / "plot_log.py"))["read_log"](tmp_path / "out" / "main.log")
-    assert sorted(train) == list(range(5)) and evals == {"eval": {s: float(l.split()[1][5:]) for s, l in lines.items()}}
+    read_eval_log = runpy.run_path(str(REPO / "scripts" / "plot_log.py"))["read_eval_log"]
+    logged = {step: float(line.split()[1][5:]) for step, line in lines.items()}
+    assert read_eval_log(tmp_path / "out" / "main.log") == {"eval": logged}
 
 
 def test_hellaswag_in_the_loop_logs_llm_cs_hella_lines(corpus, tmp_path, monkeypatch):
