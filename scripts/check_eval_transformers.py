@@ -29,12 +29,11 @@ import numpy as np
 from llama.cli import positive_int
 from llama.config import LlamaConfig, get_preset
 from llama.data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
-from llama.eval.runner import FILLER_PASS, Evaluation
+from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
 from llama.eval.scoring import ItemScore, metrics
 from llama.eval.tasks import EVAL_DATA_DIR, HELLASWAG, Item, Task, TaskError, load_task
 from llama.io.hf import transformers_config
 from llama.io.model_folder import load_model
-from llama.plan import make_plan
 from llama.trainer import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +142,7 @@ def our_scores(folder: Path, items: list[Item], dtype: str, rows: int) -> tuple[
     evaluation = Evaluation(Task("check", items), tokenizer, rows, config.max_seq_len)
     print(f"ours {dtype}: {len(items)} items tokenized into {len(evaluation.passes)} passes in "
           f"{time.perf_counter() - began:.1f} s", file=sys.stderr)
-    model = build_model(make_plan(config, "cuda", dtype), config, rows,
+    model = build_model(evaluation_plan(config, "cuda", dtype), config, rows,
                         max(p.tokens.shape[1] for p in evaluation.passes), params)
     model.forward(*FILLER_PASS)
     began = time.perf_counter()

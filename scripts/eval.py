@@ -21,14 +21,13 @@ from pathlib import Path
 
 from llama.cli import existing_path, positive_int
 from llama.data.tokenizer import TokenizerError
-from llama.eval.runner import FILLER_PASS, Evaluation
+from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
 from llama.eval.scoring import metrics
 from llama.eval.tasks import EVAL_DATA_DIR, TaskError, load_task
 from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.model_folder import load_model
 from llama.options import DEVICES, DTYPES
-from llama.plan import make_plan
 from llama.progress import bar
 from llama.trainer import build_model
 
@@ -56,7 +55,7 @@ def score(args) -> tuple[dict, list, float, str]:
     """(metrics, per-item scores, seconds of the scoring, the device's name) of the model on the task."""
     config, params, tokenizer = load_model(args.model, args.tokenizer)
     task = load_task(args.task, args.data_dir, args.task_source, args.limit)
-    plan = make_plan(config, args.device, args.dtype)
+    plan = evaluation_plan(config, args.device, args.dtype)
     rows = args.batch_size or DEFAULT_ROWS[plan.device]
     evaluation = Evaluation(task, tokenizer, rows, min(config.max_seq_len, 1 << 16))
     T = max(p.tokens.shape[1] for p in evaluation.passes)

@@ -10,7 +10,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.data.tokenizer import ByteTokenizer
-from llama.eval.runner import Evaluation, accuracy_over_ranks
+from llama.eval.runner import Evaluation, accuracy_over_ranks, evaluation_plan
 from llama.eval.scoring import (ItemScore, encode_pair, make_passes, make_request, mean_and_stderr, metrics,
                                 item_requests)
 from llama.eval.tasks import Item, Task, hellaswag_item
@@ -148,3 +148,8 @@ def test_token_losses_are_each_targets_cross_entropy_and_average_to_the_loss():
     logp = log_softmax(model.read_logits())
     assert losses.shape == (2, 12) and losses.mean() == pytest.approx(loss, rel=1e-6)
     assert losses == pytest.approx(-np.take_along_axis(logp, targets[..., None], -1)[..., 0], abs=1e-5)
+
+
+def test_a_model_that_only_scores_keeps_only_each_layers_input():
+    plan = evaluation_plan(get_preset("tiny"), "cpu")
+    assert plan.device == "cpu" and plan.recompute == "full"
