@@ -1,6 +1,9 @@
-"""The evaluation on the GPU models: token_losses() against the reference's, and the scores of hand-made
+"""The evaluation on the GPU models: token_losses() against the reference's, the scores of hand-made
 items (with rows of several lengths a pass, and passes shorter than the model's B and T) against the
-reference's: fp32 to 1e-3 in each log-likelihood, bf16 within its rounding."""
+reference's: fp32 to 1e-3 in each log-likelihood, bf16 within its rounding; and --eval in a bf16 training run:
+the same losses as without it, the same eval lines after a resume."""
+
+import json
 
 import numpy as np
 import pytest
@@ -12,6 +15,8 @@ from llama.eval.tasks import Item, Task
 from llama.model.reference import ReferenceModel
 from llama.params import init_parameters
 from tests.gpu_helpers import ERRORS
+from tests.runs import BASE, check_resume_is_exact, log_lines, run
+from tests.system.test_eval_train import ITEMS as TRAINING_ITEMS
 
 pytestmark = pytest.mark.gpu
 CONFIG = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=ByteTokenizer.vocab_size,
@@ -59,3 +64,14 @@ def test_scores_match_the_references(dtype, tolerance):
     assert error < tolerance
     if dtype == "fp32":
         assert [s.record()["pred"] for s in scores] == [e.record()["pred"] for e in expected]
+
+
+def test_eval_in_a_bf16_run_leaves_its_losses_alone_and_resumes_exactly(corpus, tmp_path):
+    items = tmp_path / "romeo.jsonl"
+    items.write_text("".join(json.dumps(item) + "\n" for item in TRAINING_ITEMS))
+    d6 = ["-e", "d6", "-t", "64"]
+    check_resume_is_exact(tmp_path, corpus, "cuda", *d6, "--eval", str(items), "--eval-every", "3")
+    a, b = log_lines(tmp_path / "a", "eval"), log_lines(tmp_path / "b", "eval")
+    assert sorted(a) == [0, 3, 6, 7] and b == {step: line for step, line in a.items() if step >= 4}
+    assert run(*BASE, *d6, *corpus, "-x", "8", "-n", "4", "-o", "plain", device="cuda") == 0
+    assert log_lines(tmp_path / "plain") == log_lines(tmp_path / "a")  # the train loss lines, bit for bit

@@ -1,5 +1,6 @@
 """--eval in the training loop on the CPU: s:<step> <key>:<acc> lines in main.log on the schedule, in the
-progress and the summary; a resumed run evaluates at the same steps with the same results."""
+progress and the summary, the training itself unchanged; a resumed run evaluates at the same steps with the
+same results."""
 
 import json
 import runpy
@@ -36,6 +37,8 @@ def test_eval_lines_follow_the_schedule_reach_the_summary_and_the_plot(corpus, t
     read_eval_log = runpy.run_path(str(REPO / "scripts" / "plot_log.py"))["read_eval_log"]
     logged = {step: float(line.split()[1][5:]) for step, line in lines.items()}
     assert read_eval_log(tmp_path / "out" / "main.log") == {"eval": logged}
+    assert run(*BASE, *corpus, "-x", "5", "-o", "plain") == 0
+    assert log_lines(tmp_path / "plain") == log_lines(tmp_path / "out")  # the training is the same, bit for bit
 
 
 def test_hellaswag_in_the_loop_logs_llm_cs_hella_lines(corpus, tmp_path, monkeypatch):
