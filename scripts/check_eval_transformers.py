@@ -6,10 +6,10 @@ random weights that transformers builds and saves, with the Llama 3 tokenizer (d
    right padding, log_softmax of the logits, the continuation's last positions; acc and acc_norm as its
    multiple_choice process_results), against ours in fp32 (each log-likelihood to 1e-3, the same acc and
    acc_norm) and, for the record, in bf16;
-2. the time of the whole set on llama3.2-1b (random weights), ours in bf16 against transformers in bf16.
+2. the time of the whole set on llama3.2-1b and d12 (random weights), ours in bf16 against transformers in bf16.
 
     python scripts/check_eval_transformers.py --task-source hellaswag_val.jsonl
-    python scripts/check_eval_transformers.py --check-items 200 --time-model d12
+    python scripts/check_eval_transformers.py --check-items 200 --time-models d12
 
 Without --task-source (and no downloaded copy) the items are a stand-in with HellaSwag's shape (10,042 items
 of four endings; contexts of 20-60 words, endings of 8-30, from the README's words), and it says so.
@@ -177,14 +177,14 @@ def check_scores(task: Task, tokenizer, args, workdir: Path) -> bool:
     return ok
 
 
-def time_full_set(task: Task, tokenizer, args, workdir: Path) -> None:
-    """Part 2: the whole set on the timing model, ours against transformers, both bf16."""
+def time_full_set(task: Task, tokenizer, preset: str, args, workdir: Path) -> None:
+    """Part 2: the whole set on the preset's model, ours against transformers, both bf16."""
     import torch
-    folder = random_hf_folder(workdir / "time", get_preset(args.time_model), tokenizer, torch.bfloat16, 0.02)
+    folder = random_hf_folder(workdir / preset, get_preset(preset), tokenizer, torch.bfloat16, 0.02)
     ours, our_seconds = our_scores(folder, task.items, "bf16", args.rows)
     theirs, their_seconds = transformers_scores(folder, task.items, torch.bfloat16, args.transformers_rows)
     n = len(task.items)
-    print(f"{args.time_model} bf16, {n} items of {task.name}: ours {our_seconds:.1f} s ({n / our_seconds:,.0f} "
+    print(f"{preset} bf16, {n} items of {task.name}: ours {our_seconds:.1f} s ({n / our_seconds:,.0f} "
           f"examples/s), transformers {their_seconds:.1f} s ({n / their_seconds:,.0f} examples/s), "
           f"{their_seconds / our_seconds:.2f}x; acc {metrics(ours)['acc']:.4f} vs {metrics(theirs)['acc']:.4f}")
 
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--task-source", default=None, help="a copy of hellaswag_val.jsonl (default: the downloaded one)")
     p.add_argument("--tokenizer", default="data/tokenizer/tokenizer.model", help="the Llama 3 tokenizer.model")
     p.add_argument("--check-items", type=positive_int, default=500, help="items of part 1")
-    p.add_argument("--time-model", default="llama3.2-1b", help="preset of part 2's random model")
+    p.add_argument("--time-models", nargs="+", default=["llama3.2-1b", "d12"], help="presets of part 2's random models")
     p.add_argument("--limit", type=positive_int, default=None, help="part 2: the first N items only")
     p.add_argument("--rows", type=positive_int, default=128, help="our rows a forward pass")
     p.add_argument("--transformers-rows", type=positive_int, default=64, help="transformers' rows a batch")
@@ -205,8 +205,8 @@ def main(argv=None) -> int:
     print(f"items: {task.name}, {len(task.items)} (HellaSwag's validation set has {HELLASWAG['items']})")
     with tempfile.TemporaryDirectory() as workdir:
         ok = check_scores(task, tokenizer, args, Path(workdir))
-        if not args.skip_timing:
-            time_full_set(task, tokenizer, args, Path(workdir))
+        for preset in [] if args.skip_timing else args.time_models:
+            time_full_set(task, tokenizer, preset, args, Path(workdir))
     return 0 if ok else 1
 
 
