@@ -16,7 +16,7 @@ from ..plan import RECIPES, Plan, make_plan
 from .scoring import ItemScore, item_requests, make_passes, pass_loglikelihoods
 from .tasks import Task
 
-FILLER_PASS = (np.zeros((1, 8), np.int64), np.zeros((1, 8), np.int64))  # a rank's pass past its share
+FILLER_PASS = (np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32))  # a rank's pass past its share
 
 
 def evaluation_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:

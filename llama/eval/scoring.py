@@ -74,7 +74,7 @@ def make_passes(requests: list[Request], B: int, pad_to: int = 8) -> list[Pass]:
         rows = ordered[first:first + B]
         longest = len(rows[0].inputs)
         t = min(-(-longest // pad_to) * pad_to, len(ordered[0].inputs))
-        tokens, targets = np.zeros((len(rows), t), np.int64), np.zeros((len(rows), t), np.int64)
+        tokens, targets = np.zeros((len(rows), t), np.int32), np.zeros((len(rows), t), np.int32)
         for row, request in enumerate(rows):
             tokens[row, :len(request.inputs)] = request.inputs
             targets[row, :len(request.targets)] = request.targets
