@@ -47,6 +47,20 @@ def device_default(key: str) -> str:
     return f"default: {DEVICE_DEFAULTS['cpu'][key]} on the CPU, {DEVICE_DEFAULTS['cuda'][key]} on a GPU"
 
 
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("benchmark evaluation (scripts/eval.py's scoring)")
+    g.add_argument("--eval", default=None, metavar="TASK",
+                   help="score the model on hellaswag (its validation set, downloaded on first use into data/eval/) "
+                        "or on a JSONL of {\"context\", \"choices\", \"label\"} items; main.log gets "
+                        "s:<step> hella:<acc> lines (default: none)")
+    g.add_argument("--eval-every", type=nonnegative_int, default=None,
+                   help="evaluate every N steps and at the last (0: the last only; default: --val-every's N)")
+    g.add_argument("--eval-limit", type=positive_int, default=None, help="score the first N items only (default: all)")
+    g.add_argument("--eval-source", default=None,
+                   help="hellaswag: a local copy of hellaswag_val.jsonl, or a mirror's base URL (default: GitHub's raw "
+                        "file)")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("model")
@@ -99,6 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("-g", "--gen-tokens", type=positive_int, default=64, help="tokens per sample")
     g.add_argument("--temperature", type=nonnegative_float, default=1.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-k", type=nonnegative_int, default=50, help="sample among the k likeliest tokens (0: all)")
+    add_eval_arguments(p)
     g = p.add_argument_group("checkpoints and output")
     g.add_argument("-o", "--output-dir", default=None,
                    help="the run's folder: checkpoints, main.log and its lock (default: out, or out_2, out_3, ... "

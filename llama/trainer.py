@@ -20,6 +20,8 @@ from .config import META_MODELS, LlamaConfig, get_preset
 from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
+from .eval.runner import Evaluation, accuracy_over_ranks
+from .eval.tasks import EVAL_DATA_DIR, TaskError, load_task
 from .generate import decoder_for, generate
 from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
@@ -185,6 +187,7 @@ class Trainer:
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
         self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
                         else None)
+        self.evaluation = self._evaluation()
         self.log = None  # main.log, open while run() trains
 
     # ---- setup
@@ -280,6 +283,17 @@ class Trainer:
             print(f"note: the checkpoint is at step {self.start}, the run has {self.steps} steps: nothing to train "
                   "(ask for more with -x)", file=sys.stderr)
 
+    def _evaluation(self) -> Evaluation | None:
+        """The --eval task tokenized into this rank's passes of the model's B rows of T (None without --eval)."""
+        args = self.args
+        if not args.eval:
+            return None
+        try:
+            task = load_task(args.eval, EVAL_DATA_DIR, args.eval_source, args.eval_limit)
+            return Evaluation(task, self.tokenizer, self.B, self.T, self.rank, self.world)
+        except (TaskError, ValueError) as e:
+            raise UserError(f"--eval: {e}") from None
+
     def _announce(self, model_name: str) -> None:
         gpus = f" x {self.world} GPUs (ZeRO-{self.plan.zero} over NCCL)" if self.world > 1 else ""
         print(f"device {self.plan.device}{gpus} | model {model_name}: "
@@ -311,6 +325,14 @@ class Trainer:
         loader.reset()
         n = min(self.args.val_batches, loader.batches_per_epoch)
         return mean_over_ranks(self.comm, sum(self.model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
+
+    def run_evaluation(self, step: int) -> None:
+        """--eval on every rank's share of the items: llm.c's s:<step> hella:<acc> line (with acc_norm) in main.log."""
+        key = self.evaluation.task.log_key
+        acc, acc_norm = accuracy_over_ranks(self.evaluation.run(self.model), self.comm)
+        self.eval_result = (key, acc, acc_norm, step)
+        self.log.write(f"s:{step} {key}:{acc:.4f} {key}_norm:{acc_norm:.4f}")
+        self.progress.write(f"step {step}: {self.evaluation.task.name} acc {acc:.4f}, acc_norm {acc_norm:.4f}")
 
     def diverged(self, message: str) -> TrainingDiverged:
         best = best_checkpoint(self.out, self.last_good) if self.last_good else None
@@ -359,7 +381,7 @@ class Trainer:
         """Train from self.start to self.steps; returns the exit code (0, or 130/143 when stopped by a
         signal, after a checkpoint)."""
         args = self.args
-        self.loss = self.val_loss = self.val_step = None
+        self.loss = self.val_loss = self.val_step = self.eval_result = None
         self.done, began = self.start, time.perf_counter()
         with self.run_dir.open_log(self.log_bytes) as self.log, GracefulStop() as stop, \
                 TrainingProgress(self.steps, self.start, args.print_every) as self.progress:
@@ -379,6 +401,9 @@ class Trainer:
             self.val_loss, self.val_step = self.evaluate(), step
             self.log.write(f"s:{step} tel:{self.val_loss:.6f}")
             self.progress.write(f"step {step}: val loss {self.val_loss:.4f}")
+        every = args.val_every if args.eval_every is None else args.eval_every
+        if self.evaluation is not None and ((every and step % every == 0) or last):
+            self.run_evaluation(step)
         if args.sample_every and step > 0 and step % args.sample_every == 0:
             self.sample(step)
         t0 = time.perf_counter()
@@ -402,7 +427,8 @@ class Trainer:
         peak = self.peak_flops
         mfu = self.flops_per_step / dt / peak if peak else None
         stats = [f"loss {self.loss:.4f}", f"{self.tokens_per_step / dt:,.0f} tok/s (last step)", f"lr {lr:.2e}",
-                 f"norm {norm:.3f}", *([f"MFU {mfu:.1%}"] if peak else [])]
+                 f"norm {norm:.3f}", *([f"MFU {mfu:.1%}"] if peak else []),
+                 *([f"{self.eval_result[0]} {self.eval_result[1]:.3f}"] if self.eval_result else [])]
         self.progress.step(step, step_line(step, self.steps, self.loss, lr, norm, dt, self.tokens_per_step, mfu),
                            stats)
 
@@ -412,11 +438,13 @@ class Trainer:
         trained = self.done - self.start
         train = "n/a" if self.loss is None else f"{self.loss:.4f} at step {self.done}"
         val = "n/a" if self.val_loss is None else f"{self.val_loss:.4f} at step {self.val_step}"
+        evaluated = ("" if self.eval_result is None else
+                     "{} {:.4f} (acc_norm {:.4f}) at step {} | ".format(*self.eval_result))
         stopped = stop.requested or self.done < self.steps  # here, or on another rank
         outcome = (f"stopped by {stop.name or 'another rank'} after step {self.done}/{self.steps}" if stopped
                    else f"done: step {self.done}/{self.steps}")
         rate = trained * self.tokens_per_step / max(elapsed, 1e-9)
         print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {rate:,.0f} tok/s on average | train loss {train} | "
-              f"val loss {val} | checkpoint {self.last_good} | log {self.run_dir.log_path}")
+              f"val loss {val} | {evaluated}checkpoint {self.last_good} | log {self.run_dir.log_path}")
         if stopped:
             print(f"rerun with --resume to continue from {self.last_good}", file=sys.stderr)

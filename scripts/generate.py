@@ -13,38 +13,19 @@ models) and stops at the end of the turn. Tokens/s of prefill and decode go to s
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
-from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
+from llama.io.checkpoint import CheckpointError
+from llama.io.model_folder import load_model
 from llama.generate import TextStream, generate
 from llama.model.reference import ReferenceDecoder
 from llama.model.sampling import Sampling
-from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder, run_tokenizer_path
+from llama.io.hf import HFError
 from llama.options import RunOptions
 from llama.plan import Plan, make_plan
-from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
-
-
-def load_model(name: str, tokenizer_path: str | None):
-    """(config, flat float32 params, tokenizer) of a checkpoint or an HF folder."""
-    path = Path(name.removeprefix("hf:"))
-    if name.startswith("hf:") or (path / "config.json").is_file():
-        config, params = load_hf_folder(path)
-        tokenizer_path = tokenizer_path or hf_tokenizer_path(path)
-    else:
-        with reading_checkpoint(path) as checkpoint:  # a training run's rotation leaves it meanwhile
-            loaded = load_checkpoint(checkpoint)
-        config, params = loaded["config"], loaded["params"]
-        tokenizer_path = tokenizer_path or run_tokenizer_path(loaded["state"])
-    # a model with more ids than bytes needs the Llama 3 tokenizer: fetch it when it is not on disk
-    tokenizer = load_tokenizer(tokenizer_path, quiet=True, fetch=config.vocab_size > ByteTokenizer.vocab_size)
-    if tokenizer.vocab_size != config.vocab_size:
-        raise TokenizerError(f"the tokenizer ({tokenizer.name}, vocab {tokenizer.vocab_size}) does not fit the "
-                             f"model's vocab {config.vocab_size}; pass the model's tokenizer with --tokenizer")
-    return config, params, tokenizer
+from llama.data.tokenizer import Llama3Tokenizer, TokenizerError
 
 
 def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):

@@ -1,4 +1,5 @@
-"""Plot train and val loss from llm.c-style main.log files into a PNG (needs matplotlib: pip install -e ".[plot]").
+"""Plot train and val loss from llm.c-style main.log files into a PNG (needs matplotlib: pip install -e ".[plot]"),
+and beside them, on a second axis, the accuracy of an in-loop evaluation (--eval: s:<step> hella:<acc> lines).
 
     python scripts/plot_log.py out/main.log [-o loss.png]
     python scripts/plot_log.py out/bf16/main.log out/fp32/main.log -o compare.png   # runs side by side
@@ -15,6 +16,7 @@ from pathlib import Path
 from llama.cli import positive_int
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
+EVAL_LINE = re.compile(r"^s:(\d+) (\w+):([0-9.]+) \2_norm:([0-9.]+)")
 
 
 def read_log(path: str) -> tuple[dict, dict]:
@@ -26,6 +28,16 @@ def read_log(path: str) -> tuple[dict, dict]:
             if m:
                 (train if m[2] == "trl" else val)[int(m[1])] = float(m[3])
     return train, val
+
+
+def read_eval_log(path: str) -> dict[str, dict]:
+    """{task key: {step: accuracy}} of the --eval lines (their acc)."""
+    evals = {}
+    with open(path) as f:
+        for line in f:
+            if m := EVAL_LINE.match(line):
+                evals.setdefault(m[2], {})[int(m[1])] = float(m[3])
+    return evals
 
 
 def trailing_mean(values: list[float], n: int) -> list[float]:
@@ -54,26 +66,33 @@ def main(argv=None) -> int:
     for log in args.logs:
         try:
             train, val = read_log(log)
+            evals = read_eval_log(log)
         except OSError as e:
             print(f"error: cannot read {log}: {e.strerror}", file=sys.stderr)
             return 2
         if not train and not val:
             print(f"error: {log} has no s:<step> trl:/tel: lines", file=sys.stderr)
             return 2
-        runs.append((Path(log).parent.name + " " if len(args.logs) > 1 else "", train, val))
+        runs.append((Path(log).parent.name + " " if len(args.logs) > 1 else "", train, val, evals))
     output = args.output or args.logs[0].rsplit(".", 1)[0] + ".png"
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label, train, val in runs:
+    accuracy = ax.twinx() if any(evals for *_, evals in runs) else None
+    for label, train, val, evals in runs:
         if train:
             steps = sorted(train)
             ax.plot(steps, trailing_mean([train[s] for s in steps], args.smooth), linewidth=1,
                     label=label + ("train" if args.smooth == 1 else f"train ({args.smooth}-step mean)"))
         if val:
             ax.plot(sorted(val), [val[s] for s in sorted(val)], "o-", label=label + "val")
+        for key, values in evals.items():
+            accuracy.plot(sorted(values), [values[s] for s in sorted(values)], "s--", label=f"{label}{key} acc")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if accuracy is not None:
+        accuracy.set_ylabel("accuracy")
+        accuracy.legend(loc="upper right")
+    ax.legend(loc="upper left" if accuracy is not None else "best")
     fig.savefig(output, dpi=120, bbox_inches="tight")
     print(f"wrote {output}")
     return 0

@@ -4,6 +4,8 @@ interface the trainer drives, with the training step driven here, once, for ever
 A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
   forward(tokens, targets=None)   the mean loss with targets; keeps what read_logits() needs without
   read_logits(position=None)      (b, t, V) logits of the last forward, or (b, V) at one position
+  token_losses()                  (b, t) float32 cross-entropy of each target of the last forward with
+                                  targets (what the mean loss averages; the evaluation's log-probs)
   train_step(batches, lr, step, opt) -> (mean loss, grad norm), below
   get_params(), get_optimizer_state() -> (m, v), set_state(params, m, v): the state a checkpoint holds
   (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run)

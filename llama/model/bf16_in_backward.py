@@ -94,7 +94,7 @@ class OptimizerInBackward(CapturedStep):
         tokens, targets = self._one_batch(batches)
         self._set_scalars(lr, step, opt)
         self._upload(tokens, targets)
-        self.shape = tokens.shape
+        self.shape, self.has_targets = tokens.shape, True
         self._step_in_backward(opt)
         return self._loss_and_norm()
 

@@ -74,7 +74,7 @@ class CapturedStep:
     def micro_step(self, tokens: np.ndarray, targets: np.ndarray, micro: int, last: bool) -> None:
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         self._upload(tokens, targets)
-        self.shape = tokens.shape
+        self.shape, self.has_targets = tokens.shape, True
         graphs, first = self.step_graphs[2], self.micro_index == 0
         if graphs is not None:
             graphs[0][first, last].replay()
@@ -121,7 +121,7 @@ class CapturedStep:
         for i, (tokens, targets) in enumerate(batches):
             check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
             self._upload(tokens, targets)
-            self.shape = tokens.shape
+            self.shape, self.has_targets = tokens.shape, True
             self._micro_step(len(batches), i == 0, i == len(batches) - 1)
         self._set_scalars(lr, step, opt)
         self._optimizer(opt)

@@ -33,7 +33,7 @@ class GPUModelBase(Model):
         self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
-        self.shape = None  # (b, t) of the last forward
+        self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
         return params
 
     def grad(self, tensor) -> DeviceArray:

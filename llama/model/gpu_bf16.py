@@ -124,7 +124,7 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         ZeRO region, which backward() ends). Without targets the final norm is kept for read_logits()."""
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         self._upload(tokens, targets)
-        self.shape = tokens.shape
+        self.shape, self.has_targets = tokens.shape, targets is not None
         self.loss_total.fill_zero()
         with_gradients = targets is not None and loss_scale is not None
         self.zero.begin(gather=self.zero.stale)
@@ -235,6 +235,13 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], self.weight(L.wqkv(i)))
         ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                   self.master(pre + "attention_norm.weight"), a["rstd1"])
+
+    def token_losses(self) -> np.ndarray:
+        """(b, t) fp32 cross-entropy of each target of the last forward() with targets (of its bf16 logits)."""
+        if self.shape is None or not self.has_targets:
+            raise RuntimeError("token_losses() needs a forward() with targets first")
+        b, t = self.shape
+        return self.buffers["losses"].prefix(b * t).download().reshape(b, t)
 
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""

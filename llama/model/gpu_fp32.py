@@ -123,6 +123,13 @@ class GPUModelFP32(GPUModelBase):
             return None
         return float(np.mean(s["losses"].download(), dtype=np.float64))
 
+    def token_losses(self) -> np.ndarray:
+        """(b, t) cross-entropy of each target of the last forward with targets."""
+        if self.shape is None or not self.has_dlogits:
+            raise RuntimeError("token_losses() needs a forward() with targets first")
+        b, t = self.shape
+        return self.buffers["losses"].prefix(b * t).download().reshape(b, t)
+
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(b, t, V) logits of the last forward without targets, or (b, V) at one position."""
         if self.shape is None or self.has_dlogits:

@@ -417,7 +417,14 @@ class ReferenceModel(ReferenceBlock, Model):
         if targets is None:
             return None
         losses, self.acts["dlogits"] = fused_classifier(logits, targets.ravel(), 1.0 / (B * T))
+        self.acts["losses"] = losses.reshape(B, T)
         return float(np.mean(losses, dtype=np.float64))
+
+    def token_losses(self) -> np.ndarray:
+        """(B, T) cross-entropy of each target of the last forward with targets."""
+        if self.acts is None or "losses" not in self.acts:
+            raise RuntimeError("token_losses() needs a forward() with targets first")
+        return self.acts["losses"].astype(np.float32)
 
     def read_logits(self, position: int | None = None) -> np.ndarray:
         """(B, T, V) logits of the last forward, or (B, V) at one position."""
