@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from llama.data.tokenizer import Llama3Tokenizer
-from llama.io.hf import save_hf_folder, to_hf_state, transformers_config
-from llama.params import ParameterLayout
+from llama.io.hf import save_hf_folder
 from tests.hf_helpers import (GOLDEN_CHAT, GOLDEN_CONFIG, GOLDEN_EXPORT_VOCAB, GOLDEN_TEXT, WEIGHT_SEED, golden_tokens,
-                              hf_logits, seeded_params, sha256, write_fixture)
+                              hf_logits, hf_model_of, seeded_params, sha256, write_fixture)
 from tests.sample_files import ranks_file_bytes
 
 EXPORT_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -48,27 +47,13 @@ def provenance(config, params: np.ndarray) -> dict:
             "config": dataclasses.asdict(config), "weights": {"seed": WEIGHT_SEED, "sha256": sha256(params)}}
 
 
-def hf_model_with(config, params: np.ndarray):
-    """transformers' LlamaForCausalLM of config holding our flat parameters, in float64."""
-    import torch
-    import transformers
-
-    model = transformers.LlamaForCausalLM(transformers_config(config)).double().eval()
-    views = ParameterLayout(config).views(params.astype(np.float64))
-    missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in to_hf_state(views, config).items()},
-                                                strict=False)
-    if unexpected or not set(missing) <= ({"lm_head.weight"} if config.tie_embeddings else set()):
-        raise RuntimeError(f"the state does not fit transformers' model: missing {missing}, unexpected {unexpected}")
-    return model
-
-
 def record_forward_backward(out: Path, tied: bool) -> str:
     """transformers' float64 logits, cross-entropy loss and its gradients for the seeded weights."""
     import torch
 
     config = GOLDEN_CONFIG.replace(tie_embeddings=tied)
     params = seeded_params(config)
-    model = hf_model_with(config, params)
+    model = hf_model_of(config, params)
     tokens, targets = golden_tokens(config.vocab_size, 2, 16, seed=1), golden_tokens(config.vocab_size, 2, 16, seed=2)
     logits = model(torch.tensor(tokens)).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, config.vocab_size), torch.tensor(targets).reshape(-1))
@@ -87,7 +72,7 @@ def record_save_pretrained(out: Path, dtype: str, tied: bool) -> str:
 
     config = GOLDEN_CONFIG.replace(tie_embeddings=tied)
     params = seeded_params(config)
-    model = hf_model_with(config, params).float()
+    model = hf_model_of(config, params).float()
     with torch.no_grad():  # the weights as stored
         for p in model.parameters():
             p.copy_(p.to(getattr(torch, dtype)).float())
@@ -131,7 +116,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     names = [record_forward_backward(args.out_dir, tied) for tied in (False, True)]
-    names += [record_save_pretrained(args.out_dir, "float32", False), record_save_pretrained(args.out_dir, "bfloat16", True)]
+    names += [record_save_pretrained(args.out_dir, *kind) for kind in (("float32", False), ("bfloat16", True))]
     names += [record_export(args.out_dir, tied) for tied in (False, True)]
     print(f"recorded {', '.join(names)} in {args.out_dir}")
     return 0

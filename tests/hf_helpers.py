@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from llama.config import get_preset
-from llama.io.hf import transformers_config
+from llama.io.hf import to_hf_state, transformers_config
+from llama.model.reference import ReferenceModel
 from llama.params import ParameterLayout
 
 # GQA and llama3 RoPE scaling with a short original context, so that all three scaling branches act
@@ -42,6 +43,26 @@ def hf_logits(model, tokens) -> np.ndarray:
 
     with torch.no_grad():
         return model.double()(torch.tensor(tokens)).logits.numpy()
+
+
+def hf_model_of(config, params: np.ndarray):
+    """transformers' LlamaForCausalLM of config in float64, holding our flat parameters."""
+    import torch
+    import transformers
+
+    model = transformers.LlamaForCausalLM(transformers_config(config)).double().eval()
+    views = ParameterLayout(config).views(params.astype(np.float64))
+    missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in to_hf_state(views, config).items()},
+                                                strict=False)
+    if unexpected or not set(missing) <= ({"lm_head.weight"} if config.tie_embeddings else set()):
+        raise ValueError(f"the state does not fit transformers' model: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def reference_forward(config, params: np.ndarray, tokens: np.ndarray, targets: np.ndarray | None = None):
+    """Our float64 reference holding params after a forward of tokens (and targets): (model, loss or None)."""
+    model = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
+    return model, model.forward(tokens, targets)
 
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"

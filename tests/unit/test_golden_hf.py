@@ -13,10 +13,9 @@ from safetensors.numpy import load_file
 from llama.data.tokenizer import Llama3Tokenizer
 from llama.io.hf import heads_of, hf_name, hf_to_meta, load_hf_folder, save_hf_folder
 from llama.model.base import rope_frequencies
-from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
 from tests.hf_helpers import (GOLDEN, GOLDEN_CHAT, GOLDEN_CONFIG, GOLDEN_EXPORT_VOCAB, GOLDEN_TEXT, RECORD_COMMAND,
-                              fixture_paths, seeded_params, sha256)
+                              fixture_paths, reference_forward, seeded_params, sha256)
 from tests.sample_files import ranks_file_bytes
 
 # transformers computes RoPE frequencies and angles, RMSNorm and softmax in float32 even in a float64 model, so
@@ -43,19 +42,12 @@ def fixture(name: str, config) -> tuple[dict, dict]:
         return facts, dict(arrays)
 
 
-def reference(config, tokens: np.ndarray, targets: np.ndarray | None = None, params: np.ndarray | None = None):
-    """Our float64 reference with the seeded weights (or params) after a forward of tokens: (model, loss)."""
-    params = seeded_params(config) if params is None else params
-    model = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
-    return model, model.forward(tokens, targets)
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_logits_loss_and_gradients_match_transformers(tied):
     config = GOLDEN_CONFIG.replace(tie_embeddings=tied)
     facts, golden = fixture(f"forward_backward_{'tied' if tied else 'untied'}", config)
     np.testing.assert_allclose(golden["inv_freq"], rope_frequencies(config), rtol=INV_FREQ_RTOL)
-    model, loss = reference(config, golden["tokens"], golden["targets"])
+    model, loss = reference_forward(config, seeded_params(config), golden["tokens"], golden["targets"])
     assert abs(loss - facts["loss"]) < LOSS_ABS, (loss, facts["loss"])
     assert rel_error(model.read_logits(), golden["logits"]) < LOGITS_REL
     model.backward()
@@ -77,7 +69,7 @@ def test_save_pretrained_folder_imports_with_transformers_logits(dtype, tied):
     imported, params = load_hf_folder(GOLDEN / name)
     assert imported == config.replace(multiple_of=imported.multiple_of, ffn_dim_multiplier=imported.ffn_dim_multiplier)
     assert imported.ffn_hidden_dim == config.ffn_hidden_dim
-    model, _ = reference(imported, golden["tokens"], params=params)
+    model, _ = reference_forward(imported, params, golden["tokens"])
     assert rel_error(model.read_logits(), golden["logits"]) < LOGITS_REL
 
 
@@ -97,7 +89,7 @@ def test_export_is_what_transformers_loaded(tmp_path, tied):
             f"the export's {file} is not the one transformers read for {name}; re-record it to check the new one")
     tensors = load_file(tmp_path / "out" / "model.safetensors")
     assert {n: sha256(w) for n, w in tensors.items()} == facts["tensors"]
-    model, _ = reference(config, golden["tokens"])
+    model, _ = reference_forward(config, params, golden["tokens"])
     assert rel_error(model.read_logits(), golden["logits"]) < LOGITS_REL
     assert facts["eos_token_id"] == list(tokenizer.stop_ids)
     assert facts["text_ids"] == tokenizer.encode(GOLDEN_TEXT, bos=True)
