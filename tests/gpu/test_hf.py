@@ -1,5 +1,6 @@
 """A random transformers LlamaForCausalLM (GQA, llama3 RoPE scaling, tied and untied) saved with
-save_pretrained, imported into our GPU model: the same logits. Needs a GPU, torch and transformers."""
+save_pretrained, imported into our GPU model: the same logits. Needs a GPU, torch and transformers
+(scripts/gpu_check.sh refuses to run without them, so that this test does not skip unseen there)."""
 
 import copy
 
@@ -9,12 +10,11 @@ import pytest
 from llama.io.hf import load_hf_folder
 from tests.gpu_helpers import ERRORS
 from tests.gradcheck import rel_error
+from tests.hf_helpers import TOKENS, hf_logits, random_hf_model
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-from tests.hf_helpers import TOKENS, hf_logits, random_hf_model  # noqa: E402
 
 
 @pytest.mark.parametrize("tied", [False, True])

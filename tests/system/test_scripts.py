@@ -4,6 +4,7 @@ in train_llama.py), so is a model or checkpoint that does not exist, bad inputs 
 
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 
@@ -190,3 +191,73 @@ def test_plot_log_smooths_the_train_loss_as_a_trailing_mean():
     assert trailing_mean(values, 1) == values
     assert trailing_mean(values, 3) == pytest.approx([4.0, 3.0, 4.0, 3.0, 10 / 3])
     assert trailing_mean(values, 9) == pytest.approx([4.0, 3.0, 4.0, 13 / 4, 16 / 5])
+
+
+def device_script(tmp_path, name: str, args=(), tools=("dirname", "basename"), fakes=(), modules=None, env=()):
+    """scripts/<name> run by bash with a PATH of only `tools` (from this PATH, python3 as this interpreter) and
+    `fakes` (commands that print their name), and modules: None, or {module: source} put first on PYTHONPATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    for tool in tools:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    for fake in fakes:
+        (bin_dir / fake).write_text(f"#!/bin/sh\necho fake {fake}\n")
+        (bin_dir / fake).chmod(0o755)
+    shadow = tmp_path / "shadow"
+    for module, source in (modules or {}).items():
+        path = shadow / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return subprocess.run([shutil.which("bash"), str(REPO / "scripts" / name), *args], capture_output=True, text=True,
+                          env={"PATH": str(bin_dir), "PYTHONPATH": f"{shadow}:{REPO}", "OUT": str(tmp_path / "out"),
+                               **dict(env)})
+
+
+@pytest.mark.parametrize("name, fakes, missing", [("gpu_check.sh", (), "nvidia-smi not found on PATH"),
+                                                  ("multi_gpu_check.sh", (), "nvidia-smi not found on PATH"),
+                                                  ("check_sass.sh", ("nvcc",), "cuobjdump not found on PATH"),
+                                                  ("check_sass.sh", (), "nvcc cuobjdump not found on PATH")])
+def test_device_scripts_without_their_tools_say_what_is_missing_in_one_line(tmp_path, name, fakes, missing):
+    result = device_script(tmp_path, name, fakes=fakes)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{name}: {missing}: "), result.stderr
+
+
+NO_PYCUDA = {"pycuda.__init__": "raise ImportError('no pycuda here')\n"}
+
+
+@pytest.mark.parametrize("name", ["gpu_check.sh", "multi_gpu_check.sh"])
+def test_gpu_scripts_without_pycuda_say_how_to_install_the_carried_wheels(tmp_path, name):
+    result = device_script(tmp_path, name, fakes=("nvidia-smi",), modules=NO_PYCUDA)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"{name}: python3 cannot import pycuda.driver: install pycuda from the wheels")
+    assert "--no-index --no-deps --target /tmp/site .whl/*.whl" in result.stderr
+
+
+def test_gpu_check_without_transformers_says_how_to_install_it(tmp_path):
+    modules = {"pycuda.__init__": "", "pycuda.driver": "", "torch.__init__": "",
+               "transformers.__init__": "raise ImportError('no transformers here')\n"}
+    result = device_script(tmp_path, "gpu_check.sh", fakes=("nvidia-smi",), modules=modules)
+    assert result.returncode == 1 and result.stderr == (
+        "gpu_check.sh: python3 cannot import transformers: python3 -m pip install torch transformers\n")
+
+
+# packages that import (so that gpu_check.sh runs) but drive no GPU: the GPU tests skip, bench_gpu.py fails
+STAND_INS = {"pycuda.__init__": "", "pycuda.driver": "", "torch.__init__": "", "transformers.__init__": ""}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pytest_args, skip_bench, pytest_says, expected", [
+    (["tests/unit/test_config.py", "-k", "no_such_test"], "1", "deselected", 5),  # pytest's status: no test ran
+    (["tests/unit/test_config.py::test_d12_preset"], "0", "1 passed", 1),  # bench_gpu.py's traceback
+])
+def test_gpu_check_passes_on_a_failing_step(tmp_path, pytest_args, skip_bench, pytest_says, expected):
+    result = device_script(tmp_path, "gpu_check.sh", pytest_args, tools=("dirname", "basename", "mkdir", "tee"),
+                           fakes=("nvidia-smi",), modules=STAND_INS, env={"SKIP_BENCH": skip_bench})
+    assert result.returncode == expected, result.stdout + result.stderr
+    assert result.stdout.startswith("fake nvidia-smi\n")
+    assert pytest_says in (tmp_path / "out" / "pytest.log").read_text()
+    bench_log = tmp_path / "out" / "bench.log"
+    assert "Traceback" in bench_log.read_text() if skip_bench == "0" else not bench_log.exists()

@@ -1,7 +1,7 @@
 """The reference against transformers' LlamaForCausalLM with the same random weights (optional).
 
-Skipped where torch or transformers is missing. Meta's q/k rows are permuted to HF's rotate-half
-layout on the way in and back on the way out.
+Skipped where torch or transformers is missing; its golden twin, tests/unit/test_golden_hf.py, needs neither.
+Meta's q/k rows are permuted to HF's rotate-half layout on the way in and back on the way out.
 """
 
 import numpy as np
@@ -10,11 +10,12 @@ import pytest
 from llama.model import reference as ref
 from llama.model.base import rope_frequencies
 from llama.config import get_preset
-from llama.io.hf import heads_of, hf_name, hf_to_meta, to_hf_state, transformers_config
+from llama.io.hf import heads_of, hf_name, hf_to_meta
 from tests.gradcheck import rel_error
+from tests.hf_helpers import hf_model_of
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -30,13 +31,10 @@ def test_logits_and_gradients_match_transformers(tied):
     logits = model.read_logits()
     model.backward()
 
-    hf = transformers.LlamaForCausalLM(transformers_config(config)).double().eval()
+    hf = hf_model_of(config, model.params)
     # HF computes RoPE frequencies and angles, RMSNorm and softmax in float32 even in a float64
     # model, so agreement stops near 1e-7: the tolerances below sit just above that floor
     np.testing.assert_allclose(hf.model.rotary_emb.inv_freq.numpy(), rope_frequencies(config), rtol=1e-6)
-    state = {k: torch.tensor(v) for k, v in to_hf_state(model.p, config).items()}
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
     hf_logits = hf(torch.tensor(tokens)).logits
     hf_loss = torch.nn.functional.cross_entropy(hf_logits.reshape(-1, 101), torch.tensor(targets).reshape(-1))
     hf_loss.backward()
@@ -46,11 +44,11 @@ def test_logits_and_gradients_match_transformers(tied):
     print(f"\ntied={tied} loss {loss:.12f} vs {hf_loss.item():.12f}; logits rel err {logit_err:.2e}")
     assert abs(loss - hf_loss.item()) < 1e-6
     assert logit_err < 1e-6
-    worst = 0.0
-    for name, g in model.g.items():
+    worst, grads = 0.0, model.layout.views(model.grads)
+    for name, g in grads.items():
         hg = params[hf_name(name)].grad.numpy()
         if heads_of(name, config):
             hg = hf_to_meta(hg, heads_of(name, config))
         worst = max(worst, rel_error(g, hg))
         assert rel_error(g, hg) < 1e-5, name
-    print(f"worst gradient rel err over {len(model.g)} tensors: {worst:.2e}")
+    print(f"worst gradient rel err over {len(grads)} tensors: {worst:.2e}")

@@ -1,6 +1,7 @@
 """Import and export against transformers itself (optional: skipped where torch or transformers is
-missing): a random LlamaForCausalLM saved with save_pretrained imports with the same logits, and our
-export loads with from_pretrained / AutoTokenizer with the same logits and token ids."""
+missing; the golden twins in tests/unit/test_golden_hf.py need neither): a random LlamaForCausalLM saved
+with save_pretrained imports with the same logits, and our export loads with from_pretrained /
+AutoTokenizer with the same logits and token ids."""
 
 import copy
 
@@ -8,21 +9,14 @@ import numpy as np
 import pytest
 
 from llama.io.hf import load_hf_folder, save_hf_folder
-from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import Llama3Tokenizer
+from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
+from tests.hf_helpers import CONFIG, TOKENS, hf_logits, random_hf_model, reference_forward
 from tests.sample_files import ranks_file_bytes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-from tests.hf_helpers import CONFIG, TOKENS, hf_logits, random_hf_model  # noqa: E402
-
-
-def reference_logits(config, params, tokens) -> np.ndarray:
-    model = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
-    model.forward(tokens)
-    return model.read_logits()
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -36,7 +30,7 @@ def test_save_pretrained_imports_with_the_same_logits(tmp_path, tied, dtype):
     config, params = load_hf_folder(tmp_path)
     assert config == CONFIG.replace(tie_embeddings=tied, multiple_of=config.multiple_of,
                                     ffn_dim_multiplier=config.ffn_dim_multiplier)
-    err = rel_error(reference_logits(config, params, TOKENS), hf_logits(model, TOKENS))
+    err = rel_error(reference_forward(config, params, TOKENS)[0].read_logits(), hf_logits(model, TOKENS))
     print(f"\ntied={tied} {dtype}: logits rel err {err:.2e}")
     assert err < 1e-6  # HF computes RoPE angles in float32 even in a float64 model
 
@@ -50,7 +44,7 @@ def test_export_loads_in_transformers(tmp_path, tied):
     tokenizer = Llama3Tokenizer(tmp_path / "tokenizer.model")
     save_hf_folder(tmp_path / "out", config, params, "fp32", tokenizer)
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
-    err = rel_error(reference_logits(config, params, TOKENS), hf_logits(model, TOKENS))
+    err = rel_error(reference_forward(config, params, TOKENS)[0].read_logits(), hf_logits(model, TOKENS))
     print(f"\ntied={tied}: logits rel err {err:.2e}")
     assert err < 1e-6
     assert model.generation_config.eos_token_id == list(tokenizer.stop_ids)
