@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from ..plan import RECIPES, Plan, make_plan
+from ..options import RECIPES, RunOptions
+from ..plan import Plan, make_plan
 from .scoring import ItemScore, item_requests, make_passes, pass_loglikelihoods
 from .tasks import Task
 
@@ -22,8 +23,8 @@ FILLER_PASS = (np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32))  # a rank
 def evaluation_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
     """The plan of a model that only scores: each layer keeps only its input (recompute full) where the path
     runs that, since no backward follows (the forward computes the same either way)."""
-    plan = make_plan(config, device, dtype)
-    return make_plan(config, device, plan.dtype, "full") if "full" in RECIPES[plan.path][0] else plan
+    plan = make_plan(config, RunOptions(device, dtype))
+    return make_plan(config, RunOptions(device, plan.dtype, "full")) if "full" in RECIPES[plan.path][0] else plan
 
 
 class Evaluation:
