@@ -31,8 +31,10 @@ CHECKSUM_BYTES = 32  # a cache entry is the cubin followed by its sha256
 # llama/ops); the GEMMs and the attention build come from the plan, the decoder's modules are added for sampling
 PATH_MODULES = {"fp32": ("adamw", "attention", "classifier", "embedding", "global_norm", "matmul", "residual",
                          "rmsnorm", "rope", "swiglu"),
-                "bf16": ("adamw", "classifier", "convert", "embedding", "global_norm", "rmsnorm", "swiglu"),
-                "fp8": ("adamw", "classifier", "convert", "embedding", "global_norm", "rmsnorm", "swiglu", "fp8")}
+                "bf16": ("adamw", "classifier", "convert", "embedding", "global_norm", "residual", "rmsnorm",
+                         "swiglu"),
+                "fp8": ("adamw", "classifier", "convert", "embedding", "global_norm", "residual", "rmsnorm", "swiglu",
+                        "fp8")}  # residual: ZeRO adds a later micro-batch's reduced gradients (llama/parallel/zero.py)
 DECODER_MODULES = ("decode", "sample")
 DECODER_GEMV = r"gemv_\w+_b8"  # the training run's sampler decodes one sequence: gemv.cu's entries for B <= 8
 GEMM_MMA_MODULE = "gemm_mma"  # version 1, and the split-K reduce of versions that split K as a batch

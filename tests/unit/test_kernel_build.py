@@ -104,7 +104,8 @@ def test_a_unit_of_one_entry_point_compiles_it_alone(sources):
     units = units_of(sources / "two.cu", "sm_90a")
     report = StringIO()
     build(units, report)
-    assert re.fullmatch(r"compiling 2 kernels for sm_90a on \d+ cores? \(cache .*\) \.\.\. \d+\.\d s\n", report.getvalue())
+    assert re.fullmatch(r"compiling 2 kernels for sm_90a on \d+ cores? \(cache .*\) \.\.\. \d+\.\d s\n",
+                        report.getvalue())
     assert [entry_points(cached(u)) for u in units] == [{b"first"}, {b"second"}]
     report = StringIO()
     assert build(units, report) == 0.0 and report.getvalue() == ""  # all cached: nothing to say
