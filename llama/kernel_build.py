@@ -37,7 +37,7 @@ PATH_MODULES = {"fp32": ("adamw", "attention", "classifier", "embedding", "globa
                         "fp8")}  # residual: ZeRO adds a later micro-batch's reduced gradients (llama/parallel/zero.py)
 DECODER_MODULES = ("decode", "sample")
 DECODER_GEMV = r"gemv_\w+_b8"  # the training run's sampler decodes one sequence: gemv.cu's entries for B <= 8
-GEMM_MMA_MODULE = "gemm_mma"  # version 1, and the split-K reduce of versions that split K as a batch
+GEMM_MMA_MODULE, SPLITK_REDUCE = "gemm_mma", "gemm_splitk_reduce"  # version 1, and every version's split-K reduce
 
 
 class KernelBuildError(RuntimeError):
@@ -134,27 +134,33 @@ def units_of(source: Path, code: str) -> list[Unit]:
     return [Unit(source, code, entry) for entry in entries_of(source)] or [Unit(source, code)]
 
 
+def entry_path(unit: Unit, key: str) -> Path:
+    """Where the cache holds the unit's cubin of this key."""
+    return cache_dir() / f"{unit.name.replace(':', '.')}.{key}.cubin"
+
+
 def cached(unit: Unit) -> bytes | None:
     """The unit's cubin from the cache, or None when it is missing, partial or corrupt."""
     try:
-        data = (cache_dir() / f"{unit.name.replace(':', '.')}.{unit.key()}.cubin").read_bytes()
+        data = entry_path(unit, unit.key()).read_bytes()
     except FileNotFoundError:
         return None
     cubin, checksum = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
     return cubin if cubin and hashlib.sha256(cubin).digest() == checksum else None
 
 
-def store(unit: Unit, cubin: bytes) -> None:
-    """Write the cache entry atomically (a temporary file renamed over it), the cubin then its checksum."""
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=directory, suffix=".partial", delete=False) as f:
+def store(path: Path, cubin: bytes) -> None:
+    """Write a cache entry atomically (a temporary file renamed over it), the cubin then its checksum."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".partial", delete=False) as f:
         f.write(cubin + hashlib.sha256(cubin).digest())
-    os.replace(f.name, directory / f"{unit.name.replace(':', '.')}.{unit.key()}.cubin")
+    os.replace(f.name, path)
 
 
 def compile_unit(unit: Unit) -> bytes:
-    """nvcc's cubin of the unit, stored in the cache; KernelBuildError with nvcc's messages when it fails."""
+    """nvcc's cubin of the unit, stored in the cache under the key of the sources it read (taken before);
+    KernelBuildError with nvcc's messages when it fails."""
+    path = entry_path(unit, unit.key())
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "unit.cubin"
         try:
@@ -167,7 +173,7 @@ def compile_unit(unit: Unit) -> bytes:
             raise KernelBuildError(f"nvcc could not compile {unit.source}{entry} for {unit.code}:\n"
                                    + (result.stderr + result.stdout).strip())
         cubin = output.read_bytes()
-    store(unit, cubin)
+    store(path, cubin)
     return cubin
 
 
@@ -200,13 +206,14 @@ def build(units, report=sys.stderr) -> float:
 
 def gemm_units(chooser, code: str) -> list[Unit]:
     """The GEMM units a plan's chooser may launch: its versions' entry points in kernels/gemm_wgmma.cu (the
-    bf16 layouts, or FP8's), and gemm_mma.cu (version 1, and the split-K reduce every version may run)."""
-    source = kernel_dir() / "gemm_wgmma.cu"
+    bf16 layouts, or FP8's), and gemm_mma.cu's (version 1's, or only the split-K reduce every version may run)."""
+    wgmma, mma = kernel_dir() / "gemm_wgmma.cu", kernel_dir() / f"{GEMM_MMA_MODULE}.cu"
     kind = "fp8" if chooser.fp8 else "(nt|nn|tn)"
-    units = [unit_of(kernel_dir() / f"{GEMM_MMA_MODULE}.cu", code)]
+    units = [unit_of(mma, code, SPLITK_REDUCE)]
     for version in chooser.name.split("/"):
-        units += [Unit(source, code, entry) for entry in entries_of(source)
-                  if version != "mma" and re.fullmatch(rf"gemm_{version}_{kind}(_128x\d+)?", entry)]
+        units += units_of(mma, code) if version == "mma" else [
+            Unit(wgmma, code, entry) for entry in entries_of(wgmma)
+            if re.fullmatch(rf"gemm_{version}_{kind}(_128x\d+)?", entry)]
     return units
 
 

@@ -76,7 +76,7 @@ def test_units_one_per_guarded_entry_point(sources):
 
 def test_a_corrupt_or_partial_entry_is_not_loaded(sources):
     unit = Unit(sources / "two.cu", "sm_90a")
-    store(unit, b"\x7fELF pretend cubin")
+    store(kernel_build.entry_path(unit, unit.key()), b"\x7fELF pretend cubin")
     assert cached(unit) == b"\x7fELF pretend cubin"
     [entry] = kernel_build.cache_dir().glob("*.cubin")
     data = entry.read_bytes()
@@ -92,7 +92,7 @@ def test_a_corrupt_or_partial_entry_is_not_loaded(sources):
 @pytest.mark.slow
 def test_a_corrupt_entry_is_rebuilt(sources):
     unit = Unit(sources / "two.cu", "sm_90a")
-    store(unit, b"\x7fELF truncated")
+    store(kernel_build.entry_path(unit, unit.key()), b"\x7fELF truncated")
     [entry] = kernel_build.cache_dir().glob("*.cubin")
     entry.write_bytes(entry.read_bytes()[:-3])
     assert entry_points(cubin_of(unit)) == {b"first", b"second"}

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from llama import kernel_build
-from llama.kernel_build import DECODER_MODULES, GEMM_MMA_MODULE, PATH_MODULES, entries_of, kernel_dir, kernels_for
+from llama.kernel_build import (DECODER_MODULES, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE, entries_of, kernel_dir,
+                                kernels_for, unit_of)
 from llama.ops.bf16 import GEMM_VERSIONS
 from llama.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
 
 LLAMA = Path(kernel_build.__file__).parent
-SPLIT_MODULES = {"gemm_wgmma", "gemv"}  # built an entry point at a time, checked by name below
 
 
 @functools.cache
@@ -94,15 +94,21 @@ def test_a_choosers_versions_are_its_named_ones(hopper, dynamic, fp8):
 def test_gemm_units_are_the_versions_entry_points():
     for version, launcher in GEMM_VERSIONS.items():  # each launcher names its entry points gemm_<version>_...
         assert version == "mma" or re.search(rf'"gemm_{version}[_"]', inspect.getsource(launcher))
-    names = {u.entry for u in kernels_for(plan("bf16"), "sm_90a")} - {None}
+    names = wgmma_entries(plan("bf16"))
     assert names == {f"gemm_wgmma5_{layout}" for layout in ("nt", "nn", "tn")} | {
         f"gemm_wgmma6_{layout}_128x{bn}" for layout in ("nt", "nn", "tn") for bn in (128, 256)}
-    dynamic = {u.entry for u in kernels_for(plan("bf16", dynamic=True), "sm_90a")} - {None}
-    assert dynamic == {name.replace("wgmma5", "wgmma8").replace("wgmma6", "wgmma7") for name in names}
-    fp8 = {u.entry for u in kernels_for(plan("fp8"), "sm_90a")} - names - {None}
-    assert fp8 == {"gemm_wgmma6_fp8_128x128", "gemm_wgmma6_fp8_128x256"}
-    assert {u.source.stem for u in kernels_for(plan("bf16", hopper=False), "sm_80")} >= {GEMM_MMA_MODULE,
-                                                                                          "flash_attention"}
+    assert wgmma_entries(plan("bf16", dynamic=True)) == {name.replace("wgmma5", "wgmma8").replace("wgmma6", "wgmma7")
+                                                         for name in names}
+    assert wgmma_entries(plan("fp8")) - names == {"gemm_wgmma6_fp8_128x128", "gemm_wgmma6_fp8_128x256"}
+    assert not wgmma_entries(plan("bf16", hopper=False))
+    for gpu_plan, code in ((plan("bf16"), "sm_90a"), (plan("bf16", hopper=False), "sm_80")):  # every version may split K
+        assert unit_of(kernel_dir() / "gemm_mma.cu", code, SPLITK_REDUCE) in kernels_for(gpu_plan, code)
+    older = {u.entry for u in kernels_for(plan("bf16", hopper=False), "sm_80") if u.source.stem == GEMM_MMA_MODULE}
+    assert older == set(entries_of(kernel_dir() / "gemm_mma.cu")) or older == {None}  # version 1: all of gemm_mma.cu
+
+
+def wgmma_entries(gpu_plan: Plan) -> set[str]:
+    return {u.entry for u in kernels_for(gpu_plan, "sm_90a") if u.source.stem == "gemm_wgmma"}
 
 
 def test_the_decoders_gemv_units_are_its_launchers_b8_entry_points():
@@ -116,7 +122,7 @@ def test_the_decoders_gemv_units_are_its_launchers_b8_entry_points():
 def test_every_plan_unit_exists_and_the_cpu_plan_needs_none():
     for dtype in ("bf16", "fp8", "fp32"):
         for unit in kernels_for(plan(dtype), "sm_90a", decoder=True):
-            assert unit.source.exists() and (unit.entry is None) == (unit.source.stem not in SPLIT_MODULES)
+            assert unit.source.exists() and (unit.entry is None) == (not entries_of(unit.source))
     assert kernels_for(Plan("cpu", "fp32", "CPU"), "sm_90a") == []
     fp32 = {u.source.stem for u in kernels_for(plan("fp32"), "sm_90a")}
     assert fp32 == set(PATH_MODULES["fp32"])  # no GEMM or attention builds beside the exact path's own
