@@ -72,6 +72,7 @@ def test_units_one_per_guarded_entry_point(sources):
     assert unit_of(kernel_dir() / "convert.cu", "sm_90a", "round_to_bf16").entry is None
     assert len(units_of(kernel_dir() / "gemm_wgmma.cu", "sm_90a")) == 33
     assert len(units_of(kernel_dir() / "gemv.cu", "sm_90a")) == 8
+    assert len(units_of(kernel_dir() / "gemm_mma.cu", "sm_90a")) == 7
 
 
 def test_a_corrupt_or_partial_entry_is_not_loaded(sources):
