@@ -182,23 +182,23 @@ def cubin_of(unit: Unit) -> bytes:
     return cached(unit) or compile_unit(unit)
 
 
-def build(units, report=sys.stderr) -> float:
+def build(units, report=None) -> float:
     """Compile the units missing from the cache, one nvcc process each on every core, saying so on `report` in
-    one line (nothing when all are cached); the seconds it took. KernelBuildError names the first that failed."""
+    one line (sys.stderr by default; nothing when all are cached); the seconds it took. KernelBuildError names the
+    first that failed."""
+    report = report or sys.stderr
     missing = [unit for unit in dict.fromkeys(units) if cached(unit) is None]
     if not missing:
         return 0.0
     workers = min(len(missing), cores())
     start = time.perf_counter()
-    if report is not None:
-        print(f"compiling {len(missing)} kernel{'s' * (len(missing) > 1)} for {missing[0].code} on {workers} "
-              f"core{'s' * (workers > 1)} (cache {cache_dir()}) ...", end="", file=report, flush=True)
+    print(f"compiling {len(missing)} kernel{'s' * (len(missing) > 1)} for {missing[0].code} on {workers} "
+          f"core{'s' * (workers > 1)} (cache {cache_dir()}) ...", end="", file=report, flush=True)
     with ThreadPoolExecutor(workers) as pool:
         builds = [pool.submit(compile_unit, unit) for unit in missing]
     failures = [b.exception() for b in builds if b.exception() is not None]
     seconds = time.perf_counter() - start
-    if report is not None:
-        print(f" {seconds:.1f} s" if not failures else " failed", file=report, flush=True)
+    print(f" {seconds:.1f} s" if not failures else " failed", file=report, flush=True)
     if failures:
         raise failures[0]
     return seconds

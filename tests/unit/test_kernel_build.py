@@ -2,9 +2,11 @@
 point, and parallel builds with nvcc."""
 
 import re
+import runpy
 import shutil
 import subprocess
 from io import StringIO
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,25 @@ def test_real_kernels_build_in_parallel_as_nvcc_builds_them(sources):
     plain = subprocess.run(["nvcc", "--cubin", *units[0].options(), "-o", "/dev/stdout", str(units[0].source)],
                            capture_output=True, check=True).stdout
     assert plain == cached(units[0])
+
+
+def test_the_build_script_builds_what_training_can_launch_or_everything(sources, monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(kernel_build, "compile_unit", built.append)  # nothing compiled, so nothing cached
+    main = runpy.run_path(str(Path(kernel_build.__file__).parents[1] / "scripts" / "build_kernels.py"))["main"]
+    assert main(["--arch", "sm_90a"]) == 0
+    names = {unit.name for unit in built}
+    assert {"flash_attention_wgmma", "matmul", "fp8", "decode", "gemm_wgmma:gemm_wgmma5_nt",
+            "gemm_wgmma:gemm_wgmma7_tn_128x256", "gemm_wgmma:gemm_wgmma6_fp8_128x128", "gemv:gemv_residual_b8"} <= names
+    assert not names & {"flash_attention", "gemm_wgmma:gemm_wgmma3_nt", "gemv:gemv_residual_b16"}
+    assert capsys.readouterr().err.startswith(f"compiling {len(built)} kernels for sm_90a")
+    built.clear()
+    assert main(["--arch", "sm_90a", "--all"]) == 0
+    assert len(built) == sum(len(units_of(source, "sm_90a")) for source in kernel_dir().glob("*.cu"))
+
+    def failing(unit):
+        raise KernelBuildError(f"nvcc could not compile {unit.source}")
+
+    monkeypatch.setattr(kernel_build, "compile_unit", failing)
+    assert main(["--arch", "sm_90a"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: nvcc could not compile ")
