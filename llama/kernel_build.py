@@ -5,7 +5,7 @@ A build unit is one .cu file, or one entry point of a file that guards each of i
 (cache_dir()) under a key of the unit's source and every header it includes, nvcc's options (the architecture
 among them) and nvcc's version; each entry carries a checksum and is written atomically, so that a corrupt or
 partial one is rebuilt, never loaded. kernels_for(plan) names the units a training plan launches, so that
-the trainer builds them all before its first step (build()); anything else builds on first use (cubin()).
+the trainer builds them all before its first step (build()); anything else builds on first use (cubin_of()).
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 CHECKSUM_BYTES = 32  # a cache entry is the cubin followed by its sha256
 # the kernel modules of each training path's launchers (tests/unit/test_kernel_build_plan.py checks them against
 # llama/ops); the GEMMs and the attention build come from the plan, the decoder's modules are added for sampling
+# (bf16's residual: ZeRO adds a later micro-batch's reduced gradients with it, llama/parallel/zero.py)
+BF16_MODULES = ("adamw", "classifier", "convert", "embedding", "global_norm", "residual", "rmsnorm", "swiglu")
 PATH_MODULES = {"fp32": ("adamw", "attention", "classifier", "embedding", "global_norm", "matmul", "residual",
                          "rmsnorm", "rope", "swiglu"),
-                "bf16": ("adamw", "classifier", "convert", "embedding", "global_norm", "residual", "rmsnorm",
-                         "swiglu"),
-                "fp8": ("adamw", "classifier", "convert", "embedding", "global_norm", "residual", "rmsnorm", "swiglu",
-                        "fp8")}  # residual: ZeRO adds a later micro-batch's reduced gradients (llama/parallel/zero.py)
+                "bf16": BF16_MODULES, "fp8": BF16_MODULES + ("fp8",)}
 DECODER_MODULES = ("decode", "sample")
 DECODER_GEMV = r"gemv_\w+_b8"  # the training run's sampler decodes one sequence: gemv.cu's entries for B <= 8
 GEMM_MMA_MODULE, SPLITK_REDUCE = "gemm_mma", "gemm_splitk_reduce"  # version 1, and every version's split-K reduce
@@ -60,17 +59,19 @@ class Unit:
         return self.source.stem + (f":{self.entry}" if self.entry else "")
 
     def options(self) -> list[str]:
-        """nvcc's options (PyCUDA's for the same file, which this cache replaced: the same cubin)."""
+        """nvcc's options: those PyCUDA passed before this cache replaced it (less PyCUDA's own include folder)."""
         one_entry = ["-DKERNEL_ENTRY(name)=KERNEL_ENTRY_##name", f"-DKERNEL_ENTRY_{self.entry}=1"] if self.entry else []
         return ["-std=c++17", "-arch", self.code.replace("sm_", "compute_"), "-code", self.code,
                 f"-I{kernel_dir()}", f"-I{self.source.parent}", *one_entry]
 
     def key(self) -> str:
-        """The cache key: sources (the file and its headers), options, nvcc's version."""
+        """The cache key: sources (the file and its headers), options, nvcc's version. The include folders are left
+        out (the headers found there are in), so that checkouts in other places share the cache."""
         digest = hashlib.sha256()
         for path in sources_of(self.source):
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        digest.update("\0".join(self.options()).encode() + b"\0" + nvcc_version().encode())
+        options = [option for option in self.options() if not option.startswith("-I")]
+        digest.update("\0".join(options).encode() + b"\0" + nvcc_version().encode())
         return digest.hexdigest()
 
 

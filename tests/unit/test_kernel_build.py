@@ -54,6 +54,8 @@ def test_key_follows_sources_headers_and_options(sources):
     assert Unit(sources / "two.cu", "sm_90a").key() == key
     assert Unit(sources / "two.cu", "sm_80").key() != key
     assert Unit(sources / "two.cu", "sm_90a", "first").key() != key
+    shutil.copytree(sources, sources.parent / "moved")  # another checkout of the same sources shares the cache
+    assert Unit(sources.parent / "moved" / "two.cu", "sm_90a").key() == key
     (sources / "unrelated.cuh").write_text("#define OTHER 1\n")
     assert unit.key() == key
     (sources / "scale.cuh").write_text("#define SCALE 3.0f\n")
