@@ -5,7 +5,8 @@ instructions are available) into a persistent cache (llama/kernel_build.py, whic
 ahead, in parallel); the runtime loads the cubin of the build unit holding each kernel asked for,
 building it if missing. Launches go through prepared calls on the runtime's one stream (an ordinary
 blocking stream, so it stays ordered with synchronous copies); nothing here synchronizes except
-explicit downloads. CUDA graphs (Graph) capture that stream through the driver API by ctypes: PyCUDA has no graph API.
+explicit downloads. CUDA graphs (Graph) capture that stream through the driver API by ctypes: PyCUDA
+has no graph API.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Runtime:
         self.drv = drv
         self.device = drv.Context.get_device()
         self.name = self.device.name()
-        self.arch, self.code = gpu_target(self.device.compute_capability())
+        self.code = gpu_target(self.device.compute_capability())[1]  # e.g. sm_90a, what the cubins are built for
         self.dependent_launches = self.device.compute_capability() >= (9, 0)  # programmatic, from sm_90
         self.modules, self.cubins, self.driver_modules = {}, {}, {}
         self.stream = drv.Stream()  # every launch goes here, so that a Graph can capture it
