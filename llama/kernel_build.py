@@ -10,6 +10,8 @@ the trainer builds them all before its first step (build()); anything else build
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -188,7 +190,23 @@ def build(units, report=None) -> float:
     one line (sys.stderr by default; nothing when all are cached); the seconds it took. KernelBuildError names the
     first that failed."""
     report = report or sys.stderr
-    missing = [unit for unit in dict.fromkeys(units) if cached(unit) is None]
+    if all(cached(unit) is not None for unit in units):
+        return 0.0
+    with building():  # another process building (another rank) first, then what it left
+        return build_missing([unit for unit in dict.fromkeys(units) if cached(unit) is None], report)
+
+
+@contextlib.contextmanager
+def building():
+    """Held by one process at a time per cache (an advisory lock on a file in it)."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_missing(missing: list, report) -> float:
+    """build()'s work once it holds the lock: the missing units compiled, the line said."""
     if not missing:
         return 0.0
     workers = min(len(missing), cores())

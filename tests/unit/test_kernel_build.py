@@ -5,6 +5,8 @@ import re
 import runpy
 import shutil
 import subprocess
+import threading
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -164,3 +166,22 @@ def test_the_build_script_builds_what_training_can_launch_or_everything(sources,
     monkeypatch.setattr(kernel_build, "compile_unit", failing)
     assert main(["--arch", "sm_90a"]) == 1
     assert capsys.readouterr().err.splitlines()[-1].startswith("error: nvcc could not compile ")
+
+
+def test_processes_building_at_once_compile_each_unit_once(sources, monkeypatch):
+    """Ranks of one run build the same units: the first builds, the others wait and find them cached."""
+    compiled = []
+
+    def slow_compile(unit):
+        compiled.append(unit)
+        time.sleep(0.2)
+        store(kernel_build.entry_path(unit, unit.key()), b"\x7fELF " + unit.name.encode())
+
+    monkeypatch.setattr(kernel_build, "compile_unit", slow_compile)
+    units = units_of(sources / "two.cu", "sm_90a")
+    ranks = [threading.Thread(target=build, args=(units, StringIO())) for _ in range(3)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join()
+    assert sorted(unit.entry for unit in compiled) == ["first", "second"]
