@@ -5,7 +5,8 @@ A build unit is one .cu file, or one entry point of a file that guards each of i
 (cache_dir()) under a key of the unit's source and every header it includes, nvcc's options (the architecture
 among them) and nvcc's version; each entry carries a checksum and is written atomically, so that a corrupt or
 partial one is rebuilt, never loaded. kernels_for(plan) names the units a training plan launches, so that
-the trainer builds them all before its first step (build()); anything else builds on first use (cubin_of()).
+the trainer builds them all before its first step (build(): one process at a time per cache, so that a run's
+ranks compile each unit once); anything else builds on first use (cubin_of()).
 """
 
 from __future__ import annotations
@@ -156,7 +157,11 @@ def store(path: Path, cubin: bytes) -> None:
     """Write a cache entry atomically (a temporary file renamed over it), the cubin then its checksum."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".partial", delete=False) as f:
-        f.write(cubin + hashlib.sha256(cubin).digest())
+        try:
+            f.write(cubin + hashlib.sha256(cubin).digest())
+        except OSError:
+            os.unlink(f.name)
+            raise
     os.replace(f.name, path)
 
 
