@@ -35,6 +35,7 @@ from llama.data.tokenizer import TokenizerError
 from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir
+from llama.kernel_build import KernelBuildError
 from llama.memory import NotEnoughMemory
 from llama.options import DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, SCHEDULES, ZERO_STAGES
 from llama.parallel.distributed import DistributedEnv, DistributedError
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
         with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
             return Trainer(args, run_dir, comm).run()
     except (UserError, PlanError, ConfigError, ShardError, TokenizerError, CheckpointError, RunDirError, HFError,
-            DistributedError, NotEnoughMemory) as e:
+            DistributedError, NotEnoughMemory, KernelBuildError) as e:
         print(f"error: {where}{e}", file=sys.stderr)
         return 2
     except MemoryError as e:  # past the memory check's estimate

@@ -138,6 +138,12 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16* A, const __nv_bflo
     EPILOGUE_DISPATCH(e.mode, store_accumulators, e, acc, batch, m0 + wm + lane / 4, n0 + wn + 2 * (lane % 4))
 }
 
+// Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
+// (llama/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+#ifndef KERNEL_ENTRY
+#define KERNEL_ENTRY(name) 1
+#endif
+
 // Entry points: gemm_mma_<layout>_<BM>x<BN>. Shared memory: STAGES * (BM + BN) * BK * 2 bytes.
 #define GEMM_MMA_ENTRY(name, BM_, BN_, STAGES_, A_KMAJOR, B_KMAJOR)                                           \
     extern "C" __global__ void __launch_bounds__(256) name(                                                   \
@@ -148,15 +154,28 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16* A, const __nv_bflo
         gemm_mma<BM_, BN_, STAGES_, A_KMAJOR, B_KMAJOR>(A, B, e, K, lda, ldb, stride_a, stride_b);            \
     }
 
+#if KERNEL_ENTRY(gemm_mma_nt_128x128)
 GEMM_MMA_ENTRY(gemm_mma_nt_128x128, 128, 128, 4, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_mma_nn_128x128)
 GEMM_MMA_ENTRY(gemm_mma_nn_128x128, 128, 128, 4, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_mma_tn_128x128)
 GEMM_MMA_ENTRY(gemm_mma_tn_128x128, 128, 128, 4, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_mma_nt_128x256)
 GEMM_MMA_ENTRY(gemm_mma_nt_128x256, 128, 256, 3, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_mma_nn_128x256)
 GEMM_MMA_ENTRY(gemm_mma_nn_128x256, 128, 256, 3, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_mma_tn_128x256)
 GEMM_MMA_ENTRY(gemm_mma_tn_128x256, 128, 256, 3, false, false)
+#endif
 
 // Split-K's deterministic reduction: C (+)= alpha * sum over s of partial[s], in order s = 0, 1, ...
 // partial (splits, n) fp32, C (n) fp32; accumulate adds onto C. Any GEMM version writes the partials.
+#if KERNEL_ENTRY(gemm_splitk_reduce)
 extern "C" __global__ void gemm_splitk_reduce(float* C, const float* partial, long long n, int splits,
                                               int accumulate, float alpha) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -165,3 +184,4 @@ extern "C" __global__ void gemm_splitk_reduce(float* C, const float* partial, lo
     for (int s = 0; s < splits; s++) sum += partial[s * n + i];
     C[i] = accumulate ? C[i] + alpha * sum : alpha * sum;
 }
+#endif

@@ -527,6 +527,12 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
 
 #endif  // WGMMA_ENABLED
 
+// Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
+// (llama/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+#ifndef KERNEL_ENTRY
+#define KERNEL_ENTRY(name) 1
+#endif
+
 // Entry points gemm_wgmma_<layout>_128x<BN>; shared memory STAGES * (128 + BN) * 64 * 2 + 1024 + 16 * STAGES.
 // counter: versions 7 and 8's tile counter (WorkUnits), unused by the others. On anything but sm_90a they
 // compile to nothing and the launcher never selects them.
@@ -545,30 +551,66 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
         GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                  \
     }
 
+#if KERNEL_ENTRY(gemm_wgmma_nt_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x256, 256, 4, true, true, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma_nn_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x256, 256, 4, true, false, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma_tn_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma_nt_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma_nn_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma_tn_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false, false, false)
+#endif
 
 // Version 6 entry points gemm_wgmma6_<layout>_128x<BN>: version 2 with the staged epilogue (the same stage
 // counts; the staging rows fit beside them). Shared memory as version 2's + STAGING_BYTES.
+#if KERNEL_ENTRY(gemm_wgmma6_nt_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x256, 256, 4, true, true, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma6_nn_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x256, 256, 4, true, false, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma6_tn_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x256, 256, 4, false, false, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma6_nt_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x128, 128, 6, true, true, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma6_nn_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_nn_128x128, 128, 6, true, false, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma6_tn_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_tn_128x128, 128, 6, false, false, true, false)
+#endif
 
 // Version 7 entry points gemm_wgmma7_<layout>_128x<BN>: version 6 with dynamic tile claiming (WorkUnits; counter:
 // one zeroed uint32, left at zero). Shared memory as version 6's + UNIT_RING_BYTES.
+#if KERNEL_ENTRY(gemm_wgmma7_nt_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_nt_128x256, 256, 4, true, true, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma7_nn_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_nn_128x256, 256, 4, true, false, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma7_tn_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x256, 256, 4, false, false, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma7_nt_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_nt_128x128, 128, 6, true, true, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma7_nn_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_nn_128x128, 128, 6, true, false, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma7_tn_128x128)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x128, 128, 6, false, false, true, true)
+#endif
 
 // Ping-pong entry points: version 3 gemm_wgmma3_<layout> (128 x 128 tiles, ping-pong consumers, split-K in
 // the kernel; splits = 1: plain batches), shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16; version 5
@@ -594,15 +636,33 @@ GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x128, 128, 6, false, false, true, true)
         GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                    \
     }
 
+#if KERNEL_ENTRY(gemm_wgmma3_nt)
 GEMM_PINGPONG_ENTRY(gemm_wgmma3_nt, PP_STAGES, true, true, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma3_nn)
 GEMM_PINGPONG_ENTRY(gemm_wgmma3_nn, PP_STAGES, true, false, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma3_tn)
 GEMM_PINGPONG_ENTRY(gemm_wgmma3_tn, PP_STAGES, false, false, false, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma5_nt)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_nt, PP5_STAGES, true, true, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma5_nn)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_nn, PP5_STAGES, true, false, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma5_tn)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_tn, PP5_STAGES, false, false, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma8_nt)
 GEMM_PINGPONG_ENTRY(gemm_wgmma8_nt, PP5_STAGES, true, true, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma8_nn)
 GEMM_PINGPONG_ENTRY(gemm_wgmma8_nn, PP5_STAGES, true, false, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma8_tn)
 GEMM_PINGPONG_ENTRY(gemm_wgmma8_tn, PP5_STAGES, false, false, true, true)
+#endif
 
 
 // FP8 entry points (both operands K-major, the nt layout only; row_scales (M,) and col_scales (N,) fp32):
@@ -629,15 +689,21 @@ GEMM_PINGPONG_ENTRY(gemm_wgmma8_tn, PP5_STAGES, false, false, true, true)
         int rope_cols, int head_dim, float alpha) {                                                           \
         GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)                                                                    \
     }
+#if KERNEL_ENTRY(gemm_wgmma6_fp8_128x256)
 GEMM_WGMMA6_FP8_ENTRY(gemm_wgmma6_fp8_128x256, 256, 4)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma6_fp8_128x128)
 GEMM_WGMMA6_FP8_ENTRY(gemm_wgmma6_fp8_128x128, 128, 6)
+#endif
 
+#if KERNEL_ENTRY(gemm_wgmma5_fp8)
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma5_fp8(
     const CUtensorMap* maps, void* C, const float* row_scales, const float* col_scales, const float* cos,
     const float* sin, long long stride_c, int M, int N, int K, int batches, int splits, int split_kb, int ldc,
     int mode, int rope_T, int rope_cols, int head_dim, float alpha) {
     GEMM_WGMMA5_FP8_BODY
 }
+#endif
 
 
 // Version 4 entry points gemm_wgmma4_<layout>: clusters of 2 CTAs (launch an even grid), each CTA a 256 x 128
@@ -659,6 +725,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma5_fp8(
         GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
     }
 
+#if KERNEL_ENTRY(gemm_wgmma4_nt)
 GEMM_WGMMA4_ENTRY(gemm_wgmma4_nt, true, true)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma4_nn)
 GEMM_WGMMA4_ENTRY(gemm_wgmma4_nn, true, false)
+#endif
+#if KERNEL_ENTRY(gemm_wgmma4_tn)
 GEMM_WGMMA4_ENTRY(gemm_wgmma4_tn, false, false)
+#endif

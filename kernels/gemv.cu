@@ -302,16 +302,38 @@ __device__ void gemv(const GemvArgs& a) {
 // One entry point per (batch tiles, input, epilogue); the launcher picks by name. At least four blocks
 // per multiprocessor (the launcher's splits count on it): the normalizing GEMVs are held to 128
 // registers; the residual GEMV, uncapped, takes fewer (68 at b8, 108 at b16).
+// Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
+// (llama/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+#ifndef KERNEL_ENTRY
+#define KERNEL_ENTRY(name) 1
+#endif
+
 #define GEMV_ENTRY(NAME, NT, NORM, EPILOGUE) \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 4) NAME(GemvArgs a) { gemv<NT, NORM, EPILOGUE>(a); }
 #define GEMV_RESIDUAL_ENTRY(NAME, NT) \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(GemvArgs a) { gemv<NT, false, GEMV_RESIDUAL>(a); }
 
+#if KERNEL_ENTRY(gemv_store_norm_b8)
 GEMV_ENTRY(gemv_store_norm_b8, 1, true, GEMV_STORE)
+#endif
+#if KERNEL_ENTRY(gemv_store_norm_b16)
 GEMV_ENTRY(gemv_store_norm_b16, 2, true, GEMV_STORE)
+#endif
+#if KERNEL_ENTRY(gemv_residual_b8)
 GEMV_RESIDUAL_ENTRY(gemv_residual_b8, 1)
+#endif
+#if KERNEL_ENTRY(gemv_residual_b16)
 GEMV_RESIDUAL_ENTRY(gemv_residual_b16, 2)
+#endif
+#if KERNEL_ENTRY(gemv_swiglu_norm_b8)
 GEMV_ENTRY(gemv_swiglu_norm_b8, 1, true, GEMV_SWIGLU)
+#endif
+#if KERNEL_ENTRY(gemv_swiglu_norm_b16)
 GEMV_ENTRY(gemv_swiglu_norm_b16, 2, true, GEMV_SWIGLU)
+#endif
+#if KERNEL_ENTRY(gemv_qkv_rope_norm_b8)
 GEMV_ENTRY(gemv_qkv_rope_norm_b8, 1, true, GEMV_QKV_ROPE)
+#endif
+#if KERNEL_ENTRY(gemv_qkv_rope_norm_b16)
 GEMV_ENTRY(gemv_qkv_rope_norm_b16, 2, true, GEMV_QKV_ROPE)
+#endif

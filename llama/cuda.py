@@ -1,10 +1,12 @@
-"""The small PyCUDA runtime: primary context, compile-and-cache of kernels/*.cu, device arrays.
+"""The small PyCUDA runtime: primary context, kernels/*.cu's cubins loaded, device arrays.
 
-Kernels are compiled once per process for the GPU's own architecture (sm_90a on Hopper, so that
-Hopper-only instructions are available) and cached on disk by PyCUDA. Launches go through
-prepared calls on the runtime's one stream (an ordinary blocking stream, so it stays ordered with
-synchronous copies); nothing here synchronizes except explicit downloads. CUDA graphs (Graph)
-capture that stream through the driver API by ctypes: PyCUDA has no graph API.
+Kernels are compiled for the GPU's own architecture (sm_90a on Hopper, so that Hopper-only
+instructions are available) into a persistent cache (llama/kernel_build.py, which the trainer fills
+ahead, in parallel); the runtime loads the cubin of the build unit holding each kernel asked for,
+building it if missing. Launches go through prepared calls on the runtime's one stream (an ordinary
+blocking stream, so it stays ordered with synchronous copies); nothing here synchronizes except
+explicit downloads. CUDA graphs (Graph) capture that stream through the driver API by ctypes: PyCUDA
+has no graph API.
 """
 
 from __future__ import annotations
@@ -20,17 +22,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from .kernel_build import cubin_of, kernel_dir, unit_of
+
 BF16 = np.dtype(ml_dtypes.bfloat16)  # bf16 device arrays hold these; numpy computes them in float32
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)  # --dtype fp8's GEMM operands (llama/ops/fp8.py)
-PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-def kernel_dir() -> Path:
-    """kernels/ of a source checkout, or llama/kernels/ inside an installed wheel."""
-    for candidate in (PACKAGE_DIR / "kernels", PACKAGE_DIR.parent / "kernels"):
-        if (candidate / "common.cuh").exists():
-            return candidate
-    raise FileNotFoundError(f"CUDA kernel sources not found next to {PACKAGE_DIR}")
 
 
 def gpu_target(compute_capability: tuple[int, int]) -> tuple[str, str]:
@@ -48,7 +43,7 @@ class Runtime:
         self.drv = drv
         self.device = drv.Context.get_device()
         self.name = self.device.name()
-        self.arch, self.code = gpu_target(self.device.compute_capability())
+        self.code = gpu_target(self.device.compute_capability())[1]  # e.g. sm_90a, what the cubins are built for
         self.dependent_launches = self.device.compute_capability() >= (9, 0)  # programmatic, from sm_90
         self.modules, self.cubins, self.driver_modules = {}, {}, {}
         self.stream = drv.Stream()  # every launch goes here, so that a Graph can capture it
@@ -62,34 +57,32 @@ class Runtime:
         finally:
             self.stream = compute
 
-    def module(self, name: str, directory: Path | None = None):
-        """The compiled kernels/<name>.cu (or <directory>/<name>.cu, e.g. a dev/cuda version)."""
-        path = (directory or kernel_dir()) / f"{name}.cu"
-        if path not in self.modules:
-            from pycuda.compiler import compile as compile_cubin
-            self.cubins[path] = compile_cubin(path.read_text(), no_extern_c=True, arch=self.arch, code=self.code,
-                                              include_dirs=[str(kernel_dir()), str(path.parent)],
-                                              options=["-std=c++17"])
-            self.modules[path] = self.drv.module_from_buffer(self.cubins[path])
-        return self.modules[path]
+    def module(self, name: str, directory: Path | None = None, entry: str | None = None):
+        """The loaded kernels/<name>.cu (or <directory>/<name>.cu, e.g. a dev/cuda version): the build unit
+        holding entry where the file is built an entry point at a time, else the whole file."""
+        unit = unit_of((directory or kernel_dir()) / f"{name}.cu", self.code, entry)
+        if unit not in self.modules:
+            self.cubins[unit] = cubin_of(unit)
+            self.modules[unit] = self.drv.module_from_buffer(self.cubins[unit])
+        return self.modules[unit]
 
     def function_handle(self, module: str, name: str, directory: Path | None = None) -> ctypes.c_void_p:
         """The driver's CUfunction of a kernel, from a second load of its module (PyCUDA does not give
         out its handles), for the launches PyCUDA cannot make (cuLaunchKernelEx)."""
-        self.module(module, directory)
-        path = (directory or kernel_dir()) / f"{module}.cu"
-        if path not in self.driver_modules:
+        self.module(module, directory, name)
+        unit = unit_of((directory or kernel_dir()) / f"{module}.cu", self.code, name)
+        if unit not in self.driver_modules:
             handle = ctypes.c_void_p()
-            _check_driver(_driver().cuModuleLoadData(ctypes.byref(handle), self.cubins[path]), "cuModuleLoadData")
-            self.driver_modules[path] = handle
+            _check_driver(_driver().cuModuleLoadData(ctypes.byref(handle), self.cubins[unit]), "cuModuleLoadData")
+            self.driver_modules[unit] = handle
         function = ctypes.c_void_p()
-        _check_driver(_driver().cuModuleGetFunction(ctypes.byref(function), self.driver_modules[path],
+        _check_driver(_driver().cuModuleGetFunction(ctypes.byref(function), self.driver_modules[unit],
                                                     name.encode()), f"cuModuleGetFunction({name})")
         return function
 
     def kernel(self, module: str, name: str, signature: str, directory: Path | None = None) -> "Kernel":
         """A prepared kernel; signature in PyCUDA's struct letters (P pointer, i int, q int64, f float)."""
-        function = self.module(module, directory).get_function(name)
+        function = self.module(module, directory, name).get_function(name)
         function.prepare(signature)
         return Kernel(function, name, lambda: self.function_handle(module, name, directory))
 

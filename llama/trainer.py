@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import META_MODELS, LlamaConfig, get_preset
+from .cuda import runtime
 from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
@@ -27,6 +28,7 @@ from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
 from .io.run_dir import RunDir
+from .kernel_build import build, kernels_for
 from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
 from .model.gpu_bf16 import GPUModelBF16
 from .model.gpu_fp32 import GPUModelFP32
@@ -153,6 +155,8 @@ class Trainer:
         free_gpu = int(comm.host_reduce([gpu_free()], "min")[0]) if comm is not None else None
         self.plan = make_plan(self.config, RunOptions.from_args(args, self.world, (self.B, self.T)), free_gpu)
         print(self.plan.summary(), file=sys.stderr)
+        if self.plan.device == "cuda":  # every kernel the plan launches, compiled now in parallel unless cached
+            build(kernels_for(self.plan, runtime().code, decoder=bool(args.sample_every)))
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
                             f"--total-batch-size must be B*T*GPUs ({self.B * self.T * self.world}), not "

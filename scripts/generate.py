@@ -23,6 +23,7 @@ from llama.generate import TextStream, generate
 from llama.model.reference import ReferenceDecoder
 from llama.model.sampling import Sampling
 from llama.io.hf import HFError
+from llama.kernel_build import build, kernels_for
 from llama.options import RunOptions
 from llama.plan import Plan, make_plan
 from llama.data.tokenizer import Llama3Tokenizer, TokenizerError
@@ -31,8 +32,9 @@ from llama.data.tokenizer import Llama3Tokenizer, TokenizerError
 def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):
     if plan.device == "cpu":
         return ReferenceDecoder(config, params, max_len=max_len)
-    from llama.cuda import to_device
+    from llama.cuda import runtime, to_device
     from llama.model.gpu_decoder import GPUDecoder
+    build(kernels_for(plan, runtime().code, decoder=True))  # in parallel, one line on screen unless cached
     decoder = GPUDecoder(config, to_device(params), max_len=max_len, plan=plan)
     decoder.forward(np.zeros((1, 2), dtype=np.int64))  # loads the kernels, so that the timings leave that out
     decoder.forward(np.zeros((1, 1), dtype=np.int64))
