@@ -36,6 +36,7 @@ import numpy as np
 
 from ..config import ConfigError, LlamaConfig
 from ..params import ParameterLayout
+from .background import report_if_slow
 from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
 
 DONE = "DONE"
@@ -280,8 +281,9 @@ def load_checkpoint(path: str | Path) -> dict:
     layout = ParameterLayout(config)
     params, adam_m, adam_v = (np.empty(layout.size, dtype=np.float32) for _ in range(3))
     try:
-        read_tensors(path / MODEL, layout.views(params))
-        read_tensors(path / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
+        with report_if_slow(f"read {path}", 3 * params.nbytes):
+            read_tensors(path / MODEL, layout.views(params))
+            read_tensors(path / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
     except SafetensorsError as e:
         raise CheckpointError(str(e)) from None
     except OSError as e:
