@@ -22,7 +22,8 @@ from .data.datasets import prepare_builtin_corpus
 from .data.tokenizer import load_tokenizer
 from .generate import Sampling, decoder_for, generate
 from .io.background import SLOW, BackgroundJob
-from .io.checkpoint import CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
+from .io.checkpoint import (CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint,
+                            snapshot_moments)
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
 from .io.run_dir import RunDir
@@ -188,6 +189,7 @@ class Trainer:
                         else None)
         self.log = None  # main.log, open while run() trains
         self.writer = BackgroundJob("checkpoint writer")  # rank 0 writes checkpoints while training goes on
+        self.snapshot = None  # on one GPU: the page-locked host copy of the state a checkpoint writes
 
     # ---- setup
 
@@ -325,10 +327,13 @@ class Trainer:
         """Rank 0 judges the weights (io/guard.py) and writes the full state (gathered from every
         rank's shard) when they are good; every rank takes part. Bad weights at the last step stop
         the run, as there is no later checkpoint to wait for. The write runs in the background
-        (collect_checkpoint), after the one before it finished: the snapshot it writes is the host
-        copies that get_params and get_optimizer_state make, and at most one is held besides the weights."""
+        (collect_checkpoint), after the one before it finished: the snapshot it writes is, on one GPU, the
+        state downloaded into page-locked memory (reused by every checkpoint), else the host copies that
+        get_params and get_optimizer_state make."""
         self.collect_checkpoint(wait=True)
-        params = self.model.get_params()  # None on ranks other than 0
+        self.snapshot = self.model.download_state(self.snapshot)
+        params = (self.snapshot["params"][:ParameterLayout(self.config).size] if self.snapshot is not None
+                  else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
         verdict, reason = self.guard.judge(params, probe_loss) if params is not None else (SAVE, None)
         skip, stop = (value > 0 for value in mean_over_ranks(self.comm, float(verdict == SKIP),
@@ -341,7 +346,8 @@ class Trainer:
                 self.progress.warn(f"warning: step {done_steps - 1}: not saving a checkpoint: {reason}; "
                                    "training goes on")
             return
-        adam_m, adam_v = self.model.get_optimizer_state()
+        adam_m, adam_v = (snapshot_moments(self.snapshot, params.size) if self.snapshot is not None
+                          else self.model.get_optimizer_state())
         if self.rank != 0:
             return
         state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.loader_state,

@@ -35,6 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from ..config import ConfigError, LlamaConfig
+from ..optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, dequantize_blocks
 from ..params import ParameterLayout
 from .background import report_if_slow
 from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
@@ -92,8 +93,38 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+class Dequantized:
+    """An 8-bit optimizer moment (codes, and a scale per QUANT_BLOCK of them, as a GPU snapshot holds them) as
+    the float32 tensor a checkpoint holds, which write_tensors writes a piece at a time: a snapshot of 8B
+    needs 16 GB of codes, not 64 GB of float32 moments, and the pieces are those AdamW8bitState.moments makes."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, levels: np.ndarray, chunk: int = 1 << 24):
+        if chunk % QUANT_BLOCK:
+            raise ValueError(f"the pieces must be whole blocks of {QUANT_BLOCK} values, not {chunk}")
+        self.codes, self.scales, self.levels, self.chunk = codes, scales, levels, chunk
+        self.shape, self.nbytes = codes.shape, codes.size * self.dtype.itemsize
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        for start in range(0, self.codes.size, self.chunk):
+            end = min(start + self.chunk, self.codes.size)
+            yield dequantize_blocks(self.codes[start:end], self.scales[start // QUANT_BLOCK:-(-end // QUANT_BLOCK)],
+                                    self.levels)
+
+
+def snapshot_moments(snapshot: dict[str, np.ndarray], size: int) -> tuple:
+    """(adam_m, adam_v) for save_checkpoint from a model's download_state(): its float32 moments, or its 8-bit
+    codes and scales, dequantized as they are written."""
+    if "m_codes" in snapshot:
+        return (Dequantized(snapshot["m_codes"][:size], snapshot["m_scales"], DYNAMIC_SIGNED),
+                Dequantized(snapshot["v_codes"][:size], snapshot["v_scales"], DYNAMIC_UNSIGNED))
+    return snapshot["adam_m"][:size], snapshot["adam_v"][:size]
+
+
 def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params: np.ndarray,
-                    adam_m: np.ndarray, adam_v: np.ndarray, state: dict, keep: int = 0) -> Path:
+                    adam_m: np.ndarray | Dequantized, adam_v: np.ndarray | Dequantized, state: dict,
+                    keep: int = 0) -> Path:
     """Write checkpoint `step` atomically and verify it; then keep only the newest `keep` checkpoints
     up to it (0 keeps all). Raises CheckpointError, leaving nothing half-written behind."""
     out_dir = Path(out_dir)

@@ -10,7 +10,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from llama import trainer
-from llama.io.checkpoint import DONE, load_checkpoint
+from llama.io.checkpoint import DONE, Dequantized, load_checkpoint
+from llama.optim import DYNAMIC_SIGNED, QUANT_BLOCK, dequantize_blocks
 from llama.config import get_preset
 from llama.data.dataloader import DataLoader
 from llama.data.datasets import prepare_tinyshakespeare
@@ -340,3 +341,47 @@ def test_a_failed_background_write_stops_the_run_and_the_previous_checkpoint_res
     err = capsys.readouterr().err
     assert code == 0 and "resuming from out/ckpt_00000002 (step 2)" in err, err
     assert sorted(log_lines(tmp_path / "out")) == list(range(8))
+
+
+# ---- the snapshot of the GPU models: the state as the model holds it, reused, 8-bit moments dequantized in pieces
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
+def test_checkpoints_from_a_snapshot_of_the_state_are_those_of_get_params(corpus, tmp_path, monkeypatch, optimizer):
+    """The GPU models' path (download_state into the arrays of the last call, 8-bit moments dequantized as they
+    are written), taken here by the reference: its checkpoints are the usual ones, bit for bit."""
+    args = [*BASE, *corpus, "-x", "4", "-n", "2", "-nk", "0", "--optimizer", optimizer]
+    assert run(*args, "-o", "ref") == 0
+    calls = []
+
+    def download_state(model, into=None):
+        opt = model.optimizer
+        state = {"params": model.params, **({"m_codes": opt.m_codes, "v_codes": opt.v_codes, "m_scales": opt.m_scales,
+                                             "v_scales": opt.v_scales} if optimizer == "adamw8bit"
+                                            else {"adam_m": opt.m, "adam_v": opt.v})}
+        calls.append(into is not None)
+        into = into or {name: np.empty(array.shape, np.float32 if name == "params" else array.dtype)
+                        for name, array in state.items()}
+        for name, array in state.items():
+            into[name][...] = array
+        return into
+
+    monkeypatch.setattr(ReferenceModel, "download_state", download_state)
+    assert run(*args, "-o", "out") == 0
+    assert calls == [False, True]  # the second checkpoint reuses the first one's arrays
+    for step in (2, 4):
+        for name in ("model.safetensors", "optimizer.safetensors"):
+            mine, ref = (tmp_path / run_dir / f"ckpt_{step:08d}" / name for run_dir in ("out", "ref"))
+            assert mine.read_bytes() == ref.read_bytes(), (step, name)
+
+
+def test_8_bit_moments_are_dequantized_in_pieces_of_whole_blocks():
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, DYNAMIC_SIGNED.size, 5000).astype(np.uint8)
+    scales = rng.random(-(-5000 // QUANT_BLOCK), dtype=np.float32)
+    moment = Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=2 * QUANT_BLOCK)
+    pieces = list(moment.chunks())
+    assert len(pieces) == 10 and moment.nbytes == 20000 and moment.shape == (5000,)
+    assert np.array_equal(np.concatenate(pieces), dequantize_blocks(codes, scales, DYNAMIC_SIGNED))
+    with pytest.raises(ValueError, match="whole blocks"):
+        Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=QUANT_BLOCK + 1)
