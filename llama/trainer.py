@@ -400,6 +400,8 @@ class Trainer:
     def _finish_write_when_failing(self) -> None:
         """Let the write in flight finish as the run stops on an error (a further Ctrl-C stops at once): it
         is a good checkpoint. Its own failure, if any, is reported, as the error that stops the run wins."""
+        if self.writer.busy:
+            print("waiting for the checkpoint being written (press Ctrl-C to stop at once)", file=sys.stderr)
         try:
             self.collect_checkpoint(wait=True)
         except CheckpointError as e:
