@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from llama import trainer
-from llama.io.checkpoint import DONE, Dequantized, load_checkpoint
+from llama.io.checkpoint import DONE, Dequantized, all_finite, load_checkpoint
 from llama.optim import DYNAMIC_SIGNED, QUANT_BLOCK, dequantize_blocks
 from llama.config import get_preset
 from llama.data.dataloader import DataLoader
@@ -385,3 +385,13 @@ def test_8_bit_moments_are_dequantized_in_pieces_of_whole_blocks():
     assert np.array_equal(np.concatenate(pieces), dequantize_blocks(codes, scales, DYNAMIC_SIGNED))
     with pytest.raises(ValueError, match="whole blocks"):
         Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=QUANT_BLOCK + 1)
+
+
+def test_huge_finite_weights_are_finite_and_one_infinity_or_nan_is_not():
+    """all_finite sums squares in float32, which overflow for values past 1.8e19: those chunks are looked at
+    value by value."""
+    values = np.full(3000, 3e38, np.float32)
+    assert all_finite(values, chunk=1024)
+    for bad in (np.inf, -np.inf, np.nan):
+        values[2500] = bad
+        assert not all_finite(values, chunk=1024)
