@@ -24,7 +24,9 @@ from .data.tokenizer import load_tokenizer
 from .eval.runner import Evaluation, accuracy_over_ranks
 from .eval.tasks import EVAL_DATA_DIR, TaskError, load_task
 from .generate import decoder_for, generate
-from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
+from .io.background import SLOW, BackgroundJob
+from .io.checkpoint import (CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint,
+                            snapshot_moments)
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
 from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
 from .io.run_dir import RunDir
@@ -193,6 +195,8 @@ class Trainer:
                         else None)
         self.evaluation = self._evaluation()
         self.log = None  # main.log, open while run() trains
+        self.writer = BackgroundJob("checkpoint writer")  # rank 0 writes checkpoints while training goes on
+        self.snapshot = None  # on one GPU: the page-locked host copy of the state a checkpoint writes
 
     # ---- setup
 
@@ -339,6 +343,7 @@ class Trainer:
         self.progress.write(f"step {step}: {self.evaluation.task.name} acc {acc:.4f}, acc_norm {acc_norm:.4f}")
 
     def diverged(self, message: str) -> TrainingDiverged:
+        self.collect_checkpoint(wait=True)  # the write in flight decides which checkpoint is the last good one
         best = best_checkpoint(self.out, self.last_good) if self.last_good else None
         also = f" (the one with the lowest probe loss is {best})" if best not in (None, self.last_good) else ""
         return TrainingDiverged(f"{message}; stopping. The last good checkpoint is "
@@ -347,8 +352,14 @@ class Trainer:
     def checkpoint(self, done_steps: int) -> None:
         """Rank 0 judges the weights (io/guard.py) and writes the full state (gathered from every
         rank's shard) when they are good; every rank takes part. Bad weights at the last step stop
-        the run, as there is no later checkpoint to wait for."""
-        params = self.model.get_params()  # None on ranks other than 0
+        the run, as there is no later checkpoint to wait for. The write runs in the background
+        (collect_checkpoint), after the one before it finished: the snapshot it writes is, on one GPU, the
+        state downloaded into page-locked memory (reused by every checkpoint), else the host copies that
+        get_params and get_optimizer_state make."""
+        self.collect_checkpoint(wait=True)
+        self.snapshot = self.model.download_state(self.snapshot)
+        params = (self.snapshot["params"][:ParameterLayout(self.config).size] if self.snapshot is not None
+                  else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
         verdict, reason = self.guard.judge(params, probe_loss) if params is not None else (SAVE, None)
         skip, stop = (value > 0 for value in mean_over_ranks(self.comm, float(verdict == SKIP),
@@ -361,15 +372,25 @@ class Trainer:
                 self.progress.warn(f"warning: step {done_steps - 1}: not saving a checkpoint: {reason}; "
                                    "training goes on")
             return
-        adam_m, adam_v = self.model.get_optimizer_state()
+        adam_m, adam_v = (snapshot_moments(self.snapshot, params.size) if self.snapshot is not None
+                          else self.model.get_optimizer_state())
         if self.rank != 0:
             return
         state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.loader_state,
                  "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
-                 "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": vars(self.args),
+                 "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": dict(vars(self.args)),
                  "group_norms_squared": self.model.group_norms_squared}
-        self.last_good = save_checkpoint(self.out, done_steps, self.config, params, adam_m, adam_v, state,
-                                         keep=self.args.keep_checkpoints)
+        out, config, keep = self.out, self.config, self.args.keep_checkpoints
+        self.writer.start(lambda: save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=keep))
+
+    def collect_checkpoint(self, wait: bool = False) -> None:
+        """Take a finished background write as the last good checkpoint (wait: the one in flight), with a
+        line when it was slow; a failed write raises its CheckpointError here, which stops the run."""
+        written = self.writer.collect(wait)
+        if written is not None:
+            self.last_good = written
+            if self.writer.seconds > SLOW:
+                self.progress.write(f"checkpoint {written} written in {self.writer.seconds:.1f} s")
 
     def sample(self, step: int) -> None:
         decoder = self.decoder or decoder_for(self.model, self.plan, max_len=self.T)
@@ -389,13 +410,28 @@ class Trainer:
         self.done, began = self.start, time.perf_counter()
         with self.run_dir.open_log(self.log_bytes) as self.log, GracefulStop() as stop, \
                 TrainingProgress(self.steps, self.start, args.print_every) as self.progress:
-            for step in range(self.start, self.steps):
-                if self._train_one(step, stop):
-                    break
+            try:
+                for step in range(self.start, self.steps):
+                    if self._train_one(step, stop):
+                        break
+            except BaseException:
+                self._finish_write_when_failing()
+                raise
+            self.collect_checkpoint(wait=True)
         if args.sample_every and self.done == self.steps and self.done > self.start:
             self.sample(self.steps)
         self._summary(stop, time.perf_counter() - began)
         return stop.exit_code
+
+    def _finish_write_when_failing(self) -> None:
+        """Let the write in flight finish as the run stops on an error (a further Ctrl-C stops at once): it
+        is a good checkpoint. Its own failure, if any, is reported, as the error that stops the run wins."""
+        if self.writer.busy:
+            print("waiting for the checkpoint being written (press Ctrl-C to stop at once)", file=sys.stderr)
+        try:
+            self.collect_checkpoint(wait=True)
+        except CheckpointError as e:
+            print(f"warning: {e}", file=sys.stderr)
 
     def _train_one(self, step: int, stop: GracefulStop) -> bool:
         """Step `step` with what comes before (validation, a sample) and after it (logs, progress, a
@@ -422,6 +458,7 @@ class Trainer:
         self.log.write(f"s:{step} trl:{self.loss:.6f} lr:{lr:.6e} norm:{norm:.4f}")
         self._progress(step, lr, norm, dt)
         self.done = step + 1
+        self.collect_checkpoint()  # a write that failed since the last step stops the run here
         if stops > 0 or last or (args.checkpoint_every and self.done % args.checkpoint_every == 0):
             self.checkpoint(self.done)
         return stops > 0

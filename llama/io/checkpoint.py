@@ -35,7 +35,9 @@ from typing import Iterator
 import numpy as np
 
 from ..config import ConfigError, LlamaConfig
+from ..optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, dequantize_blocks
 from ..params import ParameterLayout
+from .background import report_if_slow
 from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
 
 DONE = "DONE"
@@ -68,9 +70,14 @@ def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
     return Path(out_dir) / f"ckpt_{step:08d}"
 
 
-def all_finite(values: np.ndarray, chunk: int = 1 << 24) -> bool:
+def all_finite(values: np.ndarray, chunk: int = 1 << 20) -> bool:
+    """Whether every value is finite: a chunk's float32 dot product with itself (BLAS, at memory speed, several
+    times np.isfinite's) is finite exactly when its values are, unless huge finite values overflow it: only
+    then are they looked at one by one."""
     values = values.reshape(-1)
-    return all(np.isfinite(values[i:i + chunk]).all() for i in range(0, values.size, chunk))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return all(math.isfinite(float(np.dot(part, part))) or np.isfinite(part).all()
+                   for part in (values[i:i + chunk] for i in range(0, values.size, chunk)))
 
 
 # ---- writing and rotation
@@ -91,8 +98,38 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+class Dequantized:
+    """An 8-bit optimizer moment (codes, and a scale per QUANT_BLOCK of them, as a GPU snapshot holds them) as
+    the float32 tensor a checkpoint holds, which write_tensors writes a piece at a time: a snapshot of 8B
+    needs 16 GB of codes, not 64 GB of float32 moments, and the pieces are those AdamW8bitState.moments makes."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, levels: np.ndarray, chunk: int = 1 << 24):
+        if chunk % QUANT_BLOCK:
+            raise ValueError(f"the pieces must be whole blocks of {QUANT_BLOCK} values, not {chunk}")
+        self.codes, self.scales, self.levels, self.chunk = codes, scales, levels, chunk
+        self.shape, self.nbytes = codes.shape, codes.size * self.dtype.itemsize
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        for start in range(0, self.codes.size, self.chunk):
+            end = min(start + self.chunk, self.codes.size)
+            yield dequantize_blocks(self.codes[start:end], self.scales[start // QUANT_BLOCK:-(-end // QUANT_BLOCK)],
+                                    self.levels)
+
+
+def snapshot_moments(snapshot: dict[str, np.ndarray], size: int) -> tuple:
+    """(adam_m, adam_v) for save_checkpoint from a model's download_state(): its float32 moments, or its 8-bit
+    codes and scales, dequantized as they are written."""
+    if "m_codes" in snapshot:
+        return (Dequantized(snapshot["m_codes"][:size], snapshot["m_scales"], DYNAMIC_SIGNED),
+                Dequantized(snapshot["v_codes"][:size], snapshot["v_scales"], DYNAMIC_UNSIGNED))
+    return snapshot["adam_m"][:size], snapshot["adam_v"][:size]
+
+
 def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params: np.ndarray,
-                    adam_m: np.ndarray, adam_v: np.ndarray, state: dict, keep: int = 0) -> Path:
+                    adam_m: np.ndarray | Dequantized, adam_v: np.ndarray | Dequantized, state: dict,
+                    keep: int = 0) -> Path:
     """Write checkpoint `step` atomically and verify it; then keep only the newest `keep` checkpoints
     up to it (0 keeps all). Raises CheckpointError, leaving nothing half-written behind."""
     out_dir = Path(out_dir)
@@ -280,8 +317,9 @@ def load_checkpoint(path: str | Path) -> dict:
     layout = ParameterLayout(config)
     params, adam_m, adam_v = (np.empty(layout.size, dtype=np.float32) for _ in range(3))
     try:
-        read_tensors(path / MODEL, layout.views(params))
-        read_tensors(path / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
+        with report_if_slow(f"read {path}", 3 * params.nbytes):
+            read_tensors(path / MODEL, layout.views(params))
+            read_tensors(path / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
     except SafetensorsError as e:
         raise CheckpointError(str(e)) from None
     except OSError as e:

@@ -23,7 +23,9 @@ class SafetensorsError(ValueError):
 
 
 def write_tensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
-    """Write float32 arrays as one safetensors file and fsync it."""
+    """Write float32 arrays as one safetensors file and fsync it. A tensor may also be made piece by piece:
+    an object with the dtype, shape and nbytes of the array and a chunks() that yields its contiguous parts
+    in order (8-bit optimizer moments dequantized a piece at a time, never whole in memory)."""
     header, offset = {}, 0
     for name, array in tensors.items():
         if array.dtype != np.float32:
@@ -36,7 +38,8 @@ def write_tensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for array in tensors.values():
-            f.write(np.ascontiguousarray(array).data)
+            for part in array.chunks() if hasattr(array, "chunks") else [array]:
+                f.write(np.ascontiguousarray(part).data)
         f.flush()
         os.fsync(f.fileno())
 

@@ -102,6 +102,11 @@ class Model:
         self.step_loss += self.forward(tokens, targets) / micro
         self.backward(loss_scale=1.0 / micro)
 
+    def download_state(self, into: dict | None = None) -> dict[str, np.ndarray] | None:
+        """A checkpoint's snapshot of the training state in page-locked host memory (the GPU models on one
+        GPU); None where get_params and get_optimizer_state make the host copies (the reference, several GPUs)."""
+        return None
+
     def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:
         """Clip and AdamW; a non-finite loss skips the update and gives a NaN norm (upcoming: train_step's)."""
         norm = self.optimizer_step(lr, step, opt) if math.isfinite(self.step_loss) else float("nan")

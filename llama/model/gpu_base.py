@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, to_device
+from ..cuda import DeviceArray, runtime, to_device
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
 from .base import Model, rope_cos_sin
@@ -50,6 +50,22 @@ class GPUModelBase(Model):
 
     def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         return self.zero.moments()
+
+    def download_state(self, into: dict | None = None) -> dict[str, np.ndarray] | None:
+        """The fp32 master weights ('params') and the optimizer state as the GPU holds it (fp32 'adam_m' and
+        'adam_v', or 8-bit 'm_codes', 'v_codes', 'm_scales', 'v_scales'; padded), copied at the bus's speed
+        into page-locked host arrays: `into`, what the last call returned, or new ones on the first call.
+        None on several GPUs, whose state get_params and get_optimizer_state gather."""
+        if self.comm is not None:
+            return None
+        z = self.zero
+        moments = ({"m_codes": z.m_codes, "v_codes": z.v_codes, "m_scales": z.m_scales, "v_scales": z.v_scales}
+                   if z.optimizer == "adamw8bit" else {"adam_m": z.m, "adam_v": z.v})
+        buffers, drv = {"params": z.master, **moments}, runtime().drv
+        into = into or {name: drv.pagelocked_empty(b.shape, b.dtype) for name, b in buffers.items()}
+        for name, buffer in buffers.items():
+            drv.memcpy_dtoh(into[name], buffer.ptr)
+        return into
 
     def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
         self.zero.set_weights(params)

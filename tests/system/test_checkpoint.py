@@ -1,21 +1,25 @@
 """Checkpoints: only good ones are written and kept; unusable ones are reported and skipped."""
 
+import errno
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from llama.io.checkpoint import DONE, load_checkpoint
+from llama import trainer
+from llama.io.checkpoint import DONE, Dequantized, all_finite, load_checkpoint
+from llama.optim import DYNAMIC_SIGNED, QUANT_BLOCK, dequantize_blocks
 from llama.config import get_preset
 from llama.data.dataloader import DataLoader
 from llama.data.datasets import prepare_tinyshakespeare
 from llama.params import ParameterLayout
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer
-from llama.data.tokenizer import ByteTokenizer
-from tests.runs import BASE, TEXT, checkpoint_steps, run
+from tests.faults import DiskFault
+from tests.runs import BASE, TEXT, checkpoint_steps, log_lines, run, signal_at
 
 
 def val_loss(ckpt, corpus) -> float:
@@ -250,3 +254,144 @@ def test_the_checkpoint_with_the_lowest_probe_loss_is_kept_and_named(corpus, tmp
         "try a lower --lr")
     rotate_checkpoints(out, out / "ckpt_00000006", keep=1)
     assert checkpoint_steps(out) == [2, 6]
+
+
+# ---- the background writer: training goes on while a checkpoint is written
+
+
+def hold_write(monkeypatch, held: int, events: list, fault: DiskFault | None = None) -> threading.Event:
+    """trainer.save_checkpoint, with the write of checkpoint `held` waiting (in the writer's thread) until
+    the returned event is set, and the disk fault armed for it alone; events records what happens."""
+    real, release = trainer.save_checkpoint, threading.Event()
+
+    def save(out, step, *args, **kwargs):
+        if step == held:
+            events.append(f"holding {step}")
+            assert release.wait(60)
+        if fault is not None:
+            fault.armed = step == held
+        path = real(out, step, *args, **kwargs)
+        events.append(f"written {step}")
+        return path
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+    return release
+
+
+def at_step(monkeypatch, step: int, action) -> None:
+    """Call action() when step `step` begins (from its learning-rate lookup)."""
+    real = trainer.learning_rate
+
+    def hooked(s, *args, **kwargs):
+        if s == step:
+            action()
+        return real(s, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "learning_rate", hooked)
+
+
+def test_training_goes_on_while_a_checkpoint_is_written(corpus, tmp_path, monkeypatch):
+    """The write of checkpoint 4 is held until step 6 begins: steps 4 and 5 train meanwhile, and the run
+    (its main.log, its checkpoints) is that of a run whose writes take no time."""
+    args = [*BASE, *corpus, "-x", "8", "-n", "4", "-nk", "0"]
+    assert run(*args, "-o", "ref") == 0
+    events = []
+    release = hold_write(monkeypatch, 4, events)
+    at_step(monkeypatch, 6, lambda: (events.append("step 6"), release.set()))
+    assert run(*args, "-o", "out") == 0
+    assert events == ["holding 4", "step 6", "written 4", "written 8"]
+    assert (tmp_path / "out" / "main.log").read_bytes() == (tmp_path / "ref" / "main.log").read_bytes()
+    for step in (4, 8):
+        mine, ref = (load_checkpoint(tmp_path / run_dir / f"ckpt_{step:08d}") for run_dir in ("out", "ref"))
+        assert all(np.array_equal(mine[key], ref[key]) for key in ("params", "adam_m", "adam_v"))
+        assert mine["state"]["loader"] == ref["state"]["loader"]
+
+
+def test_ctrl_c_waits_for_the_write_in_flight_then_writes_the_last_checkpoint(corpus, tmp_path, monkeypatch, capsys):
+    events = []
+    release = hold_write(monkeypatch, 4, events)
+    signal_at(monkeypatch, 5)
+    at_step(monkeypatch, 5, lambda: threading.Timer(0.5, lambda: (events.append("released"), release.set())).start())
+    assert run(*BASE, *corpus, "-x", "20", "-n", "4", "-o", "out") == 130
+    assert events == ["holding 4", "released", "written 4", "written 6"]
+    assert "checkpoint out/ckpt_00000006" in capsys.readouterr().out
+    assert checkpoint_steps(tmp_path / "out") == [4, 6]
+    assert [load_checkpoint(tmp_path / "out" / f"ckpt_{step:08d}")["state"]["step"] for step in (4, 6)] == [4, 6]
+
+
+def test_a_failed_background_write_stops_the_run_and_the_previous_checkpoint_resumes(corpus, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """The disk is full while checkpoint 4 is written behind steps 4 and 5: the run stops with the error (never
+    goes on without the checkpoint), leaves no partial one, and resumes from checkpoint 2."""
+    fault = DiskFault(tmp_path / "out", errno.ENOSPC, budget=30_000, armed=False).install(monkeypatch)
+    events, real_save = [], trainer.save_checkpoint
+    release = hold_write(monkeypatch, 4, events, fault)
+    at_step(monkeypatch, 5, release.set)
+    args = [*BASE, *corpus, "-x", "8", "-n", "2", "-o", "out"]
+    assert run(*args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "error: cannot write checkpoint out/ckpt_00000004: No space left on device")
+    assert fault.failures > 0 and events == ["written 2", "holding 4"]
+    assert 5 in log_lines(tmp_path / "out")  # training went on during the write
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt_00000002", "main.log"]
+    fault.armed = False
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    code = run(*args, "--resume")
+    err = capsys.readouterr().err
+    assert code == 0 and "resuming from out/ckpt_00000002 (step 2)" in err, err
+    assert sorted(log_lines(tmp_path / "out")) == list(range(8))
+
+
+# ---- the snapshot of the GPU models: the state as the model holds it, reused, 8-bit moments dequantized in pieces
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
+def test_checkpoints_from_a_snapshot_of_the_state_are_those_of_get_params(corpus, tmp_path, monkeypatch, optimizer):
+    """The GPU models' path (download_state into the arrays of the last call, 8-bit moments dequantized as they
+    are written), taken here by the reference: its checkpoints are the usual ones, bit for bit."""
+    args = [*BASE, *corpus, "-x", "4", "-n", "2", "-nk", "0", "--optimizer", optimizer]
+    assert run(*args, "-o", "ref") == 0
+    calls = []
+
+    def download_state(model, into=None):
+        opt = model.optimizer
+        state = {"params": model.params, **({"m_codes": opt.m_codes, "v_codes": opt.v_codes, "m_scales": opt.m_scales,
+                                             "v_scales": opt.v_scales} if optimizer == "adamw8bit"
+                                            else {"adam_m": opt.m, "adam_v": opt.v})}
+        calls.append(into is not None)
+        into = into or {name: np.empty(array.shape, np.float32 if name == "params" else array.dtype)
+                        for name, array in state.items()}
+        for name, array in state.items():
+            into[name][...] = array
+        return into
+
+    monkeypatch.setattr(ReferenceModel, "download_state", download_state)
+    assert run(*args, "-o", "out") == 0
+    assert calls == [False, True]  # the second checkpoint reuses the first one's arrays
+    for step in (2, 4):
+        for name in ("model.safetensors", "optimizer.safetensors"):
+            mine, ref = (tmp_path / run_dir / f"ckpt_{step:08d}" / name for run_dir in ("out", "ref"))
+            assert mine.read_bytes() == ref.read_bytes(), (step, name)
+
+
+def test_8_bit_moments_are_dequantized_in_pieces_of_whole_blocks():
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, DYNAMIC_SIGNED.size, 5000).astype(np.uint8)
+    scales = rng.random(-(-5000 // QUANT_BLOCK), dtype=np.float32)
+    moment = Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=2 * QUANT_BLOCK)
+    pieces = list(moment.chunks())
+    assert len(pieces) == 10 and moment.nbytes == 20000 and moment.shape == (5000,)
+    assert np.array_equal(np.concatenate(pieces), dequantize_blocks(codes, scales, DYNAMIC_SIGNED))
+    with pytest.raises(ValueError, match="whole blocks"):
+        Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=QUANT_BLOCK + 1)
+
+
+def test_huge_finite_weights_are_finite_and_one_infinity_or_nan_is_not():
+    """all_finite sums squares in float32, which overflow for values past 1.8e19: those chunks are looked at
+    value by value."""
+    values = np.full(3000, 3e38, np.float32)
+    assert all_finite(values, chunk=1024)
+    for bad in (np.inf, -np.inf, np.nan):
+        values[2500] = bad
+        assert not all_finite(values, chunk=1024)

@@ -1,5 +1,6 @@
-"""kill -9 at random moments, half of them inside checkpoint writes, each followed by --resume: the
-final weights, optimizer state, main.log and samples are those of the uninterrupted run, bit for bit."""
+"""kill -9 at random moments, two thirds of them inside checkpoint writes (which run in the background
+while training goes on), each followed by --resume: the final weights, optimizer state, main.log and
+samples are those of the uninterrupted run, bit for bit."""
 
 import random
 import signal
@@ -13,36 +14,72 @@ import pytest
 from llama.io.checkpoint import load_checkpoint
 from tests.runs import BASE, REPO, samples, wait_for
 
-pytestmark = pytest.mark.slow  # a dozen trainer processes killed and resumed
-STEPS = 48  # enough that 12 kills never reach the end, however fast the machine
+pytestmark = pytest.mark.slow  # 18 trainer processes killed and resumed
+KILLS = 18
+STEPS = 72  # enough that the kills never reach the end, however fast the machine
 ARGS = [*BASE[:-6], "-s", "4", "-g", "6", "-v", "3", "-m", "1", "-x", str(STEPS), "-n", "2", "-nk", "2",
         "--device", "cpu"]
 
-# Runs train_llama.py, SIGKILLing itself at the start of the nth call of one of llama.io.checkpoint's write
-# steps: write_tensors (model, optimizer), _write_file (state.json, DONE after the rename) or
-# remove_checkpoint (rotation). argv: function name (or "none"), n, the trainer's arguments.
+WRITE_STEPS = ("write_tensors", "_write_file", "remove_checkpoint")
+# Runs train_llama.py, SIGKILLing itself in one of two ways. "<function>" n: at the start of the nth call of
+# one of llama.io.checkpoint's write steps: write_tensors (model, optimizer), _write_file (state.json, DONE
+# after the rename) or remove_checkpoint (rotation). "during" n: from the nth background checkpoint write on
+# (training goes on meanwhile), at a random moment in the first 10 ms of a random one of its first 7 steps
+# (these and _fsync_path, each slowed by 5 ms so that the moment may fall in it or between it and the next),
+# seeded by argv[3]; the step it was in (or "after" it) is written to the file argv[4] first. argv: how, n,
+# the seed, the phase file, the trainer's arguments.
 DIE_INSIDE = """
-import os, runpy, signal, sys
+import os, random, runpy, signal, sys, threading, time
 sys.path.insert(0, %r)
 import llama.io.checkpoint as checkpoint
-name, nth = sys.argv[1], int(sys.argv[2])
-if name != "none":
-    real, calls = getattr(checkpoint, name), []
-    def dying(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == nth:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(*args, **kwargs)
-    setattr(checkpoint, name, dying)
-sys.argv = ["train_llama.py", *sys.argv[3:]]
+import llama.trainer as trainer
+how, nth, seed, phase_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+calls, steps, phase = [], [], ["training"]
+chance = random.Random(seed)
+kth, delay = chance.randint(1, 7), chance.uniform(0, 0.01)
+
+def hook(module, name, before):
+    real = getattr(module, name)
+    def hooked(*args, **kwargs):
+        before(name)
+        result = real(*args, **kwargs)
+        phase[0] = "after " + name
+        return result
+    setattr(module, name, hooked)
+
+def die(name):
+    calls.append(name)
+    if len(calls) == nth:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def die_soon():
+    with open(phase_file, "w") as f:
+        f.write(phase[0])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def slow(name):
+    phase[0] = name
+    if len(calls) >= nth:
+        steps.append(name)
+        if len(steps) == kth:
+            threading.Timer(delay, die_soon).start()
+    time.sleep(0.005)
+
+if how == "during":
+    hook(trainer, "save_checkpoint", calls.append)
+    for name in WRITE_STEPS + ("_fsync_path",):
+        hook(checkpoint, name, slow)
+elif how != "none":
+    hook(checkpoint, how, die)
+sys.argv = ["train_llama.py", *sys.argv[5:]]
 runpy.run_path(%r, run_name="__main__")
-""" % (str(REPO), str(REPO / "train_llama.py"))
-WRITE_STEPS = ("write_tensors", "_write_file", "remove_checkpoint")
+""".replace("WRITE_STEPS", repr(WRITE_STEPS))
 
 
-def start(tmp_path, corpus, out, log_name, die=("none", 0)):
+def start(tmp_path, corpus, out, log_name, die=("none", 0, 0)):
     with open(tmp_path / log_name, "w") as stdout:
-        return subprocess.Popen([sys.executable, "-c", DIE_INSIDE, die[0], str(die[1]), *ARGS, *corpus, "-o", out,
+        return subprocess.Popen([sys.executable, "-c", DIE_INSIDE % (str(REPO), str(REPO / "train_llama.py")),
+                                 *map(str, die), str(tmp_path / f"{log_name}.phase"), *ARGS, *corpus, "-o", out,
                                  "--resume"], cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
 
 
@@ -53,12 +90,14 @@ def step_lines(path) -> int:
 def test_kill_9_loop_resumes_bit_for_bit(corpus, tmp_path):
     reference = start(tmp_path, corpus, "ref", "ref.out")  # runs beside the loop
     rng = random.Random(11)
-    kills = []
-    for i in range(12):
-        if i % 2:  # inside a checkpoint write
-            die = (rng.choice(WRITE_STEPS), rng.randint(1, 2))
+    kills, phases = [], []
+    for i in range(KILLS):
+        if i % 3:  # inside a checkpoint write: at the start of one of its steps, or at a random moment
+            die = (rng.choice(WRITE_STEPS) if i % 3 == 1 else "during", rng.randint(1, 2), rng.randrange(1 << 30))
             trainer = start(tmp_path, corpus, "out", f"{i}.out", die)
             trainer.wait(timeout=120)
+            if die[0] == "during":
+                phases.append((tmp_path / f"{i}.out.phase").read_text())
         else:  # after a few steps, at a random moment
             die = ("external", rng.randint(1, 4))
             trainer = start(tmp_path, corpus, "out", f"{i}.out")
@@ -70,7 +109,8 @@ def test_kill_9_loop_resumes_bit_for_bit(corpus, tmp_path):
         kills.append(die)
     last = start(tmp_path, corpus, "out", "last.out")
     assert last.wait(timeout=120) == 0 and reference.wait(timeout=120) == 0
-    print(f"\n{len(kills)} kills: {kills}")
+    print(f"\n{len(kills)} kills: {kills}\nwhere the kills at a random moment of a write landed: {phases}")
+    assert sum(phase != "after save_checkpoint" for phase in phases) >= len(phases) / 2  # mostly inside the write
 
     out, ref = tmp_path / "out", tmp_path / "ref"
     assert (out / "main.log").read_bytes() == (ref / "main.log").read_bytes()
@@ -80,7 +120,7 @@ def test_kill_9_loop_resumes_bit_for_bit(corpus, tmp_path):
     assert final["state"]["loader"] == expected["state"]["loader"]
     expected_samples = samples((tmp_path / "ref.out").read_text())
     printed = {}
-    for i in [*range(12), "last"]:
+    for i in [*range(KILLS), "last"]:
         for step, text in samples((tmp_path / f"{i}.out").read_text()).items():
             assert text == expected_samples[step], (i, step)
             printed[step] = text

@@ -48,4 +48,16 @@ def test_weights_or_a_loss_that_are_not_finite_stop_at_once():
 
 def test_the_rms_of_the_weights_is_summed_in_chunks():
     values = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    assert weights_rms(values, chunk=64) == pytest.approx(np.sqrt(np.mean(values.astype(np.float64) ** 2)), rel=1e-12)
+    assert weights_rms(values, chunk=64) == pytest.approx(np.sqrt(np.mean(values.astype(np.float64) ** 2)), rel=1e-6)
+
+
+def test_huge_finite_weights_have_a_finite_rms_and_jump():
+    """Squares of 1e30 overflow float32: such a chunk is summed in float64, so the weights are judged as having
+    jumped, not as not finite."""
+    huge = np.full(1000, 1e30, dtype=np.float32)
+    assert weights_rms(huge, chunk=64) == pytest.approx(1e30, rel=1e-6)
+    verdict, why = CheckpointGuard(START).judge(huge, 3.0)
+    assert verdict == SKIP and why.startswith("the weights jumped")
+    with_nan = huge.copy()
+    with_nan[500] = np.nan
+    assert CheckpointGuard(START).judge(with_nan, 3.0) == (STOP, "the weights are not finite")
