@@ -307,9 +307,9 @@ class ShardWriter:
         if self.with_mask:
             mask = np.concatenate(self.masks)
             write_mask(mask_path(path), mask[:count])
-            self.masks = [mask[count:]]
+            self.masks = [mask[count:].copy()]
         write_shard(path, tokens[:count], self.vocab_size)
-        self.tokens, self.buffered = [tokens[count:]], self.buffered - count
+        self.tokens, self.buffered = [tokens[count:].copy()], self.buffered - count  # not a view of it all
         self.paths.append(path)
 
 
