@@ -4,6 +4,7 @@ Inputs are files, folders (searched recursively) and globs of
   .txt      a file is a document;
   .jsonl    a line is a document: {"text": ...} (the field is text_field), or a conversation
             {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]};
+  .json     an array of such objects (TinyStories' files), read whole;
   .parquet  a row is a document, its text_field column (needs pyarrow).
 The data is chat when the first document is a conversation; then every document must be one.
 
@@ -34,7 +35,8 @@ import numpy as np
 from ..progress import bar, choose_display
 from .shards import mask_path, write_mask, write_shard
 
-INPUT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+INPUT_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+KINDS = "/".join(INPUT_SUFFIXES)
 CHUNK_BYTES = 1 << 20  # input bytes per task of the pool
 CHUNK_DOCUMENTS = 1024  # and at most this many documents
 
@@ -45,13 +47,16 @@ class PrepareError(ValueError):
 
 @dataclass(frozen=True)
 class Record:
-    """One document as read: a .txt file's bytes, a JSONL line's bytes, or a parquet cell's value."""
+    """One document as read: a .txt file's bytes, a JSONL line's bytes, a .json array's item or a
+    parquet cell's value."""
     source: str
-    line: int  # 1-based line (JSONL) or row (parquet); 0 for a whole .txt file
-    kind: str  # "text", "json" or "value"
-    payload: bytes | str | None
+    line: int  # 1-based line (JSONL), item (.json) or row (parquet); 0 for a whole .txt file
+    kind: str  # "text", "json", "item" or "value"
+    payload: bytes | str | dict | None
 
     def where(self) -> str:
+        if self.kind in ("item", "value"):
+            return f"{self.source}: record {self.line}"
         return f"{self.source}:{self.line}" if self.line else self.source
 
 
@@ -69,13 +74,13 @@ def expand_inputs(inputs: Iterable[str]) -> list[Path]:
             found = sorted(Path(p) for p in glob.glob(item, recursive=True)
                            if Path(p).suffix in INPUT_SUFFIXES and Path(p).is_file())
             if not found:
-                raise PrepareError(f"{item}: no such file, folder, or glob matching .txt/.jsonl/.parquet files")
+                raise PrepareError(f"{item}: no such file, folder, or glob matching {KINDS} files")
         for p in found:
             if p.suffix not in INPUT_SUFFIXES:
-                raise PrepareError(f"{p}: unknown input kind {p.suffix!r}; use .txt, .jsonl or .parquet")
+                raise PrepareError(f"{p}: unknown input kind {p.suffix!r}; use {KINDS}")
         paths += found
     if not paths:
-        raise PrepareError(f"no .txt, .jsonl or .parquet files in {' '.join(inputs)}")
+        raise PrepareError(f"no {KINDS} files in {' '.join(inputs)}")
     return paths
 
 
@@ -95,6 +100,19 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[Record]:
             yield Record(str(path), row, "value", value)
 
 
+def _json_array_records(path: Path) -> Iterator[Record]:
+    try:
+        items = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{path}: not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(items, list):
+        raise PrepareError(f"{path}: a .json input is an array of objects, not a {type(items).__name__}")
+    for number, item in enumerate(items, 1):
+        yield Record(str(path), number, "item", item)
+
+
 def read_records(paths: Iterable[Path], text_field: str) -> Iterator[Record]:
     """Every document of the files, lazily, in order; blank JSONL lines are not documents."""
     for path in paths:
@@ -105,12 +123,16 @@ def read_records(paths: Iterable[Path], text_field: str) -> Iterator[Record]:
                 for number, line in enumerate(f, 1):
                     if line.strip():
                         yield Record(str(path), number, "json", line)
+        elif path.suffix == ".json":
+            yield from _json_array_records(path)
         else:
             yield from _parquet_records(path, text_field)
 
 
 def is_conversation(record: Record) -> bool:
     """Whether a record is a JSON object with "messages" (bad JSON is left to the encoder to report)."""
+    if record.kind == "item":
+        return isinstance(record.payload, dict) and "messages" in record.payload
     if record.kind != "json":
         return False
     try:
@@ -147,14 +169,19 @@ class DocumentEncoder:
             except UnicodeDecodeError as e:
                 line = record.payload.count(b"\n", 0, e.start) + 1
                 raise PrepareError(f"{record.source}:{line}: not UTF-8 (byte {e.object[e.start]:#04x})") from None
-        value = self.json_of(record) if record.kind == "json" else {self.text_field: record.payload}
+        value = self.object_of(record) if record.kind != "value" else {self.text_field: record.payload}
         text = value.get(self.text_field)
         if not isinstance(text, str):
             what = "no" if text is None else f"a {type(text).__name__}, not a string, in the"
             raise PrepareError(f"{record.where()}: {what} {self.text_field!r} field (--text-field names it)")
         return text
 
-    def json_of(self, record: Record) -> dict:
+    def object_of(self, record: Record) -> dict:
+        """The JSON object of a JSONL line or a .json item."""
+        if record.kind == "item":
+            if not isinstance(record.payload, dict):
+                raise PrepareError(f"{record.where()}: a JSON {type(record.payload).__name__}, not an object")
+            return record.payload
         try:
             value = json.loads(record.payload.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -168,7 +195,7 @@ class DocumentEncoder:
 
     def conversation_of(self, record: Record) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask) of a conversation, without the framing EOS."""
-        messages = self.json_of(record).get("messages") if record.kind == "json" else None
+        messages = self.object_of(record).get("messages") if record.kind in ("json", "item") else None
         if not isinstance(messages, list) or not messages:
             raise PrepareError(f"{record.where()}: no 'messages' list (the data is chat: its first document is one)")
         for m in messages:
@@ -223,10 +250,13 @@ def chat_tokens_and_mask(tokenizer, messages: list[dict]) -> tuple[np.ndarray, n
 
 
 def record_bytes(record: Record) -> int:
-    """The input bytes a record stands for (the progress bar's unit)."""
-    if record.payload is None:
-        return 0
-    return len(record.payload) if isinstance(record.payload, bytes) else len(record.payload.encode("utf-8"))
+    """About the input bytes a record stands for (the progress bar's unit; a .json item: its strings)."""
+    payload = record.payload
+    if isinstance(payload, dict):
+        return sum(len(v) for v in payload.values() if isinstance(v, str))
+    if isinstance(payload, str):
+        return len(payload.encode("utf-8"))
+    return len(payload) if isinstance(payload, bytes) else 0
 
 
 def chunked(records: Iterable[Record]) -> Iterator[list[Record]]:

@@ -1,13 +1,16 @@
 """scripts/prepare_data.py as a user runs it: a summary in a pipe, one-line errors with exit 2, Ctrl-C
 is exit 130, and the shards train_llama.py's loader reads."""
 
+import io
 import json
 import os
 import runpy
 import signal
 import subprocess
 import sys
+import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +77,20 @@ def test_ctrl_c_is_one_line_exit_130_and_no_shards(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "interrupted: no shards of big left in data/big"
     assert not list((tmp_path / "data" / "big").iterdir())
+
+
+def test_tinystories_unpacks_its_tarball_and_prepares_the_stories(tmp_path, monkeypatch, capsys):
+    with tarfile.open(tmp_path / "TinyStories_all_data.tar.gz", "w:gz") as tar:
+        for i in range(2):
+            raw = json.dumps([{"story": f"tale {i}-{j}"} for j in range(60)]).encode()
+            info = tarfile.TarInfo(f"data{i:02d}.json")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    main = runpy.run_path(str(REPO / "data" / "tinystories.py"))["main"]
+    args = ["--input", str(tmp_path / "TinyStories_all_data.tar.gz"), "--out-dir", str(tmp_path / "out"),
+            "--tokenizer", str(tokenizer_file(tmp_path)), "--workers", "1"]
+    assert main(args) == 0 and "documents: 120 (118 train, 2 val)" in capsys.readouterr().out
+    val = DataLoader(str(tmp_path / "out" / "TinyStories_val_*.bin"), B=1, T=4, shuffle=False)
+    assert [Path(f).name for f in val.files] == ["TinyStories_val_000000.bin"]
+    assert (tmp_path / "TinyStories_all_data" / "data01.json").exists()
+    assert main(args) == 0  # again: the unpacked folder is reused, the shards replaced

@@ -63,6 +63,17 @@ def test_jsonl_with_a_chosen_text_field_and_a_glob(tmp_path):
     assert tokens_of(summary, "train").tolist() == framed("one", "two", "three")
 
 
+def test_a_json_array_is_one_document_per_object(tmp_path):
+    (tmp_path / "data00.json").write_text(json.dumps([{"story": "once"}, {"story": "upon"}]))
+    assert tokens_of(run(tmp_path, [tmp_path], text_field="story"), "train").tolist() == framed("once", "upon")
+    (tmp_path / "data00.json").write_text(json.dumps([{"story": "once"}, "upon"]))
+    with pytest.raises(PrepareError, match=r"data00\.json: record 2: a JSON str, not an object"):
+        run(tmp_path, [tmp_path], text_field="story", overwrite=True)
+    (tmp_path / "data00.json").write_text('[{"story": "once"},\n{"story": }]')
+    with pytest.raises(PrepareError, match=r"data00\.json:2: invalid JSON"):
+        run(tmp_path, [tmp_path], text_field="story", overwrite=True)
+
+
 def test_every_nth_document_goes_to_validation(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", [{"text": str(i)} for i in range(7)])
     summary = run(tmp_path, [tmp_path / "x.jsonl"], val_every=3)
