@@ -7,7 +7,7 @@
 
 A .txt file is a document; a .jsonl line is a document (its --text-field) or a conversation
 ({"messages": [{"role": ..., "content": ...}]}, rendered in the Llama 3 chat format with a loss mask
-sidecar); a .parquet row is a document. Every document is framed <|begin_of_text|> ... <|end_of_text|>,
+sidecar); a .json file's array items are documents as JSONL lines are; a .parquet row is a document. Every document is framed <|begin_of_text|> ... <|end_of_text|>,
 the first and every --val-every-th document go to the validation split, and the shards land in
 OUT_DIR (default data/NAME) as NAME_train_000000.bin, NAME_val_000000.bin, ... A bad record stops the
 run with its file and line (exit 2) unless --skip-bad. docs/data.md has the formats.
@@ -26,7 +26,7 @@ from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("inputs", nargs="+", help=".txt, .jsonl or .parquet files, folders of them, or globs")
+    p.add_argument("inputs", nargs="+", help=".txt, .jsonl, .json or .parquet files, folders of them, or globs")
     p.add_argument("--name", default=None, help="the dataset's name, the shards' prefix (default: the first "
                    "input's name)")
     p.add_argument("--out-dir", default=None, help="where the shards go (default: data/NAME)")
