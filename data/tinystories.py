@@ -1,20 +1,38 @@
-"""Download (optional) and tokenize TinyStories into llm.c-format shards.
+"""Download (optional) and tokenize TinyStories with scripts/prepare_data.py's code.
 
     python data/tinystories.py --download                 # ~1.5 GB tarball, then tokenize
     python data/tinystories.py --input DIR_OR_TARBALL      # already downloaded
 
-The first JSON file becomes TinyStories_val.bin, the rest TinyStories_train_*.bin.
+The tarball is unpacked beside itself; each story of its data*.json files is a document, framed
+<|begin_of_text|> ... <|end_of_text|>, every 100th in TinyStories_val_*.bin, the rest in
+TinyStories_train_*.bin (shards of 100M tokens).
 """
 
 import argparse
+import os
 import sys
+import tarfile
 from pathlib import Path
 
-from llama.data.datasets import prepare_tinystories
+from llama.cli import positive_int
 from llama.data.download import DownloadError, download
+from llama.data.prepare import PrepareError, PrepareOptions, prepare_dataset
 from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStories_all_data.tar.gz"
+
+
+def unpacked(source: Path) -> Path:
+    """The folder of data*.json files: source itself, or the tarball unpacked beside it (once)."""
+    if source.is_dir():
+        return source
+    folder = source.with_name(source.name.removesuffix(".tar.gz"))
+    done = folder / ".unpacked"
+    if not done.exists():
+        with tarfile.open(source) as tar:
+            tar.extractall(folder, filter="data")
+        done.touch()
+    return folder
 
 
 def main(argv=None) -> int:
@@ -24,16 +42,20 @@ def main(argv=None) -> int:
     parser.add_argument("--download", action="store_true", help="download the tarball to --input first")
     parser.add_argument("--out-dir", default="data/tinystories", help="where the shards go")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.model (default: data/tokenizer/, else bytes)")
+    parser.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="tokenizing processes")
     args = parser.parse_args(argv)
+    options = PrepareOptions("TinyStories", Path(args.out_dir), text_field="story", workers=args.workers,
+                             overwrite=True)
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         if args.download:
             download(URL, args.input)
-        shards = prepare_tinystories(Path(args.input), args.out_dir, tokenizer)
-    except (OSError, TokenizerError, DownloadError) as e:
+        summary = prepare_dataset([str(unpacked(Path(args.input)))], tokenizer, options)
+    except (OSError, tarfile.TarError, TokenizerError, DownloadError, PrepareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {len(shards)} shards to {args.out_dir} (vocab {tokenizer.vocab_size})")
+    for line in summary.lines():
+        print(line)
     return 0
 
 

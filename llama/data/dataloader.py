@@ -5,7 +5,9 @@ its first T and targets its last T. Rows are taken in global batches of B * worl
 rank r gets rows [r*B, (r+1)*B) of each; rows left over at the end of a shard are skipped. With
 shuffle on, every epoch visits the shards and each shard's rows in an order drawn from
 (seed, epoch), so the state (epoch, shard, batch) is all a checkpoint needs to resume exactly.
-Only the current shard is open, as a memmap: memory does not grow with the dataset.
+Only the current shard is open, as a memmap: memory does not grow with the dataset. A shard's
+loss-mask sidecar (name.mask.bin, written for chat data) is never taken for a shard; with_mask=True
+returns its rows beside the targets.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import ShardError, open_shard, read_header
+from .shards import ShardError, is_mask_sidecar, mask_path, open_mask, open_shard, read_header
 
 
 class DataLoader:
@@ -23,7 +25,7 @@ class DataLoader:
                  shuffle: bool = True, seed: int = 0, vocab_size: int | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.files = sorted(glob.glob(str(pattern)))
+        self.files = sorted(f for f in glob.glob(str(pattern)) if not is_mask_sidecar(f))
         if not self.files:
             raise ShardError(f"no shard files match {pattern}")
         self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
@@ -38,7 +40,7 @@ class DataLoader:
         if sum(self.batches_per_shard) == 0:
             raise ShardError(f"{pattern}: no shard holds one batch of {rows_per_batch} x {T + 1} tokens")
         self.epoch, self.shard_pos, self.batch_pos = 0, 0, 0
-        self._open = None  # (shard index, tokens, row order) of the shard in use
+        self._open = None  # ((epoch, shard index), tokens, row order, loss mask or None) of the shard in use
 
     @property
     def batches_per_epoch(self) -> int:
@@ -65,21 +67,33 @@ class DataLoader:
                 return
             self.shard_pos, self.batch_pos = self.shard_pos + 1, 0
 
-    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs, targets), each (B, T) int32."""
+    def next_batch(self, with_mask: bool = False) -> tuple[np.ndarray, ...]:
+        """(inputs, targets), each (B, T) int32; with_mask, also the (B, T) uint8 loss mask of the targets
+        (1 where a target counts), read from the shard's sidecar."""
         self._skip_empty_shards()
         shard = int(self._shard_order()[self.shard_pos])
         key = (self.epoch, shard)
-        if self._open is None or self._open[0] != key:
+        if self._open is None or self._open[0] != key or (with_mask and self._open[3] is None):
             tokens = open_shard(self.files[shard], self.vocab_size)
             num_rows = self.batches_per_shard[shard] * self.B * self.world_size
-            self._open = (key, tokens, self._row_order(shard, num_rows))
-        _, tokens, rows = self._open
+            mask = self._open_mask(shard, tokens.size) if with_mask else None
+            self._open = (key, tokens, self._row_order(shard, num_rows), mask)
+        _, tokens, rows, mask = self._open
         first = (self.batch_pos * self.world_size + self.rank) * self.B
         starts = rows[first:first + self.B] * self.T
         windows = np.stack([tokens[s:s + self.T + 1] for s in starts]).astype(np.int32)
         self.batch_pos += 1
-        return windows[:, :-1], windows[:, 1:]
+        if not with_mask:
+            return windows[:, :-1], windows[:, 1:]
+        masks = np.stack([mask[s + 1:s + self.T + 1] for s in starts])
+        return windows[:, :-1], windows[:, 1:], masks
+
+    def _open_mask(self, shard: int, num_tokens: int) -> np.ndarray:
+        path = mask_path(self.files[shard])
+        if not path.exists():
+            raise ShardError(f"{self.files[shard]} has no loss mask ({path.name}); chat data written by "
+                             "scripts/prepare_data.py has one")
+        return open_mask(path, num_tokens)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "shard_pos": self.shard_pos, "batch_pos": self.batch_pos, "seed": self.seed,

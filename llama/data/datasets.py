@@ -1,4 +1,4 @@
-"""Turning text into token shards: tinyshakespeare, TinyStories, and the built-in corpus.
+"""Turning text into token shards: tinyshakespeare and the built-in corpus (llm.c's framing).
 
 Every document starts with the tokenizer's <|begin_of_text|>, as in llm.c's data scripts.
 The built-in corpus is the Python standard library's own .py sources on this machine (no
@@ -7,9 +7,7 @@ site-packages): real text that is always there, so training works offline out of
 
 from __future__ import annotations
 
-import json
 import sysconfig
-import tarfile
 from pathlib import Path
 from typing import Iterable
 
@@ -55,50 +53,6 @@ def prepare_tinyshakespeare(text_path: str | Path, out_dir: str | Path, tokenize
     write_shard(val, tokens[:n_val], tokenizer.vocab_size)
     write_shard(train, tokens[n_val:], tokenizer.vocab_size)
     return train, val
-
-
-def _tinystories_files(source: Path) -> list[tuple[str, bytes]]:
-    """(name, JSON bytes) of each data*.json file, from a folder or the TinyStories_all_data tarball."""
-    if source.is_dir():
-        return [(p.name, p.read_bytes()) for p in sorted(source.glob("*.json"))]
-    with tarfile.open(source) as tar:
-        members = sorted((m for m in tar.getmembers() if m.name.endswith(".json")), key=lambda m: m.name)
-        return [(Path(m.name).name, tar.extractfile(m).read()) for m in members]
-
-
-def prepare_tinystories(source: str | Path, out_dir: str | Path, tokenizer,
-                        shard_tokens: int = 100_000_000) -> list[Path]:
-    """The first JSON file is val, the rest train; shards of at most shard_tokens tokens."""
-    files = _tinystories_files(Path(source))
-    if not files:
-        raise FileNotFoundError(f"no TinyStories .json files in {source}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    train_buffer, train_count = [], 0
-
-    def flush_train():
-        nonlocal train_buffer, train_count
-        path = out / f"TinyStories_train_{len(written):06d}.bin"
-        write_shard(path, np.concatenate(train_buffer), tokenizer.vocab_size)
-        written.append(path)
-        train_buffer, train_count = [], 0
-
-    for i, (name, raw) in enumerate(files):
-        stories = [entry["story"].strip() for entry in json.loads(raw)]
-        tokens = encode_documents(stories, tokenizer, name)
-        if i == 0:
-            path = out / "TinyStories_val.bin"
-            write_shard(path, tokens, tokenizer.vocab_size)
-            written.append(path)
-            continue
-        train_buffer.append(tokens)
-        train_count += tokens.size
-        if train_count >= shard_tokens:
-            flush_train()
-    if train_buffer:
-        flush_train()
-    return written
 
 
 def stdlib_sources() -> list[Path]:

@@ -4,6 +4,8 @@ header[0] magic, [1] version, [2] number of tokens, and, our addition in a spare
 [3] the vocabulary size of the tokenizer that wrote the shard (0 when unknown, as in llm.c's own).
   Llama 3: magic 20240801, version 7, uint32 tokens.
   GPT-2:   magic 20240520, version 1, uint16 tokens (read only).
+A loss-mask sidecar (<shard>.mask.bin beside <shard>.bin, our addition for chat data) has the same
+header with magic 20240812, version 1, and one uint8 per token: 1 where the token counts in the loss.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ FORMATS = {  # magic -> (name, version, token dtype)
     20240520: ("gpt2", 1, np.dtype(np.uint16)),
 }
 LLAMA3_MAGIC = 20240801
+MASK_MAGIC, MASK_VERSION = 20240812, 1
+MASK_SUFFIX = ".mask.bin"  # a token shard name.bin has its loss mask in name.mask.bin
 
 
 class ShardError(ValueError):
@@ -36,9 +40,23 @@ class ShardInfo:
     dtype: np.dtype
 
 
+def _write_atomically(path: Path, header: np.ndarray, body: np.ndarray) -> None:
+    """header then body, through a temporary file renamed into place: a shard that exists is whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(body.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or Ctrl-C: no half-written .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
     """Write tokens as a Llama 3 shard, atomically (a temporary file renamed into place)."""
-    path = Path(path)
     tokens = np.asarray(tokens)
     if tokens.size >= 2 ** 31:
         raise ShardError(f"a shard holds fewer than 2^31 tokens, got {tokens.size}")
@@ -46,17 +64,46 @@ def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
         raise ShardError(f"tokens outside the vocabulary [0, {vocab_size})")
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:4] = [LLAMA3_MAGIC, 7, tokens.size, vocab_size]
-    tmp = path.with_name(path.name + ".tmp")
+    _write_atomically(Path(path), header, tokens.astype(np.uint32))
+
+
+def mask_path(shard: str | Path) -> Path:
+    """The loss-mask sidecar of a token shard: name.bin -> name.mask.bin."""
+    shard = Path(shard)
+    return shard.with_name(shard.name.removesuffix(".bin") + MASK_SUFFIX)
+
+
+def is_mask_sidecar(path: str | Path) -> bool:
+    return str(path).endswith(MASK_SUFFIX)
+
+
+def write_mask(path: str | Path, mask: np.ndarray) -> None:
+    """Write a loss mask (0 or 1 per token) as a sidecar shard, atomically."""
+    mask = np.asarray(mask)
+    if mask.size and (mask.min() < 0 or mask.max() > 1):
+        raise ShardError("a loss mask holds only 0 and 1")
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:3] = [MASK_MAGIC, MASK_VERSION, mask.size]
+    _write_atomically(Path(path), header, mask.astype(np.uint8))
+
+
+def open_mask(path: str | Path, num_tokens: int) -> np.ndarray:
+    """A loss-mask sidecar as a read-only uint8 memmap, checked against its token shard's length."""
+    path = Path(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype(np.uint32).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk or Ctrl-C: no half-written .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
+        with open(path, "rb") as f:
+            header = np.frombuffer(f.read(HEADER_BYTES), dtype=np.int32)
+        size = path.stat().st_size
+    except OSError as e:
+        raise ShardError(f"cannot read loss mask {path}: {e.strerror}") from None
+    if header.size < HEADER_INTS or int(header[0]) != MASK_MAGIC or int(header[1]) != MASK_VERSION:
+        raise ShardError(f"{path}: not a loss-mask sidecar (magic {MASK_MAGIC}, version {MASK_VERSION})")
+    if int(header[2]) != num_tokens or size != HEADER_BYTES + num_tokens:
+        raise ShardError(f"{path}: a mask of {int(header[2])} tokens in {size} bytes, but its shard holds "
+                         f"{num_tokens} tokens")
+    if num_tokens == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
 
 
 def read_header(path: str | Path) -> ShardInfo:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from llama.data.dataloader import DataLoader
-from llama.data.datasets import CorpusError, prepare_builtin_corpus, prepare_tinyshakespeare, prepare_tinystories, stdlib_sources
+from llama.data.datasets import CorpusError, prepare_builtin_corpus, prepare_tinyshakespeare, stdlib_sources
 from llama.data.shards import HEADER_INTS, ShardError, open_shard, read_header, write_shard
 from llama.data.tokenizer import ByteTokenizer
 
@@ -141,17 +141,6 @@ def test_prepare_tinyshakespeare_splits_a_short_text(tmp_path):
         prepare_tinyshakespeare(tmp_path / "empty.txt", tmp_path, ByteTokenizer())
 
 
-def test_prepare_tinystories(tmp_path):
-    import json
-    for i in range(3):
-        (tmp_path / f"data{i:02d}.json").write_text(json.dumps([{"story": f" story {i}-{j} "} for j in range(4)]))
-    shards = prepare_tinystories(tmp_path, tmp_path / "out", ByteTokenizer(), shard_tokens=40)
-    assert [p.name for p in shards] == ["TinyStories_val.bin", "TinyStories_train_000001.bin",
-                                        "TinyStories_train_000002.bin"]
-    val = ByteTokenizer().decode(open_shard(shards[0]))
-    assert val == "".join(f"<|begin_of_text|>story 0-{j}" for j in range(4))
-
-
 @pytest.mark.slow
 def test_builtin_corpus(tmp_path):
     files = stdlib_sources()
@@ -161,18 +150,3 @@ def test_builtin_corpus(tmp_path):
     mtime = train.stat().st_mtime_ns
     assert prepare_builtin_corpus(tmp_path, ByteTokenizer()) == (train, val)
     assert train.stat().st_mtime_ns == mtime  # reused, not rebuilt
-
-
-def test_prepare_tinystories_from_tarball(tmp_path):
-    import io
-    import json
-    import tarfile
-    with tarfile.open(tmp_path / "TinyStories_all_data.tar.gz", "w:gz") as tar:
-        for i in range(2):
-            raw = json.dumps([{"story": f"tale {i}"}]).encode()
-            info = tarfile.TarInfo(f"data{i:02d}.json")
-            info.size = len(raw)
-            tar.addfile(info, io.BytesIO(raw))
-    shards = prepare_tinystories(tmp_path / "TinyStories_all_data.tar.gz", tmp_path / "out", ByteTokenizer())
-    assert [ByteTokenizer().decode(open_shard(p)) for p in shards] == ["<|begin_of_text|>tale 0",
-                                                                        "<|begin_of_text|>tale 1"]
