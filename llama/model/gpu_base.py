@@ -4,11 +4,13 @@ checkpoint state interface."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, to_device
+from ..cuda import DeviceArray, empty, to_device
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
 from ..progress import phase
@@ -49,6 +51,13 @@ class GPUModelBase(Model):
 
     def zero_grad(self) -> None:
         self.zero.zero_grad()
+
+    def weights_rms(self) -> float:
+        """The root mean square of the fp32 master weights, summed on the device (one GPU: the checkpoint
+        guard's start when the weights were drawn there)."""
+        out, partial = empty(1), empty(ops.NORM_BLOCKS)
+        ops.global_norm_squared(out, partial, self.zero.master.prefix(self.layout.size))
+        return math.sqrt(float(out.download()[0]) / self.layout.size)
 
     # state for checkpoints: full arrays on rank 0, None elsewhere
     def get_params(self) -> np.ndarray | None:
