@@ -135,8 +135,9 @@ class Phase:
         self.description, self.total, self.unit, self.report_after = description, total, unit, report_after
         self.start = self.last_line = time.monotonic()
         self.done, self.announced, self.lock = 0, False, threading.Lock()
-        self.bar = (tqdm(total=total, desc=description, unit=unit, unit_scale=(total or 0) >= SCALED, file=display.bar_file,
-                         delay=report_after, dynamic_ncols=True) if display.bar_file is not None else None)
+        self.bar = None if display.bar_file is None else tqdm(
+            total=total, desc=description, unit=unit, unit_scale=(total or 0) >= SCALED, file=display.bar_file,
+            delay=report_after, dynamic_ncols=True)
         self.timer = threading.Timer(report_after, self._announce) if self.bar is None else None
         if self.timer is not None:
             self.timer.daemon = True

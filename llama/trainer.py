@@ -24,7 +24,7 @@ from .data.tokenizer import load_tokenizer
 from .generate import Sampling, decoder_for, generate
 from .io.checkpoint import best_checkpoint, load_checkpoint, newest_usable, save_checkpoint
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, weights_rms
-from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
+from .io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
 from .io.run_dir import RunDir
 from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
 from .model.reference import ReferenceModel
@@ -166,9 +166,12 @@ class Trainer:
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
-        params = (checkpoint["params"] if checkpoint is not None else self._load_hf(hf_folder) if hf_folder
-                  else self._initialize())
+        on_device = self.plan.device != "cpu" and self.world == 1  # fresh or HF weights go straight to the GPU
+        params = (checkpoint["params"] if checkpoint is not None else None if on_device
+                  else self._load_hf(hf_folder) if hf_folder else self._initialize())
         self.model = build_model(self.plan, self.config, self.B, self.T, params, comm, args.seed)
+        if hf_folder and on_device:
+            self._load_hf_to_device(hf_folder)
         self.sample_rng = np.random.default_rng(args.seed)
         # each checkpoint's weights are checked on this fixed batch before they are saved (io/guard.py)
         probe_loader = DataLoader(self.val_pattern or self.train_pattern, self.B, self.T, shuffle=False,
@@ -235,11 +238,9 @@ class Trainer:
             raise UserError(f"--seq-len {self.T} exceeds the model's max_seq_len {config.max_seq_len}")
         return config
 
-    def _initialize(self) -> np.ndarray | None:
-        """Fresh parameters from the seed: None on one GPU (the model draws them on the device), else the
-        host array, drawn on the GPU for several GPUs and by the numpy twin on the CPU (the same values)."""
-        if self.plan.device != "cpu" and self.world == 1:
-            return None
+    def _initialize(self) -> np.ndarray:
+        """Fresh parameters from the seed on the host: drawn on the GPU on several GPUs, by the numpy twin on
+        the CPU (the same values; one GPU draws them in the model instead)."""
         layout = ParameterLayout(self.config)
         with phase("initializing the weights", total=layout.size, unit="param") as progress:
             if self.plan.device == "cpu":
@@ -250,6 +251,11 @@ class Trainer:
         """The weights of a Hugging Face folder, with their progress where reading them takes a while."""
         with phase(f"reading {folder}", total=count_parameters(self.config), unit="param") as progress:
             return load_hf_folder(folder, on_tensor=progress.update)[1]
+
+    def _load_hf_to_device(self, folder: str) -> None:
+        """The weights of a Hugging Face folder uploaded into the model (one GPU) while they are read."""
+        with phase(f"reading {folder}", total=count_parameters(self.config), unit="param") as progress:
+            self.model.set_weights_on_device(lambda master: load_hf_to_device(folder, master, progress.update))
 
     def _data(self) -> None:
         """The loaders and the step count. A loader batch is this rank's rows of one step (B * grad_accum

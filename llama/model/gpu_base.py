@@ -36,7 +36,7 @@ class GPUModelBase(Model):
         self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
         if params is None:
             with phase("initializing the weights on the GPU", total=self.layout.size, unit="param") as progress:
-                self.zero.set_weights_on_device(
+                self.set_weights_on_device(
                     lambda master: ops.fill_parameters(master, self.layout, seed, on_values=progress.update))
         self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
@@ -51,6 +51,11 @@ class GPUModelBase(Model):
 
     def zero_grad(self) -> None:
         self.zero.zero_grad()
+
+    def set_weights_on_device(self, fill) -> None:
+        """One GPU: fill(master) writes the flat fp32 params into the master weights (a DeviceArray of the
+        layout's size), and the weights the forward reads follow."""
+        self.zero.set_weights_on_device(fill)
 
     def weights_rms(self) -> float:
         """The root mean square of the fp32 master weights, summed on the device (one GPU: the checkpoint

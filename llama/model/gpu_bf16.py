@@ -51,9 +51,12 @@ from ..cuda import BF16, FP8, DeviceArray, Graph, empty, runtime, zeros
 from ..optim import QUANT_BLOCK, AdamWConfig
 from ..parallel.zero import MasterReplica
 from ..plan import Plan, make_plan
+from ..progress import phase
 from .base import check_batch
 from .gpu_base import GPUModelBase
 from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activation_shapes, fp8_shapes, linear_weights
+
+CAPTURE = "capturing the step's CUDA graphs"  # a progress phase (llama/progress.py)
 
 
 class GPUModelBF16(GPUModelBase):
@@ -502,8 +505,9 @@ class GPUModelBF16(GPUModelBase):
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
         if graphs is None and key is not None:  # everything is allocated and compiled now: a graph per role
             roles = {(i == 0, i == micro - 1) for i in range(micro)}  # (first, last) of the step's micro-batches
-            self.graphs[key] = ({role: Graph(lambda role=role: self._micro_step(micro, *role)) for role in roles},
-                                Graph(lambda: self._optimizer(opt)))
+            with phase(CAPTURE):
+                self.graphs[key] = ({role: Graph(lambda role=role: self._micro_step(micro, *role)) for role in roles},
+                                    Graph(lambda: self._optimizer(opt)))
         self.zero.stale = True
         return loss, norm
 
@@ -540,7 +544,8 @@ class GPUModelBF16(GPUModelBase):
         self._prepare(upcoming)
         loss, norm = float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
         if graph is None:
-            self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
+            with phase(CAPTURE):
+                self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
         return loss, norm
 
     def _step_in_backward(self, opt: AdamWConfig) -> None:
