@@ -32,7 +32,7 @@ RECIPES = {  # train_llama.py's arguments, and the torch twin's (B, T, activatio
     "llama3.1-8b": (["-e", "llama3.1-8b", "-b", "1", "-t", "4096", "--recompute", "full", "--optimizer", "adamw8bit",
                      "--optimizer-in-backward"], (1, 4096, True, "adamw8bit")),
 }
-RUN = ["-x", "2", "-v", "0", "-s", "0", "-n", "0", "--overwrite"]  # stopped once step 1 is done
+RUN = ["-x", "2", "-v", "0", "-s", "0", "-n", "0"]  # killed once step 1 is done
 STEP_ONE = re.compile(r"^step\s+1/\d+ \|")
 PHASE_DONE = re.compile(r"^(?P<name>.+): done in (?P<seconds>[\d.]+) s$")
 PHASES = (("initializing the weights", "init"), ("reading ", "weight load"), ("capturing", "graph capture"))
@@ -58,7 +58,8 @@ def cache_env(folder: Path, torch: bool = False) -> dict:
 
 def run_until(command: list[str], env: dict, done) -> tuple[float, list[tuple[float, str]]]:
     """Run command with its output in a pipe until a line matches done(line): (seconds from the start to that
-    line, every (seconds, line) before it); the process is stopped then. RuntimeError if it never comes."""
+    line, every (seconds, line) before it); the process is killed then (a stop signal would make the trainer write
+    a checkpoint first). RuntimeError if the line never comes."""
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -69,7 +70,7 @@ def run_until(command: list[str], env: dict, done) -> tuple[float, list[tuple[fl
                 return now, lines
             lines.append((now, line.rstrip("\n")))
     finally:
-        process.terminate()
+        process.kill()
         process.wait()
     tail = "\n".join(line for _, line in lines[-20:])
     raise RuntimeError(f"{' '.join(command)} ended (exit {process.returncode}) before its first step:\n{tail}")
@@ -139,7 +140,8 @@ def bench(args, scratch: Path) -> dict[str, dict]:
     rows = {}
     for model in args.models:
         for state in ("cold", "warm"):  # the cold run fills the cache the warm one reads
-            rows[f"{model} {state}"], vocab = time_ours(model, scratch / f"cache-{model}", scratch / "run")
+            out = scratch / f"run-{model}-{state}"
+            rows[f"{model} {state}"], vocab = time_ours(model, scratch / f"cache-{model}", out)
             print(f"{model} {state}: {rows[f'{model} {state}']['total']:.1f} s", file=sys.stderr, flush=True)
         for state in ("cold", "warm") if not args.no_torch else ():
             rows[f"{model} torch.compile {state}"] = time_torch(model, vocab, scratch / f"torch-{model}")
@@ -150,7 +152,7 @@ def bench(args, scratch: Path) -> dict[str, dict]:
             print(f"wrote {args.hf_folder} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         cache = scratch / "cache-llama3.1-8b"
         state = "warm" if cache.exists() else "cold"
-        rows[f"llama3.1-8b from HF {state}"], _ = time_ours("llama3.1-8b", cache, scratch / "run",
+        rows[f"llama3.1-8b from HF {state}"], _ = time_ours("llama3.1-8b", cache, scratch / "run-hf",
                                                              ["--init", f"hf:{args.hf_folder}"])
     return rows
 
