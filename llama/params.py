@@ -219,9 +219,10 @@ def init_parameters(config: LlamaConfig, seed: int = 0, dtype=np.float32, on_ten
         std = initial_std(config, t.name, t.shape)
         if std is None:
             flat[t.offset:t.offset + t.size] = 1.0
-        for at in range(t.offset, t.offset + t.size, 4 * CHUNK) if std is not None else ():
-            n = min(4 * CHUNK, t.offset + t.size - at)
-            flat[at:at + n] = (standard_normals(seed, at, n) * std).astype(np.float32)
+        else:
+            for at in range(t.offset, t.offset + t.size, 4 * CHUNK):
+                n = min(4 * CHUNK, t.offset + t.size - at)
+                flat[at:at + n] = (standard_normals(seed, at, n) * std).astype(np.float32)
         if on_tensor is not None:
             on_tensor(t.size)
     return flat
