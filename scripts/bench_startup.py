@@ -6,6 +6,7 @@ of its first compiled step, inductor's and Triton's caches empty, then filled).
     python3 scripts/bench_startup.py                        # d12 and llama3.1-8b (the H100 recipe)
     python3 scripts/bench_startup.py --models d12 --no-torch
     python3 scripts/bench_startup.py --hf-folder /tmp/hf8b --make-hf-folder   # and 8B from an HF folder
+    python3 scripts/bench_startup.py --scratch /tmp/s --models d12     # then --scratch /tmp/s --models ...: warm
 
 train_llama.py runs as a subprocess with its output in a pipe, where every phase that takes a while says
 `NAME: done in S s` (llama/progress.py; LLAMA_PHASE_TIMES=1 makes even the short ones say so); the table
@@ -32,7 +33,7 @@ RECIPES = {  # train_llama.py's arguments, and the torch twin's (B, T, activatio
     "llama3.1-8b": (["-e", "llama3.1-8b", "-b", "1", "-t", "4096", "--recompute", "full", "--optimizer", "adamw8bit",
                      "--optimizer-in-backward"], (1, 4096, True, "adamw8bit")),
 }
-RUN = ["-x", "2", "-v", "0", "-s", "0", "-n", "0"]  # killed once step 1 is done
+RUN = ["-x", "2", "-v", "0", "-s", "0", "-n", "0", "--overwrite"]  # killed once step 1 is done
 STEP_ONE = re.compile(r"^step\s+1/\d+ \|")
 PHASE_DONE = re.compile(r"^(?P<name>.+): done in (?P<seconds>[\d.]+) s$")
 PHASES = (("initializing the weights", "init"), ("reading ", "weight load"), ("capturing", "graph capture"))
@@ -135,15 +136,21 @@ def print_table(rows: dict[str, dict]) -> None:
         print(name.ljust(width) + "".join(f"{row[c]:>24.1f}" if c in row else f"{'-':>24}" for c in columns))
 
 
+def states(cache: Path) -> tuple[str, ...]:
+    """Cold then warm (the cold run fills the cache the warm one reads), or warm alone where an earlier
+    invocation filled the cache (--scratch)."""
+    return ("warm",) if cache.exists() else ("cold", "warm")
+
+
 def bench(args, scratch: Path) -> dict[str, dict]:
-    """Every run the arguments ask for, cold then warm, each model's torch twin after it, then the HF row."""
+    """Every run the arguments ask for, each model's torch twin after it, then the HF row."""
     rows = {}
     for model in args.models:
-        for state in ("cold", "warm"):  # the cold run fills the cache the warm one reads
+        for state in states(scratch / f"cache-{model}"):
             out = scratch / f"run-{model}-{state}"
             rows[f"{model} {state}"], vocab = time_ours(model, scratch / f"cache-{model}", out)
             print(f"{model} {state}: {rows[f'{model} {state}']['total']:.1f} s", file=sys.stderr, flush=True)
-        for state in ("cold", "warm") if not args.no_torch else ():
+        for state in states(scratch / f"torch-{model}") if not args.no_torch else ():
             rows[f"{model} torch.compile {state}"] = time_torch(model, vocab, scratch / f"torch-{model}")
     if args.hf_folder:
         if args.make_hf_folder:
@@ -151,7 +158,7 @@ def bench(args, scratch: Path) -> dict[str, dict]:
             subprocess.run([sys.executable, __file__, "--write-hf-folder", args.hf_folder], check=True)
             print(f"wrote {args.hf_folder} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         cache = scratch / "cache-llama3.1-8b"
-        state = "warm" if cache.exists() else "cold"
+        state = states(cache)[0]
         rows[f"llama3.1-8b from HF {state}"], _ = time_ours("llama3.1-8b", cache, scratch / "run-hf",
                                                              ["--init", f"hf:{args.hf_folder}"])
     return rows
@@ -160,11 +167,13 @@ def bench(args, scratch: Path) -> dict[str, dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", choices=list(RECIPES), default=list(RECIPES))
+    p.add_argument("--models", nargs="*", choices=list(RECIPES), default=list(RECIPES))
     p.add_argument("--no-torch", action="store_true", help="leave out torch.compile's warm-up")
     p.add_argument("--hf-folder", default=None, help="also time llama3.1-8b with --init hf:FOLDER")
     p.add_argument("--make-hf-folder", action="store_true", help="write --hf-folder first (random weights)")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--scratch", default=None, help="where the caches and runs live, kept between invocations "
+                   "(default: a temporary folder); a model's cache there is warm from an earlier invocation")
     p.add_argument("--torch-child", choices=list(RECIPES), help=argparse.SUPPRESS)
     p.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
     p.add_argument("--write-hf-folder", help=argparse.SUPPRESS)
@@ -175,8 +184,11 @@ def main() -> None:
         return make_hf_folder(Path(args.write_hf_folder))
     if args.make_hf_folder and not args.hf_folder:
         p.error("--make-hf-folder needs --hf-folder")
-    with tempfile.TemporaryDirectory(prefix="bench_startup_") as scratch:
-        rows = bench(args, Path(scratch))
+    if args.scratch:
+        rows = bench(args, Path(args.scratch))
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench_startup_") as scratch:
+            rows = bench(args, Path(scratch))
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
