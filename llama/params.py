@@ -136,7 +136,7 @@ SIN_SERIES = (-0.16666666666666666, 0.008333333333333333, -0.0001984126984126984
               -2.505210838544172e-08, 1.6059043836821613e-10, -7.647163731819816e-13)  # -1/3!, 1/5!, ..., -1/15!
 COS_SERIES = (-0.5, 0.041666666666666664, -0.001388888888888889, 2.48015873015873e-05, -2.755731922398589e-07,
               2.08767569878681e-09, -1.1470745597729725e-11, 4.779477332387385e-14)  # -1/2!, 1/4!, ..., 1/16!
-CHUNK = 1 << 16  # Philox blocks drawn at a time on the host (fits the caches)
+CHUNK = 1 << 13  # Philox blocks drawn at a time on the host (their arrays stay in the L2 cache)
 
 
 def philox4x32_10(counter, key) -> tuple[np.ndarray, ...]:
