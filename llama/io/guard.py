@@ -45,11 +45,11 @@ def weights_rms(params: np.ndarray, chunk: int = 1 << 20) -> float:
 
 
 class CheckpointGuard:
-    """Judges the weights of each checkpoint (rank 0 of a run): params are the weights the run starts
-    from, best_probe_loss the best of the good checkpoints before (None: none yet)."""
+    """Judges the weights of each checkpoint (rank 0 of a run): start_rms is weights_rms of the weights the
+    run starts from, best_probe_loss the best of the good checkpoints before (None: none yet)."""
 
-    def __init__(self, params: np.ndarray, best_probe_loss: float | None = None):
-        self.rms, self.best, self.bad_in_a_row = weights_rms(params), best_probe_loss, 0
+    def __init__(self, start_rms: float, best_probe_loss: float | None = None):
+        self.rms, self.best, self.bad_in_a_row = start_rms, best_probe_loss, 0
 
     def judge(self, params: np.ndarray, probe_loss: float) -> tuple[str, str | None]:
         """(SAVE, None), or (SKIP or STOP, why the weights are not good); a good verdict becomes the

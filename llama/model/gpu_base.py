@@ -4,12 +4,16 @@ checkpoint state interface."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, runtime, to_device
+from ..cuda import DeviceArray, empty, runtime, to_device
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
+from ..progress import phase
 from .base import Model, rope_cos_sin
 
 
@@ -21,15 +25,19 @@ class GPUModelBase(Model):
         weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
         moments' format (llama/optim.py OPTIMIZER_STATES); gradients False: no full gradient buffer (the
         model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
-        reduce-scatter. Returns the starting flat fp32 params (params, or a fresh
-        initialization from seed)."""
+        reduce-scatter. Returns the starting flat fp32 params: params, or on several GPUs a fresh
+        initialization from seed; None on one GPU, which draws it on the device (llama/ops/init.py)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T, self.comm = config, B, T, comm
         self.layout = ParameterLayout(config)
-        params = model_parameters(self.layout, params, seed)
+        params = model_parameters(self.layout, params, seed) if params is not None or comm is not None else None
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
         self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
+        if params is None:
+            with phase("initializing the weights on the GPU", total=self.layout.size, unit="param") as progress:
+                self.set_weights_on_device(
+                    lambda master: ops.fill_parameters(master, self.layout, seed, on_values=progress.update))
         self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
@@ -43,6 +51,18 @@ class GPUModelBase(Model):
 
     def zero_grad(self) -> None:
         self.zero.zero_grad()
+
+    def set_weights_on_device(self, fill) -> None:
+        """One GPU: fill(master) writes the flat fp32 params into the master weights (a DeviceArray of the
+        layout's size), and the weights the forward reads follow."""
+        self.zero.set_weights_on_device(fill)
+
+    def weights_rms(self) -> float:
+        """The root mean square of the fp32 master weights, summed on the device (one GPU: the checkpoint
+        guard's start when the weights were drawn there)."""
+        out, partial = empty(1), empty(ops.NORM_BLOCKS)
+        ops.global_norm_squared(out, partial, self.zero.master.prefix(self.layout.size))
+        return math.sqrt(float(out.download()[0]) / self.layout.size)
 
     # state for checkpoints: full arrays on rank 0, None elsewhere
     def get_params(self) -> np.ndarray | None:

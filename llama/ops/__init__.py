@@ -11,6 +11,7 @@ fp8              --dtype fp8: float8 e4m3 casts with power-of-two scales per row
 gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch
 decode           the decoder's embedding, cache write, flash-decoding attention and step end
 sample           token sampling on the GPU (greedy, temperature, top-k, top-p; seeded)
+init             the parameters' random initialization on the GPU (Philox, llama/params.py's twin)
 """
 # flake8: noqa: F401  (the package re-exports every launcher)
 
@@ -31,5 +32,6 @@ from .fp32 import (RMSNORM_PARTS, adamw_update, attention_backward, attention_fo
                    embedding_forward, fused_classifier, global_norm_squared, matmul, matmul_backward, matmul_forward,
                    residual_forward, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, sort_tokens,
                    swiglu_backward, swiglu_forward)
+from .init import fill_parameters, init_normal, init_parameters_on_gpu
 from .gemv import DecodeScratch, StreamNorm, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
 from .sample import sample_tokens

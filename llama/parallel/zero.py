@@ -185,7 +185,7 @@ class Zero:
     its gradients a group at a time.
     """
 
-    def __init__(self, layout: ShardLayout, comm, params: np.ndarray, decay_mask: np.ndarray, weight_dtype,
+    def __init__(self, layout: ShardLayout, comm, params: np.ndarray | None, decay_mask: np.ndarray, weight_dtype,
                  optimizer: str = "adamw", gradients: bool = True, stage: int = 1, reduce_dtype=np.float32):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -237,7 +237,8 @@ class Zero:
         self.stale = False  # the weights the forward reads are older than the master (stages 1-2: gather first)
         self._step_first = True
         self._start_region()
-        self.set_weights(params)
+        if params is not None:  # None: the caller fills them with set_weights_on_device
+            self.set_weights(params)
 
     @classmethod
     def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw",
@@ -258,6 +259,16 @@ class Zero:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
             self.weight_shard.upload(shard.astype(self.weight_shard.dtype))
+        self.stale = False
+
+    def set_weights_on_device(self, fill) -> None:
+        """One GPU: fill(master) writes the full fp32 params into the master on the device, and the weights
+        the forward reads follow (no host copy)."""
+        if self.comm is not None:
+            raise ValueError("the weights are filled on the device on one GPU only")
+        fill(self.master)
+        if self.weights is not self.master:
+            ops.round_to_bf16(self.weights, self.master)
         self.stale = False
 
     def set_moments(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
