@@ -33,6 +33,7 @@
 #include <cstdint>
 #include "bf16.cuh"
 #include "mma.cuh"
+#include "rope.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_WARPS 4
@@ -280,10 +281,8 @@ __device__ void gemv(const GemvArgs& a) {
             const int slot = n / a.D, d = n % a.D;  // slot: query heads, then key heads, then value heads
             float y0 = tile[r][b] * rstd[b], y1 = tile[r + 1][b] * rstd[b];
             if (slot < a.H + a.KV) {
-                const float c = a.cos_table[(long long)p * half + d / 2], s = a.sin_table[(long long)p * half + d / 2];
-                const float x0 = y0, x1 = y1;
-                y0 = x0 * c - x1 * s;
-                y1 = x0 * s + x1 * c;
+                rope_rotate(y0, y1, a.cos_table[(long long)p * half + d / 2],
+                            a.sin_table[(long long)p * half + d / 2]);
             }
             if (slot < a.H) {
                 float* q = a.q_out + ((long long)b * a.H + slot) * a.D + d;
