@@ -8,7 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from llama.model import reference as ref
+from llama.twins.classifier import fused_classifier
+from llama.twins.embedding import embedding_backward, embedding_forward
+from llama.twins.rmsnorm import rmsnorm_forward, rmsnorm_residual_backward, rmsnorm_residual_forward
+from llama.twins.swiglu import swiglu_backward, swiglu_forward
 from llama.cuda import BF16
 from llama.optim import AdamWConfig, adamw_update, clip_norm_estimate
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
@@ -82,7 +85,7 @@ def test_embedding_bf16(ops, N, C, V):
     wte = randn(V, C)
     out = poisoned_bf16((N, C))
     ops.embedding_forward_bf16(out, dev(tokens), dev_bf16(wte))
-    assert np.array_equal(bits(out), ref.embedding_forward(tokens, wte).astype(BF16).view(np.uint16))
+    assert np.array_equal(bits(out), embedding_forward(tokens, wte).astype(BF16).view(np.uint16))
     ERRORS.append(("embedding_forward_bf16", 0.0))
 
     dout, dwte0 = randn(N, C), rng.standard_normal((V, C)).astype(np.float32)
@@ -94,7 +97,7 @@ def test_embedding_bf16(ops, N, C, V):
         dwte = dev(dwte0)
         ops.embedding_backward_bf16(dwte, dout_d, order_d, segments_d, scratch)
         results.append(bits(dwte))
-    check_increment("embedding_backward_bf16", dwte, dwte0, ref.embedding_backward(dout, tokens, V),
+    check_increment("embedding_backward_bf16", dwte, dwte0, embedding_backward(dout, tokens, V),
                     TOL["embedding_backward"])
     assert np.array_equal(results[0], results[1])  # deterministic
 
@@ -107,12 +110,12 @@ def test_rmsnorm_residual_bf16(ops, N, C):
     residual, ln, rstd = poisoned_bf16((N, C)), poisoned_bf16((N, C)), poisoned((N,))
     w_d = dev(w)  # the fp32 master weight
     ops.rmsnorm_residual_forward_bf16(residual, ln, rstd, dev_bf16(x), dev_bf16(branch), w_d, eps)
-    ref_h, ref_ln, ref_rstd = ref.rmsnorm_residual_forward(x, branch, w, eps)
+    ref_h, ref_ln, ref_rstd = rmsnorm_residual_forward(x, branch, w, eps)
     check("rmsnorm_residual_forward_h", residual, ref_h, TOL["rmsnorm_residual_forward_h"])
     check("rmsnorm_residual_forward_ln", ln, ref_ln, TOL["rmsnorm_residual_forward_ln"])
     check("rmsnorm_residual_forward_rstd", rstd, ref_rstd, TOL["rmsnorm_residual_forward_rstd"])
     h = residual.download().astype(np.float64)  # the norm of the stored h, exactly
-    check("rmsnorm_residual_forward_stored_h", rstd, ref.rmsnorm_forward(h, w, eps)[1],
+    check("rmsnorm_residual_forward_stored_h", rstd, rmsnorm_forward(h, w, eps)[1],
           TOL["rmsnorm_residual_forward_stored_h"])
 
     x_d = dev_bf16(x)  # in place: the residual stream overwritten by x + branch
@@ -128,7 +131,7 @@ def test_rmsnorm_residual_bf16(ops, N, C):
         dres, dw = dev_bf16(dres0), dev(dw0)
         ops.rmsnorm_backward_bf16(dres, dw, scratch, dln_d, residual, w_d, rstd)
         results.append((bits(dres), bits(dw)))
-    ref_dres, ref_dw = ref.rmsnorm_residual_backward(dres0, dln, h, w, rstd64)
+    ref_dres, ref_dw = rmsnorm_residual_backward(dres0, dln, h, w, rstd64)
     check("rmsnorm_backward_bf16_dresidual", dres, ref_dres, TOL["rmsnorm_backward_bf16_dresidual"])
     check_increment("rmsnorm_backward_bf16_dweight", dw, dw0, ref_dw, TOL["rmsnorm_backward_bf16_dweight"])
     assert all(np.array_equal(a, b) for a, b in zip(*results))  # deterministic
@@ -139,7 +142,7 @@ def test_rmsnorm_forward_bf16(ops, N, C):
     x, w = randn(N, C), randn(C)
     out, rstd = poisoned_bf16((N, C)), poisoned((N,))
     ops.rmsnorm_forward_bf16(out, rstd, dev_bf16(x), dev(w), 1e-5)
-    ref_out, ref_rstd = ref.rmsnorm_forward(x, w, 1e-5)
+    ref_out, ref_rstd = rmsnorm_forward(x, w, 1e-5)
     check("rmsnorm_forward_bf16", out, ref_out, TOL["rmsnorm_residual_forward_ln"])
     check("rmsnorm_forward_bf16_rstd", rstd, ref_rstd, TOL["rmsnorm_forward_bf16_rstd"])
 
@@ -150,9 +153,9 @@ def test_swiglu_bf16(ops, N, F):
     out, dgate_up = poisoned_bf16((N, F)), poisoned_bf16((N, 2 * F))
     gate_up_d = dev_bf16(gate_up)
     ops.swiglu_forward_bf16(out, gate_up_d)
-    check("swiglu_forward_bf16", out, ref.swiglu_forward(gate_up), TOL["swiglu_bf16"])
+    check("swiglu_forward_bf16", out, swiglu_forward(gate_up), TOL["swiglu_bf16"])
     ops.swiglu_backward_bf16(dgate_up, dev_bf16(dout), gate_up_d)
-    check("swiglu_backward_bf16", dgate_up, ref.swiglu_backward(dout, gate_up), TOL["swiglu_bf16"])
+    check("swiglu_backward_bf16", dgate_up, swiglu_backward(dout, gate_up), TOL["swiglu_bf16"])
     ops.swiglu_backward_bf16(gate_up_d, dev_bf16(dout), gate_up_d)  # in place
     assert np.array_equal(bits(gate_up_d), bits(dgate_up))
 
@@ -171,7 +174,7 @@ def test_fused_classifier_bf16(ops, n, V):
     buffer.upload(np.concatenate([[0.0], logits.ravel()]))
     logits_d, losses = buffer.view(1, (n, V)), poisoned((n,))
     ops.fused_classifier_bf16(logits_d, losses, dev(targets), 1.0 / n)
-    ref_losses, ref_dlogits = ref.fused_classifier(logits, targets, 1.0 / n)
+    ref_losses, ref_dlogits = fused_classifier(logits, targets, 1.0 / n)
     check("fused_classifier_bf16_losses", losses, ref_losses, TOL["fused_classifier_bf16_losses"])
     check("fused_classifier_bf16_dlogits", logits_d, ref_dlogits, TOL["fused_classifier_bf16_dlogits"])
     for row in confident:  # log1p of the other probabilities' sum, which float64's log(sum) would round

@@ -6,7 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from llama.model import reference as ref
+from llama.twins.attention import attention_backward, attention_forward, attention_probabilities
+from llama.twins.classifier import fused_classifier
+from llama.twins.embedding import embedding_backward, embedding_forward
+from llama.twins.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from llama.twins.rope import rope_backward, rope_forward
+from llama.twins.swiglu import swiglu_backward, swiglu_forward
 from llama.model.base import rope_cos_sin
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update
@@ -58,12 +63,12 @@ def test_embedding(ops, N, C, V):
     wte = randn(V, C)
     out = poisoned((N, C))
     ops.embedding_forward(out, dev(tokens), dev(wte))
-    check("embedding_forward", out, ref.embedding_forward(tokens, wte))
+    check("embedding_forward", out, embedding_forward(tokens, wte))
     dout, dwte0 = randn(N, C), randn(V, C)
     dwte = dev(dwte0)
     order, starts, unique = ops.sort_tokens(tokens)
     ops.embedding_backward(dwte, dev(dout), dev(order), dev(starts), dev(unique), len(unique))
-    check("embedding_backward", dwte, dwte0 + ref.embedding_backward(dout, tokens, V))
+    check("embedding_backward", dwte, dwte0 + embedding_backward(dout, tokens, V))
 
 
 @pytest.mark.parametrize("N, C", [(1, 32), (37, 100), (300, 768), (1000, 48)])
@@ -71,13 +76,13 @@ def test_rmsnorm(ops, N, C):
     x, w = randn(N, C), randn(C)
     out, rstd = poisoned((N, C)), poisoned((N,))
     ops.rmsnorm_forward(out, rstd, dev(x), dev(w), 1e-5)
-    ref_out, ref_rstd = ref.rmsnorm_forward(x, w, 1e-5)
+    ref_out, ref_rstd = rmsnorm_forward(x, w, 1e-5)
     check("rmsnorm_forward", out, ref_out)
     check("rmsnorm_forward_rstd", rstd, ref_rstd)
     dout, dinp0, dw0 = randn(N, C), randn(N, C), randn(C)
     dinp, dw = dev(dinp0), dev(dw0)
     ops.rmsnorm_backward(dinp, dw, poisoned((ops.RMSNORM_PARTS * C,)), dev(dout), dev(x), dev(w), rstd)
-    ref_dx, ref_dw = ref.rmsnorm_backward(dout, x, w, ref_rstd)
+    ref_dx, ref_dw = rmsnorm_backward(dout, x, w, ref_rstd)
     check("rmsnorm_backward_dinp", dinp, dinp0 + ref_dx)
     check("rmsnorm_backward_dweight", dw, dw0 + ref_dw)
 
@@ -94,13 +99,13 @@ def test_rope(ops, H, KV, B, T, D):
     q, k, v = poisoned((B, H, T, D)), poisoned((B, KV, T, D)), poisoned((B, KV, T, D))
     cos_d, sin_d = dev(cos), dev(sin)
     ops.rope_forward(q, k, v, dev(qkv), cos_d, sin_d)
-    rq, rk, rv = ref.rope_forward(qkv, cos, sin, H, KV)
+    rq, rk, rv = rope_forward(qkv, cos, sin, H, KV)
     for name, got, want in (("q", q, rq), ("k", k, rk), ("v", v, rv)):
         check(f"rope_forward_{name}", got, want)
     dq, dk, dv = randn(B, H, T, D), randn(B, KV, T, D), randn(B, KV, T, D)
     dqkv = poisoned((B, T, (H + 2 * KV) * D))
     ops.rope_backward(dqkv, dev(dq), dev(dk), dev(dv), cos_d, sin_d)
-    check("rope_backward", dqkv, ref.rope_backward(dq, dk, dv, cos, sin))
+    check("rope_backward", dqkv, rope_backward(dq, dk, dv, cos, sin))
 
 
 @pytest.mark.parametrize("H, KV", GQA)
@@ -110,13 +115,13 @@ def test_attention(ops, H, KV, B, T, D):
     out, probs = poisoned((B, T, H * D)), poisoned((B, H, T, T))
     qd, kd, vd = dev(q), dev(k), dev(v)
     ops.attention_forward(out, probs, poisoned((B, H, T, D)), qd, kd, vd)
-    ref_out, ref_lse = ref.attention_forward(q, k, v)
+    ref_out, ref_lse = attention_forward(q, k, v)
     check("attention_forward", out, ref_out)
-    check("attention_forward_probs", probs, ref.attention_probabilities(q, k, ref_lse))
+    check("attention_forward_probs", probs, attention_probabilities(q, k, ref_lse))
     dout = randn(B, T, H * D)
     dq, dk, dv = poisoned(q.shape), poisoned(k.shape), poisoned(v.shape)
     ops.attention_backward(dq, dk, dv, poisoned((B, H, T, T)), poisoned((B, H, T, D)), dev(dout), qd, kd, vd, probs)
-    rdq, rdk, rdv = ref.attention_backward(dout, q, k, v, ref_out, ref_lse)
+    rdq, rdk, rdv = attention_backward(dout, q, k, v, ref_out, ref_lse)
     check("attention_backward_dv", dv, rdv)
     if T == 1:  # one key: dq and dk are zero in exact arithmetic, so only their size can be checked
         for grad in (dq, dk):
@@ -132,9 +137,9 @@ def test_swiglu(ops, N, F):
     gate_up, dout = randn(N, 2 * F), randn(N, F)
     out, dgu = poisoned((N, F)), poisoned((N, 2 * F))
     ops.swiglu_forward(out, dev(gate_up))
-    check("swiglu_forward", out, ref.swiglu_forward(gate_up))
+    check("swiglu_forward", out, swiglu_forward(gate_up))
     ops.swiglu_backward(dgu, dev(dout), dev(gate_up))
-    check("swiglu_backward", dgu, ref.swiglu_backward(dout, gate_up))
+    check("swiglu_backward", dgu, swiglu_backward(dout, gate_up))
 
 
 def test_residual(ops):
@@ -149,7 +154,7 @@ def test_fused_classifier(ops, N, V):
     logits, targets = randn(N, V) * 4, rng.integers(0, V, N)
     d_logits, losses = dev(logits), poisoned((N,))
     ops.fused_classifier(d_logits, losses, dev(targets), 1.0 / N)
-    ref_losses, ref_dlogits = ref.fused_classifier(logits, targets, 1.0 / N)
+    ref_losses, ref_dlogits = fused_classifier(logits, targets, 1.0 / N)
     check("fused_classifier_losses", losses, ref_losses)
     check("fused_classifier_dlogits", d_logits, ref_dlogits)
 

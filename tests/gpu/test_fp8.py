@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llama.cuda import BF16, FP8
-from llama.model.reference import quantize_fp8
+from llama.twins.fp8 import quantize_fp8
 from tests.gpu_helpers import dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu

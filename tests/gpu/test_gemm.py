@@ -7,7 +7,8 @@ Tolerances (‖out − ref‖ / ‖ref‖): fp32 output 1e-5, bf16 output 5e-3."
 import numpy as np
 import pytest
 
-from llama.model import reference as ref
+from llama.twins.matmul import matmul_forward
+from llama.twins.rope import rotate_pairs
 from llama.plan import DYNAMIC_TWINS
 from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
 
@@ -95,8 +96,8 @@ def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     out = poisoned((B * T, (H + 2 * KV) * D), BF16)
     ops.gemm(out, dev_bf16(x), dev_bf16(w), trans_b=True, version=version,
              rope=(to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32)), T, (H + KV) * D))
-    heads = ref.matmul_forward(x, w).reshape(B, T, H + 2 * KV, D).transpose(0, 2, 1, 3)
-    rotated = ref._rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
+    heads = matmul_forward(x, w).reshape(B, T, H + 2 * KV, D).transpose(0, 2, 1, 3)
+    rotated = rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
     expected = np.concatenate([rotated, heads[:, H + KV:]], axis=1).transpose(0, 2, 1, 3).reshape(B * T, -1)
     check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
 
