@@ -40,7 +40,7 @@
 #define GEMV_THREADS (GEMV_WARPS * 32)
 #define GEMV_ROWS 32     // rows of W per tile
 #define GEMV_MAX_BATCH 16
-#define GEMV_MAX_SPLITS 8  // blocks of a tile's cluster, as llama/ops/gemv.py's MAX_SPLITS
+#define GEMV_MAX_SPLITS 8  // blocks of a tile's cluster (llama/ops/gemv.py reads it: MAX_SPLITS)
 #define GEMV_UNROLL 4    // k-steps of 32 loaded before they are multiplied
 #define GEMV_PREFETCH_BYTES 1024  // of each row's range, brought to L2 while the kernel before finishes
 #define GEMV_SQUARES_AHEAD 4  // of the stream's sums of squares per lane, loaded before the main loop

@@ -169,7 +169,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
                 "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard,
                 "logits": B * T * config.vocab_size * FLOAT32}
     from .model.shapes import FP32_BUFFERS, activation_shapes, fp8_shapes, linear_weights
-    from .ops import bf16 as ops
+    from . import ops
     from .plan import ATTENTION_HOPPER
 
     N = B * T

@@ -16,7 +16,7 @@ import numpy as np
 from .cuda import cuda_unavailable, runtime
 from .optim import QUANT_BLOCK
 from .options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
-from .ops.bf16 import VECTOR
+from .ops.common import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy

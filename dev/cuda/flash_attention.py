@@ -19,16 +19,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
 from llama.cuda import runtime, time_ms  # noqa: E402
+from llama.ops.flash_attention import FlashSource  # noqa: E402
 from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward  # noqa: E402
-from llama.ops.flash_attention import (FlashAttentionProblem, FlashSource,  # noqa: E402
-                                      has_nondeterministic_backward)
-
-DEV_DIR = Path(__file__).resolve().parent
 
 
 def source(version: int) -> FlashSource:
-    return FlashSource.ladder(version, DEV_DIR)
+    return FlashSource.ladder(version, LADDER)
 
 
 def relative_error(got: np.ndarray, expected: np.ndarray) -> float:

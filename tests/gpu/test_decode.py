@@ -10,10 +10,10 @@ from llama.config import get_preset
 from llama.cuda import BF16, to_device
 from llama.generate import Sampling, generate
 from llama.model import reference as ref
-from llama.twins.rope import rope_forward
-from llama.twins.swiglu import swiglu_forward
 from llama.model.base import rope_cos_sin
 from llama.params import ParameterLayout
+from llama.twins.rope import rope_forward
+from llama.twins.swiglu import swiglu_forward
 from tests.gpu_helpers import ERRORS, bf16_round, check, dev, dev_bf16, poisoned
 from tests.gradcheck import rel_error
 

@@ -4,12 +4,14 @@ device runs. Fresh random inputs each run; outputs NaN-poisoned first.
 
 Tolerances (‖out − ref‖ / ‖ref‖): fp32 output 1e-5, bf16 output 5e-3."""
 
+import importlib
+
 import numpy as np
 import pytest
 
+from llama.plan import DYNAMIC_TWINS
 from llama.twins.matmul import matmul_forward
 from llama.twins.rope import rotate_pairs
-from llama.plan import DYNAMIC_TWINS
 from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu
@@ -109,8 +111,7 @@ def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
     of 8, 6 + 6 + 4 or 1, the last one partial), overwriting and accumulating."""
     if version not in versions():
         pytest.skip(f"{version} needs sm_90a")
-    from llama.ops import bf16
-    monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
+    monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "splitk_splits3", lambda p, sms: splits)
     a, b, opa, opb = operands("tn", 200, 136, 1000, 1)
     c = poisoned((200, 136))
     ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version=version)
@@ -147,8 +148,7 @@ def test_dynamic_claiming_is_bit_identical(ops, monkeypatch, dynamic, layout, M,
     if dynamic not in versions():
         pytest.skip(f"{dynamic} needs sm_90a")
     if splits is not None:
-        from llama.ops import bf16
-        monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
+        monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "splitk_splits3", lambda p, sms: splits)
     a, b = (dev_bf16(x) for x in operands(layout, M, N, K, batch)[:2])
     c0 = rng.standard_normal(((batch,) if batch > 1 else ()) + (M, N)).astype(np.float32)
     static = run_gemm(ops, DYNAMIC[dynamic], layout, a, b, c0, mode)

@@ -1,6 +1,6 @@
 """The FP8 GEMM (versions 5 and 6 with e4m3 operands) against the float64 product of the same FP8 values
-times their scales: the operands are cast on the host by the numpy twin (reference.quantize_fp8), so this
-tests the GEMM alone. Every epilogue, shapes at and off the tiles, the split-K of weight gradients; outputs
+times their scales: the operands are cast on the host by the numpy twin (llama/twins/fp8.py's quantize_fp8), so
+this tests the GEMM alone. Every epilogue, shapes at and off the tiles, the split-K of weight gradients; outputs
 NaN-poisoned first.
 
 Tolerances (‖out − ref‖ / ‖ref‖): the products of FP8 values are exact, but Hopper's FP8 wgmma adds them into
