@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.cuda import BF16, to_device
+from llama.cuda import BF16
 from llama.generate import Sampling, generate
 from llama.model import reference as ref
 from llama.model.base import rope_cos_sin
