@@ -36,8 +36,8 @@ def kernel(module: str, name: str, signature: str, directory: Path | None = None
 
 @functools.cache
 def _definitions(module: str) -> dict[str, str]:
-    """The integer constants that kernels/<module>.cu defines at file scope, by name: the expression text of
-    each `#define NAME expr` and `constexpr int NAME = expr` (comma-separated lists too)."""
+    """The integer constants that kernels/<module>.cu defines outside functions (at the start of a line), by name:
+    the expression text of each `#define NAME expr` and `constexpr int NAME = expr` (comma-separated lists too)."""
     source = (kernel_dir() / f"{module}.cu").read_text()
     source = re.sub(r"//[^\n]*", "", source)
     found = {name: expr.strip() for name, expr in re.findall(r"^#define\s+(\w+)[ \t]+([^\n]+)$", source, re.M)}
