@@ -2,13 +2,15 @@
 KV cache: on the GPU with our kernels (bf16 weights and cache, sampling on the GPU, one CUDA graph per
 token), else on the CPU with the numpy reference.
 
-    python scripts/generate.py out/d12 --prompt "To be, or not to be"
+    python scripts/generate.py runs/d12 --prompt "To be, or not to be"
     python scripts/generate.py Llama-3.2-1B-Instruct --chat --prompt "Name three rivers." -n 200
-    echo "Once upon a time" | python scripts/generate.py out/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
+    echo "Once upon a time" | python scripts/generate.py runs/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
 
 MODEL is a checkpoint folder, a run folder (its newest checkpoint) or a folder with config.json and
 safetensors (also written hf:PATH). --chat wraps the prompt in the Llama 3 chat format (for instruct
 models) and stops at the end of the turn. Tokens/s of prefill and decode go to stderr.
+A model, tokenizer or prompt that does not work is one `error:` line and exit code 2, as in the trainer;
+Ctrl-C stops the text where it is, with exit code 130.
 """
 
 import argparse
@@ -94,9 +96,15 @@ def main(argv=None) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
         result = generate(decoder, ids, args.max_new_tokens, sampling, stop_ids,
                           lambda token: token in stop_ids or stream(token))
-    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError, MemoryError) as e:
+    except (CheckpointError, HFError, TokenizerError, ValueError, OSError, MemoryError) as e:  # PlanError too
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # the GPU's
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     print(file=sys.stdout)
     print(f"[{plan.device}] {result.speeds()}", file=sys.stderr)
     return 0

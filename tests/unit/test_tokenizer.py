@@ -6,7 +6,7 @@ import pytest
 
 from llama.data import tokenizer as tok
 from llama.generate import TextStream
-from tests.runs import REPO
+from tests.runs import run
 from tests.sample_files import ranks_file_bytes
 
 
@@ -169,3 +169,21 @@ def test_a_replaced_file_at_the_same_path_is_read_again(tmp_path, monkeypatch):
     path.write_bytes(ranks_file_bytes().rsplit(b"\n", 2)[0] + b"\n")  # one merge fewer
     assert tok.Llama3Tokenizer(path).vocab_size == 516
 
+
+@pytest.mark.parametrize("contents, expected", [
+    ("# llama-cuda\n\nLlama 3.1 training\n", "README.md is not a tokenizer: line 1 is not a base64 token and its rank"),
+    ("{not json", "README.md is not a tokenizer.json (not JSON text)"),
+    ('{"model": {"type": "Unigram"}}', "README.md is not a Llama 3 tokenizer"),
+])
+def test_a_file_that_is_not_a_tokenizer_is_one_line_saying_what_was_expected(tmp_path, monkeypatch, contents,
+                                                                              expected, capsys):
+    """Issue 49: --tokenizer README.md said "invalid literal for int() with base 10"."""
+    monkeypatch.chdir(tmp_path)
+    name = "README.md" if contents.startswith("#") else "README.md.json"
+    Path(name).write_text(contents)
+    assert run("-e", "tiny", "-x", "1", "--tokenizer", name, "-o", "out") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {expected.replace('README.md', name, 1)}") and "\n" not in err, err
+    assert "tokenizer.model (one base64 token and its rank a line) or a Hugging Face tokenizer.json" in err \
+        or "Llama 3 tokenizer (byte-level BPE" in err
+    assert not (tmp_path / "out").exists()
