@@ -19,6 +19,7 @@ registers and local memory (spills) of each entry point of each version, as the 
 import argparse
 from pathlib import Path
 
+from llama.cli import require
 from llama.cuda import runtime, time_ms
 from llama.ops.flash_attention import FlashAttentionProblem, FlashSource, has_nondeterministic_backward
 
@@ -78,6 +79,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
     args = parser.parse_args()
+    require("scripts/bench_attention.py", ("torch",), gpu=True)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
     print(f"device: {runtime().name}")
     rows = []
