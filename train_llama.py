@@ -20,7 +20,7 @@ terminal a person watches (stdout's, or stderr's when stdout goes to a file), el
 step (a pipe such as | tee, or files: no bars there), so `| tee log` keeps it all; notes and errors go
 to stderr. main.log in the run folder has llm.c's format (llama/progress.py). Ctrl-C or SIGTERM: the
 step finishes, a checkpoint is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once,
-without saving; one before training begins ends at once, with 130 or 143, leaving no folder).
+without saving; Ctrl-C before training begins ends at once, with 130, and leaves no folder).
 """
 
 from __future__ import annotations
@@ -189,13 +189,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_resume(args: argparse.Namespace) -> None:
-    """A plain --resume needs a complete checkpoint in the folder (--resume auto starts anew without one)."""
+def check_resume(args: argparse.Namespace, holds: str) -> None:
+    """A plain --resume needs a complete checkpoint in the folder (--resume auto starts anew without one);
+    holds: what the folder held before this run (describe_contents)."""
     out = Path(args.output_dir)
     if args.resume is True and not complete_checkpoints(out):
-        raise UserError(f"--resume: {out} {describe_contents(out)}, and no complete checkpoint to continue from; "
-                        "start a new run without --resume, or pass --resume auto (continue where there is a "
-                        "checkpoint, else start anew)")
+        raise UserError(f"--resume: {out} {holds}, and no complete checkpoint to continue from; start a new run "
+                        "without --resume, or pass --resume auto (continue where there is a checkpoint, else start "
+                        "anew)")
 
 
 def connect(env: DistributedEnv, timeout: float):
@@ -226,14 +227,16 @@ def quiet(enabled: bool):
 
 
 def train(args: argparse.Namespace, chosen: bool, env: DistributedEnv) -> int:
-    """The run, on this rank: the folder checked and claimed, the ranks connected, the Trainer."""
-    check_resume(args)
+    """The run, on this rank: the ranks connected, the folder claimed (its lock first: another trainer
+    there is the error to report) and checked, the Trainer."""
     if chosen and env.is_main:
         print(f"run folder: {args.output_dir} (choose one with -o)")
+    holds = describe_contents(Path(args.output_dir))  # before this run makes it
     comm = connect(env, args.dist_timeout) if env.world_size > 1 else None
     run_dir = (RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) if env.is_main
                else FollowerRunDir(args.output_dir))
     with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
+        check_resume(args, holds)
         return Trainer(args, run_dir, comm).run()
 
 

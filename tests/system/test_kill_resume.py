@@ -1,5 +1,6 @@
-"""kill -9 at random moments, half of them inside checkpoint writes, each followed by --resume: the
-final weights, optimizer state, main.log and samples are those of the uninterrupted run, bit for bit."""
+"""kill -9 at random moments, half of them inside checkpoint writes, each followed by --resume auto (the
+same command, as a scheduler reruns it): the final weights, optimizer state, main.log and samples are those of
+the uninterrupted run, bit for bit."""
 
 import random
 import signal
@@ -43,7 +44,7 @@ WRITE_STEPS = ("write_tensors", "_write_file", "remove_checkpoint")
 def start(tmp_path, corpus, out, log_name, die=("none", 0)):
     with open(tmp_path / log_name, "w") as stdout:
         return subprocess.Popen([sys.executable, "-c", DIE_INSIDE, die[0], str(die[1]), *ARGS, *corpus, "-o", out,
-                                 "--resume"], cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
+                                 "--resume", "auto"], cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
 
 
 def step_lines(path) -> int:

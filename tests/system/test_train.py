@@ -119,8 +119,8 @@ def test_data_from_another_tokenizer(corpus, tmp_path, capsys):
 def test_defaults_use_the_builtin_corpus(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run("-x", "3", "-t", "64", "-v", "0", "-s", "0") == 0
-    err = capsys.readouterr().err
-    assert "built-in corpus" in err and "download_starter_pack" in err and "byte-level tokenizer" in err
+    out, err = capsys.readouterr()
+    assert "built-in corpus" in out and "download_starter_pack" in out and "byte-level tokenizer" in err
     assert len(log_lines(tmp_path / "out")) == 3
 
 
