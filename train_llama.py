@@ -40,7 +40,7 @@ from llama.io.checkpoint import CheckpointError, complete_checkpoints
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, describe_contents
 from llama.memory import NotEnoughMemory
-from llama.options import DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES, ZERO_STAGES
+from llama.options import DEVICES, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES, ZERO_STAGES
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import RECIPES, PlanError
 from llama.signals import StopNow
@@ -158,7 +158,7 @@ def add_output(p: argparse.ArgumentParser) -> None:
 
 def add_device(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("device and precision")
-    g.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
+    g.add_argument("--device", choices=DEVICES, default=None, help="default: cuda if usable, else cpu")
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="GPU precision: bf16 mixed precision, fp8 (bf16 with the linear layers' GEMMs in FP8 e4m3, "
                         "Hopper; on the CPU the reference's FP8 twin) or exact fp32 (default: bf16 where its kernels "

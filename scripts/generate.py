@@ -24,6 +24,7 @@ from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkp
 from llama.generate import Sampling, TextStream, generate
 from llama.model.reference import ReferenceDecoder
 from llama.io.hf import HFError, hf_tokenizer_path, load_hf_folder
+from llama.options import DEVICES
 from llama.plan import Plan, make_plan
 from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, TokenizerError, load_tokenizer
 
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
                    help="nucleus sampling mass (1: off; 0: the likeliest token only)")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
+    p.add_argument("--device", choices=DEVICES, default=None, help="default: cuda if usable, else cpu")
     args = p.parse_args(argv)
     try:
         config, params, tokenizer = load_model(args.model, args.tokenizer)
