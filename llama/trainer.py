@@ -421,5 +421,6 @@ class Trainer:
         rate = trained * self.tokens_per_step / max(elapsed, 1e-9)
         print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {rate:,.0f} tok/s on average | train loss {train} | "
               f"val loss {val} | checkpoint {self.last_good} | log {self.run_dir.log_path}")
-        if stopped:
-            print(f"rerun with --resume to continue from {self.last_good}", file=sys.stderr)
+        if stopped:  # a checkpoint the guard refused leaves none to offer
+            print(f"rerun with --resume to continue from {self.last_good}" if self.last_good else
+                  "no checkpoint was written: nothing to resume", file=sys.stderr)

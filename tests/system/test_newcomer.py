@@ -14,7 +14,7 @@ from llama.data import datasets, starter_pack
 from llama.data.cache import cache_dir
 from llama.data.tokenizer import default_tokenizer_path
 from llama.plan import RECIPES, PlanError, choose_recipe
-from tests.runs import BASE, REPO, log_lines, run
+from tests.runs import BASE, REPO, log_lines, run, signal_at
 from tests.sample_files import ranks_file_bytes
 
 
@@ -66,6 +66,16 @@ def test_ctrl_c_before_training_is_one_line_and_leaves_no_folder(tmp_path, monke
     assert run("-e", "tiny", "-t", "32", "-x", "2", "-s", "0") == 130
     assert one_error_line(capsys) == "interrupted, before any checkpoint was written: nothing to resume"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_when_the_guard_refused_every_checkpoint_offers_no_resume(corpus, tmp_path, monkeypatch, capsys):
+    """Stopped at step 2 with the checkpoint guard refusing the weights: no checkpoint, so no --resume."""
+    monkeypatch.setattr(trainer.CheckpointGuard, "judge", lambda self, params, loss: (trainer.SKIP, None))
+    signal_at(monkeypatch, 1)
+    assert run(*BASE, *corpus, "-x", "10", "-o", "out") == 130
+    out, err = capsys.readouterr()
+    assert "checkpoint None" in out and "--resume" not in err
+    assert err.strip().splitlines()[-1] == "no checkpoint was written: nothing to resume"
 
 
 @pytest.fixture
