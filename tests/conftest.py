@@ -21,6 +21,22 @@ def no_package_index():
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def session_cache(tmp_path_factory):
+    """The tokenizer and the built-in corpus go to a cache of the tests' own ($LLAMA_CUDA_CACHE, read by
+    llama/data/cache.py and by the trainers started as subprocesses), so that the user's cache neither
+    changes what the tests see nor is changed by them: this one for module fixtures, own_cache's for tests."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLAMA_CUDA_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """An empty cache for each test: a tokenizer one test fetches is not another test's default."""
+    monkeypatch.setenv("LLAMA_CUDA_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture
 def corpus(tmp_path, monkeypatch):
     """Byte-tokenized shards in tmp_path/data, and tmp_path as the working directory."""
