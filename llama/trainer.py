@@ -19,7 +19,7 @@ import numpy as np
 from . import ops
 from .config import META_MODELS, LlamaConfig, get_preset
 from .cuda import runtime
-from .data.cache import cache_dir
+from .cache import cache_dir
 from .data.dataloader import DataLoader
 from .data.datasets import prepare_builtin_corpus, starter_pack_shards
 from .data.tokenizer import load_tokenizer

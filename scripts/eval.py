@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task-source", default=None,
                    help="hellaswag: a local copy of hellaswag_val.jsonl, or a mirror's base URL")
     p.add_argument("--data-dir", default=None, help="download folder (default: eval/ in the per-user cache, "
-                   "llama/data/cache.py)")
+                   "llama/cache.py)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
     p.add_argument("--device", choices=DEVICES, default=None, help="default: cuda if usable, else cpu")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="GPU precision (default: bf16 where it runs)")

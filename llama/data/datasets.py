@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from ..progress import bar
-from .cache import cache_dir
+from ..cache import cache_dir
 from .shards import write_shard
 
 TINYSHAKESPEARE_VAL_TOKENS = 32768
@@ -58,7 +58,7 @@ def prepare_tinyshakespeare(text_path: str | Path, out_dir: str | Path, tokenize
 
 def starter_pack_shards(folder: str | Path | None = None) -> tuple[Path, Path]:
     """(train, val) shards of tinyshakespeare as scripts/download_starter_pack.py writes them into folder
-    (default: the per-user cache, llama/data/cache.py)."""
+    (default: the per-user cache, llama/cache.py)."""
     out = Path(folder if folder is not None else cache_dir()) / "tinyshakespeare"
     return out / "tiny_shakespeare_train.bin", out / "tiny_shakespeare_val.bin"
 

@@ -1,5 +1,5 @@
 """The starter pack: the Llama 3 tokenizer and tinyshakespeare, downloaded and tokenized into shards
-in the per-user cache (llama/data/cache.py; --dest elsewhere), where the trainer and the scripts find
+in the per-user cache (llama/cache.py; --dest elsewhere), where the trainer and the scripts find
 them from any folder. The tokenizer comes from Meta's llama-models wheel on the Python package index (no
 account needed), or with --hf-token from the gated Hugging Face repository. Run it as
 scripts/download_starter_pack.py."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..cli import nonnegative_int, positive_float
-from .cache import CACHE_VARIABLE, cache_dir
+from ..cache import CACHE_VARIABLE, cache_dir
 from .datasets import prepare_tinyshakespeare, starter_pack_shards
 from .download import GATED_HELP, DownloadError, download
 from .shards import ShardError, read_header

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import cache_dir
+from ..cache import cache_dir
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -237,7 +237,7 @@ class ByteTokenizer:
 
 
 def default_tokenizer_path() -> Path:
-    """Where the Llama 3 tokenizer is kept and fetched to: the per-user cache (llama/data/cache.py)."""
+    """Where the Llama 3 tokenizer is kept and fetched to: the per-user cache (llama/cache.py)."""
     return cache_dir() / "tokenizer" / "tokenizer.model"
 
 

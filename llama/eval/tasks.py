@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.cache import cache_dir
+from ..cache import cache_dir
 from ..data.download import DownloadError, download
 
 TARGET_DELIMITER = " "  # lm-eval's default between the context and each choice
@@ -27,7 +27,7 @@ LOG_KEYS = {"hellaswag": "hella"}  # main.log's key of a task's accuracy (llm.c'
 
 
 def eval_data_dir() -> Path:
-    """Where downloaded task files are kept: beside the starter pack, in the per-user cache (llama/data/cache.py)."""
+    """Where downloaded task files are kept: beside the starter pack, in the per-user cache (llama/cache.py)."""
     return cache_dir() / "eval"
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llama import trainer
-from llama.data.cache import cache_dir
+from llama.cache import cache_dir
 from llama.io.checkpoint import load_checkpoint
 from llama.io.run_dir import default_output_dir
 from tests.faults import DiskFault
