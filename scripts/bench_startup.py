@@ -36,6 +36,7 @@ RECIPES = {  # train_llama.py's arguments, and the torch twin's (B, T, activatio
 RUN = ["-x", "2", "-v", "0", "-s", "0", "-n", "0", "--overwrite"]  # killed once step 1 is done
 STEP_ONE = re.compile(r"^step\s+1/\d+ \|")
 PHASE_DONE = re.compile(r"^(?P<name>.+): done in (?P<seconds>[\d.]+) s$")
+KERNEL_BUILD = re.compile(r"^compiling \d+ kernels? for .* \.\.\. (?P<seconds>[\d.]+) s$")  # llama/kernel_build.py
 PHASES = (("initializing the weights", "init"), ("reading ", "weight load"), ("capturing", "graph capture"))
 TORCH_DONE = "first compiled step done"
 VOCAB = re.compile(r"\| model .*, vocab (\d+) \|")  # the run's announcement (llama/trainer.py)
@@ -83,10 +84,10 @@ def time_ours(model: str, cache: Path, out: Path, extra: list[str] = ()) -> tupl
     total, lines = run_until(command, cache_env(cache), lambda line: STEP_ONE.match(line) is not None)
     row, vocab = {"total": total}, None
     for _, line in lines:
-        match = PHASE_DONE.match(line)
-        if match:
-            column = phase_column(match["name"])
-            row[column] = row.get(column, 0.0) + float(match["seconds"])
+        match, build = PHASE_DONE.match(line), KERNEL_BUILD.match(line)
+        if match or build:
+            column = phase_column(match["name"]) if match else "kernel build"
+            row[column] = row.get(column, 0.0) + float((match or build)["seconds"])
         vocab = vocab or (int(VOCAB.search(line)[1]) if VOCAB.search(line) else None)
     row["other"] = total - sum(seconds for column, seconds in row.items() if column != "total")
     return row, vocab
