@@ -185,7 +185,7 @@ class Trainer:
             self._restore(resume)
         self.last_good = resume["path"] if resume is not None else None
         best = resume["state"].get("best_probe_loss") if resume is not None else None
-        self.guard = CheckpointGuard(params, best) if self.rank == 0 else None  # rank 0 judges the weights
+        self.guard = CheckpointGuard(self.guarded(params), best) if self.rank == 0 else None  # rank 0 judges
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
         self._announce("from checkpoint" if checkpoint is not None or hf_folder
@@ -354,14 +354,14 @@ class Trainer:
         rank's shard) when they are good; every rank takes part. Bad weights at the last step stop
         the run, as there is no later checkpoint to wait for. The write runs in the background
         (collect_checkpoint), after the one before it finished: the snapshot it writes is, on one GPU, the
-        state downloaded into page-locked memory (reused by every checkpoint), else the host copies that
-        get_params and get_optimizer_state make."""
+        state downloaded into page-locked memory (reused by every checkpoint; on the CPU plain copies), on
+        several GPUs the host copies that get_params and get_optimizer_state make."""
         self.collect_checkpoint(wait=True)
         self.snapshot = self.model.download_state(self.snapshot)
         params = (self.snapshot["params"][:ParameterLayout(self.config).size] if self.snapshot is not None
                   else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
-        verdict, reason = self.guard.judge(params, probe_loss) if params is not None else (SAVE, None)
+        verdict, reason = self.guard.judge(self.guarded(params), probe_loss) if params is not None else (SAVE, None)
         skip, stop = (value > 0 for value in mean_over_ranks(self.comm, float(verdict == SKIP),
                                                                        float(verdict == STOP)))
         if stop or (skip and done_steps == self.steps):
@@ -382,6 +382,11 @@ class Trainer:
                  "group_norms_squared": self.model.group_norms_squared}
         out, config, keep = self.out, self.config, self.args.keep_checkpoints
         self.writer.start(lambda: save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=keep))
+
+    def guarded(self, params: np.ndarray) -> np.ndarray | float:
+        """What the guard looks at: the weights' RMS where the model measures it (one GPU), else the weights."""
+        rms = self.model.master_rms()
+        return params if rms is None else rms
 
     def collect_checkpoint(self, wait: bool = False) -> None:
         """Take a finished background write as the last good checkpoint (wait: the one in flight), with a

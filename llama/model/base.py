@@ -103,8 +103,12 @@ class Model:
         self.backward(loss_scale=1.0 / micro)
 
     def download_state(self, into: dict | None = None) -> dict[str, np.ndarray] | None:
-        """A checkpoint's snapshot of the training state in page-locked host memory (the GPU models on one
-        GPU); None where get_params and get_optimizer_state make the host copies (the reference, several GPUs)."""
+        """A checkpoint's snapshot of the training state in host memory (page-locked on one GPU), the moments as
+        the optimizer holds them; None where get_params and get_optimizer_state make the copies (several GPUs)."""
+        return None
+
+    def master_rms(self) -> float | None:
+        """The RMS of the weights where the model measures it faster than the host (one GPU), else None."""
         return None
 
     def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, runtime, to_device
+from ..cuda import DeviceArray, runtime, to_device, zeros
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
 from .base import Model, rope_cos_sin
@@ -34,6 +35,7 @@ class GPUModelBase(Model):
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
+        self.rms_out, self.rms_scratch = zeros(1), zeros(ops.NORM_BLOCKS + 1, np.float64)  # master_rms's sum
         return params
 
     def grad(self, tensor) -> DeviceArray:
@@ -67,6 +69,16 @@ class GPUModelBase(Model):
             drv.memcpy_dtoh(into[name], buffer.ptr)
         return into
 
-    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
+    def master_rms(self) -> float | None:
+        """The RMS of the fp32 master weights, their squares summed on the device in a fixed order (so the
+        checkpoint guard needs no pass over 32 GB of 8B weights on the host; not finite when a weight is not,
+        or when the sum overflows fp32, at an RMS of 1e14); None on several GPUs, where each holds a shard."""
+        if self.comm is not None:
+            return None
+        ops.global_norm_squared_bf16(self.rms_out, self.rms_scratch, self.zero.master.prefix(self.layout.size))
+        return float(np.sqrt(np.float64(self.rms_out.download()[0]) / self.layout.size))
+
+    def set_state(self, params: np.ndarray, adam_m=None, adam_v=None) -> None:
+        """Weights and moments from a checkpoint: float32 moments, 8-bit ones (Quantized) or None (zeros)."""
         self.zero.set_weights(params)
         self.zero.set_moments(adam_m, adam_v)
