@@ -248,9 +248,15 @@ class Zero:
 
     def set_weights(self, params: np.ndarray) -> None:
         """Upload the full fp32 params: the master shard and the weights the forward reads (on one GPU
-        without a host copy of the whole, which an 8B model could not afford twice)."""
+        without a host copy of the whole, which an 8B model could not afford twice, the bf16 weights rounded
+        from the master on the device, as the host rounds them: to nearest even)."""
         params = np.asarray(params, np.float32)
         padded = self.layout.pad(params)
+        if self.comm is None and self.master is not self.weights:  # bf16 weights rounded on the device, not the host
+            self.master.upload(padded)
+            ops.round_to_bf16(self.weights, self.master)
+            self.stale = False
+            return
         if self.weights is not None:
             self.weights.upload(padded)
         shard = padded if self.comm is None else self.layout.shard(params, self.rank)

@@ -49,3 +49,13 @@ def test_the_weights_rms_on_the_device_is_the_hosts():
     model = bf16_model(CONFIG, 3, 80, bf16_params(CONFIG, seed=2))
     rms = model.master_rms()
     assert rms == pytest.approx(weights_rms(model.get_params()), rel=1e-6) and model.master_rms() == rms
+
+
+def test_the_bf16_weights_are_rounded_on_the_device_as_on_the_host():
+    """set_weights rounds the bf16 copy from the uploaded master on the GPU: the bits of the host's rounding."""
+    from llama.cuda import BF16
+    params = np.random.default_rng(3).standard_normal(bf16_params(CONFIG, seed=2).size).astype(np.float32)
+    model = bf16_model(CONFIG, 3, 80, params)
+    size = model.layout.size
+    assert np.array_equal(model.zero.weights.download()[:size].view(np.uint16), params.astype(BF16).view(np.uint16))
+    assert np.array_equal(model.get_params(), params)
