@@ -384,9 +384,10 @@ class Trainer:
         self.writer.start(lambda: save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=keep))
 
     def guarded(self, params: np.ndarray) -> np.ndarray | float:
-        """What the guard looks at: the weights' RMS where the model measures it (one GPU), else the weights."""
+        """What the guard looks at: the weights' RMS where the model measures it (one GPU), else the weights (and
+        when the model's is not finite: the host tells a weight that is not from squares past fp32's range)."""
         rms = self.model.master_rms()
-        return params if rms is None else rms
+        return params if rms is None or not math.isfinite(rms) else rms
 
     def collect_checkpoint(self, wait: bool = False) -> None:
         """Take a finished background write as the last good checkpoint (wait: the one in flight), with a

@@ -72,7 +72,7 @@ class GPUModelBase(Model):
     def master_rms(self) -> float | None:
         """The RMS of the fp32 master weights, their squares summed on the device in a fixed order (so the
         checkpoint guard needs no pass over 32 GB of 8B weights on the host; not finite when a weight is not,
-        or when the sum overflows fp32, at an RMS of 1e14); None on several GPUs, where each holds a shard."""
+        or when the sum overflows fp32, past an RMS of 1e14); None on several GPUs, where each holds a shard."""
         if self.comm is not None:
             return None
         ops.global_norm_squared_bf16(self.rms_out, self.rms_scratch, self.zero.master.prefix(self.layout.size))
