@@ -278,7 +278,7 @@ class Trainer:
             if state["run"][key] != self.run_settings[key]:
                 raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
                                 f"this run asks for {self.run_settings[key]}")
-        self.model.set_state(resume["params"], resume["adam_m"], resume["adam_v"])
+        self.model.set_state(None, resume["adam_m"], resume["adam_v"])  # the model was built from its weights
         try:
             self.train_loader.load_state_dict(state["loader"])
         except ValueError as e:

@@ -8,7 +8,8 @@ A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
                                   targets (what the mean loss averages; the evaluation's log-probs)
   train_step(batches, lr, step, opt) -> (mean loss, grad norm), below
   get_params(), get_optimizer_state() -> (m, v), set_state(params, m, v): the state a checkpoint holds
-  (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run)
+  (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run; set_state also takes 8-bit
+  moments, llama/optim.py's Quantized, and params None, keeping the weights)
   group_norms_squared             with the optimizer in the backward, each gradient group's squared norm
                                   of the last step, from which the clipping norm is estimated (None
                                   otherwise; the trainer keeps it in checkpoints)

@@ -78,7 +78,9 @@ class GPUModelBase(Model):
         ops.global_norm_squared_bf16(self.rms_out, self.rms_scratch, self.zero.master.prefix(self.layout.size))
         return float(np.sqrt(np.float64(self.rms_out.download()[0]) / self.layout.size))
 
-    def set_state(self, params: np.ndarray, adam_m=None, adam_v=None) -> None:
-        """Weights and moments from a checkpoint: float32 moments, 8-bit ones (Quantized) or None (zeros)."""
-        self.zero.set_weights(params)
+    def set_state(self, params: np.ndarray | None, adam_m=None, adam_v=None) -> None:
+        """Weights (None: those the model was built from stay) and moments from a checkpoint: float32 moments,
+        8-bit ones (Quantized) or None (zeros)."""
+        if params is not None:
+            self.zero.set_weights(params)
         self.zero.set_moments(adam_m, adam_v)

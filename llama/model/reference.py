@@ -562,9 +562,11 @@ class ReferenceModel(ReferenceBlock, Model):
             into[name][:] = array
         return into
 
-    def set_state(self, params: np.ndarray, adam_m=None, adam_v=None) -> None:
-        """Weights and moments from a checkpoint: float32 moments, 8-bit ones (Quantized) or None (zeros)."""
-        self.params[:] = params
+    def set_state(self, params: np.ndarray | None, adam_m=None, adam_v=None) -> None:
+        """Weights (None: they stay) and moments from a checkpoint: float32 moments, 8-bit ones (Quantized) or
+        None (zeros)."""
+        if params is not None:
+            self.params[:] = params
         self.optimizer.load(adam_m, adam_v)
 
 
