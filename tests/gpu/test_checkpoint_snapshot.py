@@ -5,9 +5,11 @@ and scales; the guard's RMS of the weights is measured on the device."""
 import numpy as np
 import pytest
 
+from llama.cuda import BF16
 from llama.io.checkpoint import snapshot_moments
 from llama.io.guard import weights_rms
 from llama.optim import AdamWConfig, Quantized, fp32_moments
+from llama.params import ParameterLayout
 from tests.gpu.test_model_bf16 import CONFIG, batch, bf16_model, bf16_params
 
 pytestmark = pytest.mark.gpu
@@ -53,8 +55,7 @@ def test_the_weights_rms_on_the_device_is_the_hosts():
 
 def test_the_bf16_weights_are_rounded_on_the_device_as_on_the_host():
     """set_weights rounds the bf16 copy from the uploaded master on the GPU: the bits of the host's rounding."""
-    from llama.cuda import BF16
-    params = np.random.default_rng(3).standard_normal(bf16_params(CONFIG, seed=2).size).astype(np.float32)
+    params = np.random.default_rng(3).standard_normal(ParameterLayout(CONFIG).size).astype(np.float32)
     model = bf16_model(CONFIG, 3, 80, params)
     size = model.layout.size
     assert np.array_equal(model.zero.weights.download()[:size].view(np.uint16), params.astype(BF16).view(np.uint16))
