@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llama.config import get_preset  # noqa: E402
-from llama.io.checkpoint import load_checkpoint, save_checkpoint, snapshot_moments  # noqa: E402
+from llama.io.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from llama.params import ParameterLayout  # noqa: E402
 
 STATE = {"run": {"batch_size": 1, "seq_len": 1, "tokens_per_step": 1, "seed": 0},
