@@ -1,4 +1,4 @@
-// Causal grouped-query attention, the kernels beside the batched matmuls (llama/ops/fp32.py strings them).
+// Causal grouped-query attention, the kernels beside the batched matmuls (llama/ops/attention.py strings them).
 // Layouts: q (B, H, T, D), k and v (B, KV, T, D), probabilities probs (B, H, T, T), out (B, T, H * D).
 // The H / KV query heads of one kv head are adjacent, so per kv head they form one (H/KV * T, D)
 // matrix and every product is a plain strided-batched matmul over B * KV, with no copy of K or V.

@@ -18,9 +18,9 @@
 //   order. Frequent tokens thus spread over many blocks instead of one long serial loop.
 #include "bf16.cuh"
 
-#define EMBEDDING_SEGMENT 16  // rows per segment; ops.EMBEDDING_SEGMENT matches it
+#define EMBEDDING_SEGMENT 16  // rows per segment (llama/ops/embedding.py reads it)
 #define EMBEDDING_BATCH 8     // rows loaded at once
-#define EMBEDDING_FORWARD_VECTORS 4  // 16-byte vectors per thread; ops.EMBEDDING_FORWARD_VECTORS matches it
+#define EMBEDDING_FORWARD_VECTORS 4  // 16-byte vectors per thread (llama/ops/embedding.py reads it)
 
 extern "C" __global__ void embedding_forward(float* out, const int* tokens, const float* wte, int N, int C) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "rope.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -47,10 +48,7 @@ __device__ __forceinline__ void store_rows(bf16* dst, long long stride, const fl
             float d0 = acc[n][2 * half] * scale, d1 = acc[n][2 * half + 1] * scale;
             if (cos_table != nullptr) {
                 const int pair = pos * (D / 2) + n * 4 + t;
-                const float c = cos_table[pair], s = sin_table[pair];
-                const float r0 = d0 * c + d1 * s, r1 = d1 * c - d0 * s;
-                d0 = r0;
-                d1 = r1;
+                rope_rotate_back(d0, d1, cos_table[pair], sin_table[pair]);
             }
             *reinterpret_cast<uint32_t*>(dst + pos * stride + n * 8 + 2 * t) = pack_bf16(d0, d1);
         }

@@ -1,6 +1,6 @@
 // FP8 casts of --dtype fp8's GEMM operands: a bf16 matrix x (R, C), row-major, to float8 e4m3fn with one
 // power-of-two scale 2^e per row, or per column (the GEMM's K along the other axis), exactly as the twin
-// llama/model/reference.py:quantize_fp8: e is the least integer with amax <= 448 * 2^e (0 for a slice of
+// llama/twins/fp8.py:quantize_fp8: e is the least integer with amax <= 448 * 2^e (0 for a slice of
 // zeros), and each value is x * 2^-e (exact) rounded to nearest even, saturating at +-448. x is finite.
 //
 // fp8_amax:  row_amax (R,) and/or col_amax (C,) = max |x| of each row / column, as the uint32 bits of

@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "rope.cuh"
+
 #define EPILOGUE_BF16 0
 #define EPILOGUE_F32 1
 #define EPILOGUE_ACC_F32 2
@@ -43,10 +45,7 @@ __device__ __forceinline__ int rope_entry(const Epilogue& e, int row, int col) {
     return (row % e.rope_T) * (e.head_dim >> 1) + ((col % e.head_dim) >> 1);
 }
 __device__ __forceinline__ void rotate_pair(const Epilogue& e, int entry, float& v0, float& v1) {
-    const float c = e.cos[entry], s = e.sin[entry];
-    const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
-    v0 = r0;
-    v1 = r1;
+    rope_rotate(v0, v1, e.cos[entry], e.sin[entry]);
 }
 
 template <int MODE>

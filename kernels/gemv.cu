@@ -33,13 +33,14 @@
 #include <cstdint>
 #include "bf16.cuh"
 #include "mma.cuh"
+#include "rope.cuh"
 #include "swiglu.cuh"
 
 #define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
 #define GEMV_ROWS 32     // rows of W per tile
 #define GEMV_MAX_BATCH 16
-#define GEMV_MAX_SPLITS 8  // blocks of a tile's cluster, as llama/ops/gemv.py's MAX_SPLITS
+#define GEMV_MAX_SPLITS 8  // blocks of a tile's cluster (llama/ops/gemv.py reads it: MAX_SPLITS)
 #define GEMV_UNROLL 4    // k-steps of 32 loaded before they are multiplied
 #define GEMV_PREFETCH_BYTES 1024  // of each row's range, brought to L2 while the kernel before finishes
 #define GEMV_SQUARES_AHEAD 4  // of the stream's sums of squares per lane, loaded before the main loop
@@ -280,10 +281,8 @@ __device__ void gemv(const GemvArgs& a) {
             const int slot = n / a.D, d = n % a.D;  // slot: query heads, then key heads, then value heads
             float y0 = tile[r][b] * rstd[b], y1 = tile[r + 1][b] * rstd[b];
             if (slot < a.H + a.KV) {
-                const float c = a.cos_table[(long long)p * half + d / 2], s = a.sin_table[(long long)p * half + d / 2];
-                const float x0 = y0, x1 = y1;
-                y0 = x0 * c - x1 * s;
-                y1 = x0 * s + x1 * c;
+                rope_rotate(y0, y1, a.cos_table[(long long)p * half + d / 2],
+                            a.sin_table[(long long)p * half + d / 2]);
             }
             if (slot < a.H) {
                 float* q = a.q_out + ((long long)b * a.H + slot) * a.D + d;

@@ -6,6 +6,7 @@
 // rope_backward: dqkv from dq, dk, dv, rotating back by the negative angle.
 // One thread per pair of one head slot: B * T * (H + 2*KV) * D/2 threads.
 #include "common.cuh"
+#include "rope.cuh"
 
 struct PairIndex {
     int b, t, slot, i;
@@ -40,12 +41,12 @@ extern "C" __global__ void rope_forward(float* q, float* k, float* v, const floa
     const float* in = qkv + (((long long)p.b * T + p.t) * slots + p.slot) * D + 2 * p.i;
     bool rotate;
     float* out = head_pair(q, k, v, p, T, H, KV, D, &rotate);
-    const float x0 = in[0], x1 = in[1];
+    float x0 = in[0], x1 = in[1];
     if (rotate) {
-        const float c = cos_table[p.t * half + p.i], s = sin_table[p.t * half + p.i];
-        out[0] = x0 * c - x1 * s;
-        out[1] = x0 * s + x1 * c;
-    } else {
+        rope_rotate(x0, x1, cos_table[p.t * half + p.i], sin_table[p.t * half + p.i]);
+        out[0] = x0;
+        out[1] = x1;
+    } else {  // v: copied
         out[0] = x0;
         out[1] = x1;
     }
@@ -62,12 +63,12 @@ extern "C" __global__ void rope_backward(float* dqkv, const float* dq, const flo
     const float* in = head_pair(const_cast<float*>(dq), const_cast<float*>(dk), const_cast<float*>(dv), p, T, H, KV,
                                 D, &rotate);
     float* out = dqkv + (((long long)p.b * T + p.t) * slots + p.slot) * D + 2 * p.i;
-    const float d0 = in[0], d1 = in[1];
+    float d0 = in[0], d1 = in[1];
     if (rotate) {
-        const float c = cos_table[p.t * half + p.i], s = sin_table[p.t * half + p.i];
-        out[0] = d0 * c + d1 * s;
-        out[1] = -d0 * s + d1 * c;
-    } else {
+        rope_rotate_back(d0, d1, cos_table[p.t * half + p.i], sin_table[p.t * half + p.i]);
+        out[0] = d0;
+        out[1] = d1;
+    } else {  // v: copied
         out[0] = d0;
         out[1] = d1;
     }

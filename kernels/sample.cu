@@ -34,24 +34,9 @@
 // 1 for the draw, and the walk of one chunk.
 #include <limits.h>
 #include "common.cuh"
+#include "philox.cuh"
 
 #define FULL_MASK 0xffffffffu
-
-// ---------------------------------------------------------------------------------------------
-// Counter-based random numbers: Philox4x32-10 (Salmon et al., SC'11; the constants of Random123).
-
-__device__ __forceinline__ uint4 philox4x32_10(uint4 counter, uint2 key) {
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) {
-            key.x += 0x9E3779B9u;
-            key.y += 0xBB67AE85u;
-        }
-        const unsigned hi0 = __umulhi(0xD2511F53u, counter.x), lo0 = 0xD2511F53u * counter.x;
-        const unsigned hi1 = __umulhi(0xCD9E8D57u, counter.z), lo1 = 0xCD9E8D57u * counter.z;
-        counter = make_uint4(hi1 ^ counter.y ^ key.x, lo1, hi0 ^ counter.w ^ key.y, lo0);
-    }
-    return counter;
-}
 
 // 64 random bits for row b at stream position `position`: u = result / 2^64 is uniform in [0, 1).
 __device__ __forceinline__ unsigned long long random_bits(unsigned long long seed, unsigned position, unsigned b) {

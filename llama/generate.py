@@ -81,6 +81,11 @@ class TextStream:
         self.file.write(self.decoder.decode(self.tokenizer.token_bytes(token)))
         self.file.flush()
 
+    def finish(self) -> None:
+        """The end of the text: bytes of an incomplete last character come out as U+FFFD, as decode() gives."""
+        self.file.write(self.decoder.decode(b"", final=True))
+        self.file.flush()
+
 
 def decoder_for(model, plan, max_len: int, batch: int = 1):
     """The decoder of a training model's current weights: a ReferenceModel's on the CPU; on the GPU a

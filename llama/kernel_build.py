@@ -33,8 +33,8 @@ CHECKSUM_BYTES = 32  # a cache entry is the cubin followed by its sha256
 # the kernel modules of each training path's launchers (tests/unit/test_kernel_build_plan.py checks them against
 # llama/ops); the GEMMs and the attention build come from the plan, the decoder's modules are added for sampling
 # (bf16's residual: ZeRO adds a later micro-batch's reduced gradients with it, llama/parallel/zero.py)
-BF16_MODULES = ("adamw", "classifier", "convert", "embedding", "global_norm", "residual", "rmsnorm", "swiglu")
-PATH_MODULES = {"fp32": ("adamw", "attention", "classifier", "embedding", "global_norm", "matmul", "residual",
+BF16_MODULES = ("adamw", "classifier", "convert", "embedding", "global_norm", "init", "residual", "rmsnorm", "swiglu")
+PATH_MODULES = {"fp32": ("adamw", "attention", "classifier", "embedding", "global_norm", "init", "matmul", "residual",
                          "rmsnorm", "rope", "swiglu"),
                 "bf16": BF16_MODULES, "fp8": BF16_MODULES + ("fp8",)}
 DECODER_MODULES = ("decode", "sample")

@@ -31,7 +31,7 @@ import numpy as np
 from .config import LlamaConfig
 from .cuda import runtime
 from .model.shapes import FP32_BUFFERS, HOPPER_ATTENTION, activation_shapes, fp8_shapes, linear_weights
-from .ops import bf16 as ops
+from . import ops
 from .optim import QUANT_BLOCK, AdamW8bitState
 from .options import RECIPES, zero_stages
 from .params import ParameterLayout, count_parameters

@@ -17,7 +17,7 @@ from .memory import choose_zero, gpu_free
 from .model.shapes import HOPPER_ATTENTION
 from .optim import QUANT_BLOCK
 from .options import FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
-from .ops.bf16 import VECTOR
+from .ops.common import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
 DYNAMIC_TWINS = {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}  # GEMM versions and their twins that claim tiles

@@ -7,6 +7,9 @@ a terminal on either stream.
   pipe's lines may reach the very terminal a bar would be drawn on, and would be glued to it.
 A file never gets a bar or a carriage return. The training bar fits the terminal's width: the stats
 that do not fit beside a bar of MIN_BAR columns are left out whole, the least important first.
+A phase that may take seconds (building kernels, initializing or loading the weights, capturing graphs,
+writing or reading a checkpoint: phase()) says so once it has taken REPORT_AFTER seconds: a bar where
+bars are drawn, else lines on stderr: its name, its progress every LINE_EVERY seconds, and its time.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import io
 import os
 import stat
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -23,6 +29,10 @@ from tqdm import tqdm
 MIN_BAR = 10  # columns the bar itself keeps
 BAR_FORMAT = "{n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}"  # then ", " and the stats
 STAT_SEPARATOR = " | "
+REPORT_AFTER = 2.0  # seconds: a phase that takes longer reports itself
+LINE_EVERY = 10.0  # seconds between a phase's progress lines in a pipe or a file
+SCALED = 10_000  # totals from which a bar counts in k, M, G
+EVERY_PHASE = "LLAMA_PHASE_TIMES"  # environment: set, every phase's time is a line, however short (bench_startup)
 
 
 @dataclass(frozen=True)
@@ -116,3 +126,64 @@ class TrainingProgress:
         meter = dict(self.bar.format_dict, n=self.total, bar_format=BAR_FORMAT.replace("{bar}", ""), postfix=None)
         fixed = len(tqdm.format_meter(**meter)) + len(", ") + 2  # tqdm's postfix separator; times may grow
         return terminal_columns(self.display.bar_file) - MIN_BAR - fixed
+
+
+class Phase:
+    """A phase's report, as phase() makes it; update(n) counts n more units of its work done."""
+
+    def __init__(self, description: str, total: int | None, unit: str, display: Display, report_after: float):
+        self.description, self.total, self.unit, self.report_after = description, total, unit, report_after
+        self.start = self.last_line = time.monotonic()
+        self.done, self.announced, self.lock = 0, False, threading.Lock()
+        self.bar = None if display.bar_file is None else tqdm(
+            total=total, desc=description, unit=unit, unit_scale=(total or 0) >= SCALED, file=display.bar_file,
+            delay=report_after, dynamic_ncols=True)
+        self.timer = threading.Timer(report_after, self._announce) if self.bar is None else None
+        if self.timer is not None:
+            self.timer.daemon = True
+            self.timer.start()
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        self.done += n
+        now = time.monotonic()
+        if self.announced and now - self.last_line >= LINE_EVERY:
+            self.last_line = now
+            share = f"{self.done / self.total:.0%} " if self.total else ""
+            self._line(f"{self.description}: {share}({self._amount()}) after {now - self.start:.1f} s")
+
+    def close(self) -> None:
+        """The end: the bar's last state, or the line with the time the phase took."""
+        if self.bar is not None:
+            self.bar.close()
+            return
+        self.timer.cancel()
+        elapsed = time.monotonic() - self.start
+        if self.announced or elapsed >= self.report_after or os.environ.get(EVERY_PHASE):
+            self._line(f"{self.description}: done in {elapsed:.1f} s")
+
+    def _announce(self) -> None:
+        self.announced = True
+        self._line(f"{self.description} ...")
+
+    def _amount(self) -> str:
+        done = tqdm.format_sizeof(self.done)
+        return f"{done}/{tqdm.format_sizeof(self.total)} {self.unit}" if self.total else f"{done} {self.unit}"
+
+    def _line(self, text: str) -> None:
+        with self.lock:
+            print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def phase(description: str, total: int | None = None, unit: str = "it", report_after: float = REPORT_AFTER,
+          display: Display | None = None):
+    """Report a phase of work (see the module's docstring) while the block runs; yields its Phase, whose
+    update(n) counts the work done out of total (None: unknown)."""
+    report = Phase(description, total, unit, display or choose_display(), report_after)
+    try:
+        yield report
+    finally:
+        report.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ops
 from .config import META_MODELS, LlamaConfig, get_preset
 from .cuda import runtime
 from .data.dataloader import DataLoader
@@ -27,8 +28,8 @@ from .generate import decoder_for, generate
 from .io.background import SLOW, BackgroundJob
 from .io.checkpoint import (CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint,
                             snapshot_moments)
-from .io.guard import SAVE, SKIP, STOP, CheckpointGuard
-from .io.hf import hf_tokenizer_path, load_hf_folder, read_hf_config
+from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
+from .io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
 from .io.run_dir import RunDir
 from .kernel_build import build, kernels_for
 from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
@@ -40,7 +41,7 @@ from .optim import AdamWConfig, learning_rate
 from .options import RunOptions
 from .params import ParameterLayout, count_parameters, init_parameters
 from .plan import Plan, choose_device, make_plan
-from .progress import TrainingProgress, bar
+from .progress import TrainingProgress, phase
 from .signals import GracefulStop
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
@@ -87,15 +88,16 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     return 6 * weights + 6 * config.n_layers * config.dim * T
 
 
-def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray, comm=None):
-    """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32."""
+def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, comm=None, seed: int = 0):
+    """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32; params None:
+    drawn from seed (on the device on one GPU)."""
     if plan.device == "cpu":
-        return ReferenceModel(config, params=params, optimizer=plan.optimizer, recompute=plan.recompute,
+        return ReferenceModel(config, params=params, seed=seed, optimizer=plan.optimizer, recompute=plan.recompute,
                               in_backward=plan.in_backward,
                               fp8=plan.fp8_scaling if plan.dtype == "fp8" else None)
     if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
-        return GPUModelBF16(config, B, T, params=params, comm=comm, plan=plan)
-    return GPUModelFP32(config, B, T, params=params, comm=comm, zero=plan.zero)
+        return GPUModelBF16(config, B, T, params=params, seed=seed, comm=comm, plan=plan)
+    return GPUModelFP32(config, B, T, params=params, seed=seed, comm=comm, zero=plan.zero)
 
 
 def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, free_gpu: int | None = None) -> str:
@@ -172,9 +174,12 @@ class Trainer:
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
-        params = (checkpoint["params"] if checkpoint is not None else self._load_hf(hf_folder) if hf_folder
-                  else self._initialize())
-        self.model = build_model(self.plan, self.config, self.B, self.T, params, comm)
+        on_device = self.plan.device != "cpu" and self.world == 1  # fresh or HF weights go straight to the GPU
+        params = (checkpoint["params"] if checkpoint is not None else None if on_device
+                  else self._load_hf(hf_folder) if hf_folder else self._initialize())
+        self.model = build_model(self.plan, self.config, self.B, self.T, params, comm, args.seed)
+        if hf_folder and on_device:
+            self._load_hf_to_device(hf_folder)
         self.sample_rng = np.random.default_rng(args.seed)
         # each checkpoint's weights are checked on this fixed batch before they are saved (io/guard.py)
         probe_loader = DataLoader(self.val_pattern or self.train_pattern, self.B, self.T, shuffle=False,
@@ -185,7 +190,10 @@ class Trainer:
             self._restore(resume)
         self.last_good = resume["path"] if resume is not None else None
         best = resume["state"].get("best_probe_loss") if resume is not None else None
-        self.guard = CheckpointGuard(self.guarded(params), best) if self.rank == 0 else None  # rank 0 judges
+        if self.rank == 0:  # rank 0 judges the weights
+            self.guard = CheckpointGuard(rms_of(self.guarded(params)), best)
+        else:
+            self.guard = None
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
         self._announce("from checkpoint" if checkpoint is not None or hf_folder
@@ -242,16 +250,23 @@ class Trainer:
         return config
 
     def _initialize(self) -> np.ndarray:
-        """Fresh parameters from the seed, with a progress bar where building them takes a while."""
-        with bar(total=count_parameters(self.config), desc="initializing the weights", unit="param",
-                 unit_scale=True, leave=False, delay=1.0) as progress:
-            return init_parameters(self.config, self.args.seed, on_tensor=progress.update)
+        """Fresh parameters from the seed on the host: drawn on the GPU on several GPUs, by the numpy twin on
+        the CPU (the same values; one GPU draws them in the model instead)."""
+        layout = ParameterLayout(self.config)
+        with phase("initializing the weights", total=layout.size, unit="param") as progress:
+            if self.plan.device == "cpu":
+                return init_parameters(self.config, self.args.seed, on_tensor=progress.update)
+            return ops.init_parameters_on_gpu(layout, self.args.seed, on_values=progress.update)
 
     def _load_hf(self, folder: str) -> np.ndarray:
-        """The weights of a Hugging Face folder, with a progress bar where reading them takes a while."""
-        with bar(total=count_parameters(self.config), desc=f"reading {folder}", unit="param", unit_scale=True,
-                 leave=False, delay=1.0) as progress:
+        """The weights of a Hugging Face folder, with their progress where reading them takes a while."""
+        with phase(f"reading {folder}", total=count_parameters(self.config), unit="param") as progress:
             return load_hf_folder(folder, on_tensor=progress.update)[1]
+
+    def _load_hf_to_device(self, folder: str) -> None:
+        """The weights of a Hugging Face folder uploaded into the model (one GPU) while they are read."""
+        with phase(f"reading {folder}", total=count_parameters(self.config), unit="param") as progress:
+            self.model.set_weights_on_device(lambda master: load_hf_to_device(folder, master, progress.update))
 
     def _data(self) -> None:
         """The loaders and the step count. A loader batch is this rank's rows of one step (B * grad_accum
@@ -383,11 +398,14 @@ class Trainer:
         out, config, keep = self.out, self.config, self.args.keep_checkpoints
         self.writer.start(lambda: save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=keep))
 
-    def guarded(self, params: np.ndarray) -> np.ndarray | float:
-        """What the guard looks at: the weights' RMS where the model measures it (one GPU), else the weights (and
-        when the model's is not finite: the host tells a weight that is not from squares past fp32's range)."""
-        rms = self.model.master_rms()
-        return params if rms is None or not math.isfinite(rms) else rms
+    def guarded(self, params: np.ndarray | None) -> np.ndarray | float:
+        """What the guard looks at: on one GPU the weights' RMS summed on the device (no pass over 32 GB of 8B
+        weights on the host), else the host weights (params; None: the weights are on the device only), which
+        also judge when the device's RMS is not finite (a weight that is not, or squares past fp32's range)."""
+        if self.plan.device == "cpu" or self.comm is not None:
+            return params
+        rms = self.model.weights_rms()
+        return rms if math.isfinite(rms) or params is None else params
 
     def collect_checkpoint(self, wait: bool = False) -> None:
         """Take a finished background write as the last good checkpoint (wait: the one in flight), with a

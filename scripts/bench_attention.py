@@ -17,12 +17,14 @@ registers and local memory (spills) of each entry point of each version, as the 
 """
 
 import argparse
+import sys
 from pathlib import Path
 
-from llama.cuda import runtime, time_ms
-from llama.ops.flash_attention import FlashAttentionProblem, FlashSource, has_nondeterministic_backward
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ladder's module, dev/cuda
+from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
+from llama.cuda import runtime, time_ms  # noqa: E402
+from llama.ops.flash_attention import FlashSource  # noqa: E402
 
-LADDER = Path(__file__).resolve().parents[1] / "dev" / "cuda"
 SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128), (1, 32, 8, 32768, 64)]
 ENTRY_POINTS = {False: ("forward", "backward_dkdv", "backward_dq"),  # by FlashSource.fused_dq
                 True: ("forward", "backward_fused", "backward_dq_store")}

@@ -79,6 +79,7 @@ def main(argv=None) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
         result = generate(decoder, ids, args.max_new_tokens, sampling, stop_ids,
                           lambda token: token in stop_ids or stream(token))
+        stream.finish()
     except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

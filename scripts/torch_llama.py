@@ -71,10 +71,8 @@ class TorchLlama(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def bench_torch(c, B, T, steps, dtype="bf16", checkpoint=False, optimizer="adamw", float8=False):
-    """ms per step and peak allocated bytes; dtype 'bf16' (autocast over fp32 weights) or 'fp32';
-    optimizer 'adamw' (fused) or 'adamw8bit' (torchao.optim.AdamW8bit, block-wise 8-bit moments); float8:
-    the blocks' linear layers in torchao's float8 training with row-wise scales (the head stays bf16)."""
+def training_step(c, B, T, dtype="bf16", checkpoint=False, optimizer="adamw", float8=False):
+    """(step, model): one training step of a fresh compiled model on a fixed random batch (see bench_torch)."""
     torch.manual_seed(0)
     with torch.device("cuda"):  # initialized on the GPU: an 8B model's host init would take minutes
         model = TorchLlama(c, T, checkpoint)
@@ -99,11 +97,19 @@ def bench_torch(c, B, T, steps, dtype="bf16", checkpoint=False, optimizer="adamw
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
+    return step, model
+
+
+def bench_torch(c, B, T, steps, dtype="bf16", checkpoint=False, optimizer="adamw", float8=False):
+    """ms per step and peak allocated bytes; dtype 'bf16' (autocast over fp32 weights) or 'fp32';
+    optimizer 'adamw' (fused) or 'adamw8bit' (torchao.optim.AdamW8bit, block-wise 8-bit moments); float8:
+    the blocks' linear layers in torchao's float8 training with row-wise scales (the head stays bf16)."""
+    step, model = training_step(c, B, T, dtype, checkpoint, optimizer, float8)
     for _ in range(3):  # compiles
         step()
     torch.cuda.reset_peak_memory_stats()
     ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     peak = torch.cuda.max_memory_allocated()
-    del model, opt, compiled
+    del step, model
     torch.cuda.empty_cache()
     return ms, peak

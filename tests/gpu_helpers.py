@@ -57,3 +57,37 @@ def check(name: str, device_array, expected: np.ndarray, tol: float = 1e-5) -> f
     ERRORS.append((name, err))
     assert err < tol, f"{name}: relative error {err:.3e} >= {tol}"
     return err
+
+
+def randn(rng, *shape, scale: float = 1.0, dtype=np.float32):
+    """Normal values (times scale) rounded to dtype, as float64: the exact inputs a kernel of that precision
+    sees, which its float64 twin is given too."""
+    return (rng.standard_normal(shape) * scale).astype(dtype).astype(np.float64)
+
+
+def randn_bf16(rng, *shape, scale: float = 1.0):
+    """randn rounded to bf16: the inputs of the bf16 kernels."""
+    from llama.cuda import BF16
+    return randn(rng, *shape, scale=scale, dtype=BF16)
+
+
+def poisoned_bf16(shape):
+    """A bf16 output full of NaN, so that an element the kernel leaves unwritten fails the check."""
+    from llama.cuda import BF16, to_device
+    return to_device(np.full(shape, np.nan, dtype=BF16))
+
+
+def bits(device_array) -> np.ndarray:
+    """The raw bits of a downloaded array, to compare bit for bit."""
+    host = device_array.download()
+    return host.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[host.dtype.itemsize])
+
+
+def check_increment(name: str, device_array, before: np.ndarray, increment: np.ndarray, tol: float) -> float:
+    """An accumulated (+=) output: ‖(out − before) − increment‖ / ‖increment‖."""
+    got = device_array.download().astype(np.float64)
+    assert np.isfinite(got).all(), f"{name}: output has NaN/inf"
+    err = float(np.linalg.norm((got - before) - increment) / max(np.linalg.norm(increment), 1e-300))
+    ERRORS.append((name, err))
+    assert err < tol, f"{name}: relative error {err:.3e} >= {tol}"
+    return err

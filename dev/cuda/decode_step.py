@@ -3,9 +3,10 @@ alone, next to the whole step's graph; per launch the microseconds and the bytes
 
     python3 dev/cuda/decode_step.py --preset llama3.2-1b --batch 1 [--prompt 128] [--ordinary-launches]
 
-Random weights; the step's launches are recorded from one eager step (kernel, grid, arguments) and each
-is replayed REPEATS times in a graph of its own (the position is restored after each, since the step's
-last launch advances it; the cache is long enough for the positions the loops advance).
+Freshly initialized weights (llama.params.init_parameters); the step's launches are recorded from one eager
+step (kernel, grid, arguments) and each is replayed REPEATS times in a graph of its own (the position is
+restored after each, since the step's last launch advances it; the cache is long enough for the positions
+the loops advance).
 """
 
 import argparse
@@ -21,8 +22,7 @@ from llama.config import get_preset  # noqa: E402
 from llama.cuda import Graph, time_ms, to_device  # noqa: E402
 from llama.model.sampling import Sampling  # noqa: E402
 from llama.model.gpu_decoder import GPUDecoder  # noqa: E402
-from llama.params import ParameterLayout  # noqa: E402
-from scripts.bench_decode import random_params  # noqa: E402
+from llama.params import init_parameters  # noqa: E402
 
 REPEATS = 20
 
@@ -52,7 +52,7 @@ def main() -> int:
     cuda.DEPENDENT_LAUNCHES["on"] = not args.ordinary_launches
     max_len = args.prompt + 8192  # room for the positions the timing loops advance
     config = get_preset(args.preset).replace(max_seq_len=max_len)
-    params = to_device(random_params(ParameterLayout(config).size))
+    params = to_device(init_parameters(config))
     decoder = GPUDecoder(config, params, batch=args.batch, max_len=max_len)
     greedy = Sampling(temperature=0)
     tokens = np.random.default_rng(1).integers(0, config.vocab_size, (args.batch, args.prompt))

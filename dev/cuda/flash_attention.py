@@ -19,16 +19,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
 from llama.cuda import runtime, time_ms  # noqa: E402
-from llama.model import reference as ref  # noqa: E402
-from llama.ops.flash_attention import (FlashAttentionProblem, FlashSource,  # noqa: E402
-                                      has_nondeterministic_backward)
-
-DEV_DIR = Path(__file__).resolve().parent
+from llama.ops.flash_attention import FlashSource  # noqa: E402
+from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward  # noqa: E402
 
 
 def source(version: int) -> FlashSource:
-    return FlashSource.ladder(version, DEV_DIR)
+    return FlashSource.ladder(version, LADDER)
 
 
 def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
@@ -39,8 +37,8 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
     """||out - ref|| / ||ref|| of every output against the float64 reference of the same bf16 inputs."""
     src, buf = source(version), FlashAttentionProblem(B, T, H, KV, D, seed=1)
     qkv, dout = buf.qkv_host.astype(np.float64), buf.dout_host.astype(np.float64)
-    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
-    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
+    ref_out, ref_lse = flash_attention_forward(qkv, H, KV)
+    expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
     buf.forward(src)
     errors = {"out": relative_error(buf.out.download(), ref_out), "lse": relative_error(buf.lse.download(), ref_lse)}
     parts = {"dq": slice(0, H * D), "dk": slice(H * D, (H + KV) * D), "dv": slice((H + KV) * D, None)}

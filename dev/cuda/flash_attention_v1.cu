@@ -42,6 +42,7 @@
 
 #include "common.cuh"
 #include "mma.cuh"
+#include "rope.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -168,10 +169,7 @@ __device__ __forceinline__ void store_rows(bf16* dst, long long stride, const fl
             float d0 = acc[n][2 * half] * scale, d1 = acc[n][2 * half + 1] * scale;
             if (cos_table != nullptr) {
                 const int pair = pos * (D / 2) + n * 4 + t;
-                const float c = cos_table[pair], s = sin_table[pair];
-                const float r0 = d0 * c + d1 * s, r1 = d1 * c - d0 * s;
-                d0 = r0;
-                d1 = r1;
+                rope_rotate_back(d0, d1, cos_table[pair], sin_table[pair]);
             }
             *reinterpret_cast<uint32_t*>(dst + pos * stride + n * 8 + 2 * t) = pack_bf16(d0, d1);
         }
@@ -756,12 +754,7 @@ extern "C" __global__ void flash_attention_backward_dq_convert(bf16* dqkv, const
     const int t = token % T;
     const float scale = rsqrtf((float)D);
     float d0 = dq_accum[2 * idx] * scale, d1 = dq_accum[2 * idx + 1] * scale;
-    if (cos_table != nullptr) {
-        const float c = cos_table[t * half + pair], s = sin_table[t * half + pair];
-        const float r0 = d0 * c + d1 * s, r1 = d1 * c - d0 * s;
-        d0 = r0;
-        d1 = r1;
-    }
+    if (cos_table != nullptr) rope_rotate_back(d0, d1, cos_table[t * half + pair], sin_table[t * half + pair]);
     *reinterpret_cast<__nv_bfloat162*>(dqkv + token * (H + 2 * KV) * D + h * D + 2 * pair) =
         __floats2bfloat162_rn(d0, d1);
 }

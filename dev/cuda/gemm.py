@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llama import ops  # noqa: E402
 from llama.cuda import BF16, empty, time_ms, to_device  # noqa: E402
-from llama.model.reference import dequantize_fp8, quantize_fp8  # noqa: E402
+from llama.twins.fp8 import dequantize_fp8, quantize_fp8  # noqa: E402
 
 
 def main() -> int:

@@ -52,11 +52,11 @@ def rms_of(weights: np.ndarray | float) -> float:
 
 
 class CheckpointGuard:
-    """Judges the weights of each checkpoint (rank 0 of a run): weights are those the run starts from (or
-    their RMS), best_probe_loss the best of the good checkpoints before (None: none yet)."""
+    """Judges the weights of each checkpoint (rank 0 of a run): start_rms is weights_rms of the weights the
+    run starts from, best_probe_loss the best of the good checkpoints before (None: none yet)."""
 
-    def __init__(self, weights: np.ndarray | float, best_probe_loss: float | None = None):
-        self.rms, self.best, self.bad_in_a_row = rms_of(weights), best_probe_loss, 0
+    def __init__(self, start_rms: float, best_probe_loss: float | None = None):
+        self.rms, self.best, self.bad_in_a_row = start_rms, best_probe_loss, 0
 
     def judge(self, weights: np.ndarray | float, probe_loss: float) -> tuple[str, str | None]:
         """(SAVE, None), or (SKIP or STOP, why the weights (host weights or their RMS) are not good); a good

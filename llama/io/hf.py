@@ -15,6 +15,8 @@ import json
 import math
 import os
 import shutil
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -114,6 +116,7 @@ class ExportFolderError(ValueError):
 
 SAFETENSORS_DTYPES = {"F32": np.float32, "BF16": BF16, "F16": np.float16}
 EXPORT_DTYPES = {"bf16": (BF16, "bfloat16"), "fp32": (np.float32, "float32")}
+READERS = 4  # tensors read at once
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints saved
 # the files an export writes, and those of a training run or checkpoint (check_export_folder)
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
@@ -262,50 +265,89 @@ def read_hf_config(folder: str | Path) -> LlamaConfig:
     return config_from_hf(_read_json(folder / "config.json", "the model's config"), str(folder / "config.json"))
 
 
-def load_hf_folder(folder: str | Path, on_tensor=None) -> tuple[LlamaConfig, np.ndarray]:
-    """(config, flat float32 parameters in our layout) of a local HF Llama folder; on_tensor(n), when
-    given, is called after each tensor with its number of values (a progress bar's update)."""
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    config = read_hf_config(folder)
+def _weight_jobs(folder: Path, config: LlamaConfig, layout: ParameterLayout) -> list[tuple[Path, str, str]]:
+    """(file, HF name, our name) of every weight of the folder, in the order of the files; HFError for a
+    missing or unexpected tensor."""
     files = _weight_files(folder)
-    layout = ParameterLayout(config)
-    require(FLOAT32 * layout.size, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
     expected = {hf_name(name): name for name in layout.tensors}
     for name in files:
         if name not in expected and not name.endswith(IGNORED_TENSORS) and not (
                 name == "lm_head.weight" and config.tie_embeddings):
             raise HFError(f"{files[name].name}: unexpected tensor {name}; not a weight of this Llama config")
-    params = np.empty(layout.size, dtype=np.float32)
-    views = layout.views(params)
-    by_file: dict[Path, list[str]] = {}
     for hf in expected:
         if hf not in files:
             raise HFError(f"{folder}: missing tensor {hf}")
-        by_file.setdefault(files[hf], []).append(hf)
-    for path, names in by_file.items():
-        try:
-            with safe_open(str(path), framework="np") as f:
-                for hf in names:
-                    meta, view = expected[hf], views[expected[hf]]
-                    tensor = f.get_slice(hf)
-                    shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
-                    if shape != view.shape:
-                        raise HFError(f"{path.name}: {hf} has shape {shape}, expected {view.shape}")
-                    if dtype not in SAFETENSORS_DTYPES:
-                        raise HFError(f"{path.name}: {hf} is {dtype}; only F32, BF16 and F16 are supported")
-                    w = f.get_tensor(hf).astype(np.float32)
-                    view[...] = hf_to_meta(w, heads_of(meta, config)) if heads_of(meta, config) else w
-                    if not all_finite(view):
-                        raise HFError(f"{path.name}: {hf} holds NaN or infinite values")
-                    if on_tensor is not None:
-                        on_tensor(view.size)
-        except HFError:
-            raise
-        except Exception as e:
-            raise HFError(f"cannot read {path}: {e}") from None
+    return sorted(((files[hf], hf, meta) for hf, meta in expected.items()), key=lambda job: str(job[0]))
+
+
+def _read_weight(path: Path, hf: str, meta: str, config: LlamaConfig, shape: tuple[int, ...]) -> np.ndarray:
+    """One tensor of a safetensors file (memory-mapped) as our float32 tensor, checked."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            tensor = f.get_slice(hf)
+            found, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+            if found != shape:
+                raise HFError(f"{path.name}: {hf} has shape {found}, expected {shape}")
+            if dtype not in SAFETENSORS_DTYPES:
+                raise HFError(f"{path.name}: {hf} is {dtype}; only F32, BF16 and F16 are supported")
+            w = f.get_tensor(hf).astype(np.float32)
+    except HFError:
+        raise
+    except Exception as e:
+        raise HFError(f"cannot read {path}: {e}") from None
+    w = hf_to_meta(w, heads_of(meta, config)) if heads_of(meta, config) else w
+    if not all_finite(w):
+        raise HFError(f"{path.name}: {hf} holds NaN or infinite values")
+    return w
+
+
+def _read_weights(folder: Path, config: LlamaConfig, layout: ParameterLayout):
+    """(our tensor, float32 values) of every weight of the folder, read by READERS threads at once (numpy and
+    the page cache release the GIL) and yielded in order, at most 2 * READERS tensors ahead of the caller."""
+    jobs = _weight_jobs(folder, config, layout)
+    with ThreadPoolExecutor(READERS) as pool:
+        pending = deque()
+        for path, hf, meta in jobs:
+            tensor = layout.tensors[meta]
+            pending.append((tensor, pool.submit(_read_weight, path, hf, meta, config, tensor.shape)))
+            if len(pending) >= 2 * READERS:
+                tensor, future = pending.popleft()
+                yield tensor, future.result()
+        while pending:
+            tensor, future = pending.popleft()
+            yield tensor, future.result()
+
+
+def load_hf_folder(folder: str | Path, on_tensor=None) -> tuple[LlamaConfig, np.ndarray]:
+    """(config, flat float32 parameters in our layout) of a local HF Llama folder; on_tensor(n), when
+    given, is called after each tensor with its number of values (a progress bar's update)."""
+    folder = Path(folder)
+    config = read_hf_config(folder)
+    layout = ParameterLayout(config)
+    require(FLOAT32 * layout.size, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
+    params = np.empty(layout.size, dtype=np.float32)
+    for tensor, values in _read_weights(folder, config, layout):
+        params[tensor.offset:tensor.offset + tensor.size] = values.reshape(-1)
+        if on_tensor is not None:
+            on_tensor(tensor.size)
     return config, params
+
+
+def load_hf_to_device(folder: str | Path, out, on_tensor=None) -> LlamaConfig:
+    """The config of a local HF Llama folder, and its weights uploaded into out (a float32 DeviceArray of the
+    layout's size) tensor by tensor while the next ones are read: no host copy of the whole model."""
+    folder = Path(folder)
+    config = read_hf_config(folder)
+    layout = ParameterLayout(config)
+    if out.size != layout.size:
+        raise ValueError(f"out holds {out.size} values, the folder's model {layout.size}")
+    for tensor, values in _read_weights(folder, config, layout):
+        out.view(tensor.offset, (tensor.size,)).upload(values.reshape(-1))
+        if on_tensor is not None:
+            on_tensor(tensor.size)
+    return config
 
 
 def check_export_folder(out: str | Path) -> None:

@@ -13,8 +13,9 @@ import numpy as np
 from .. import ops
 from ..cuda import DeviceArray, Graph, zeros
 from ..optim import AdamWConfig
+from ..progress import phase
 from .base import check_batch
-from .bf16_step import CapturedStep
+from .bf16_step import CAPTURE, CapturedStep
 
 
 class OptimizerInBackward(CapturedStep):
@@ -84,7 +85,8 @@ class OptimizerInBackward(CapturedStep):
         self._prepare(upcoming)
         loss, norm = self._loss_and_norm()
         if graph is None:
-            self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
+            with phase(CAPTURE):
+                self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
         return loss, norm
 
     def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:

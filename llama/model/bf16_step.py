@@ -17,8 +17,11 @@ import numpy as np
 from .. import ops
 from ..cuda import DeviceArray, Graph
 from ..optim import QUANT_BLOCK, AdamWConfig
+from ..progress import phase
 from .base import check_batch
 
+
+CAPTURE = "capturing the step's CUDA graphs"  # a progress phase (llama/progress.py)
 
 class CapturedStep:
     """Its user holds config, B, T, zero, norm_weights, the device's norm_squared, norm_scratch, adam_scalars
@@ -96,8 +99,9 @@ class CapturedStep:
         loss, norm = self._loss_and_norm()
         if graphs is None and key is not None:  # everything is allocated and compiled now: a graph per role
             roles = {(i == 0, i == micro - 1) for i in range(micro)}  # (first, last) of the step's micro-batches
-            self.graphs[key] = ({role: Graph(lambda role=role: self._micro_step(micro, *role)) for role in roles},
-                                Graph(lambda: self._optimizer(opt)))
+            with phase(CAPTURE):
+                self.graphs[key] = ({role: Graph(lambda role=role: self._micro_step(micro, *role)) for role in roles},
+                                    Graph(lambda: self._optimizer(opt)))
         self.zero.stale = True
         return loss, norm
 

@@ -4,13 +4,16 @@ checkpoint state interface."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, runtime, to_device, zeros
+from ..cuda import DeviceArray, empty, runtime, to_device
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
+from ..progress import phase
 from .base import Model, rope_cos_sin
 
 
@@ -22,20 +25,23 @@ class GPUModelBase(Model):
         weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
         moments' format (llama/optim.py OPTIMIZER_STATES); gradients False: no full gradient buffer (the
         model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
-        reduce-scatter. Returns the starting flat fp32 params (params, or a fresh
-        initialization from seed)."""
+        reduce-scatter. Returns the starting flat fp32 params: params, or on several GPUs a fresh
+        initialization from seed; None on one GPU, which draws it on the device (llama/ops/init.py)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T, self.comm = config, B, T, comm
         self.layout = ParameterLayout(config)
-        params = model_parameters(self.layout, params, seed)
+        params = model_parameters(self.layout, params, seed) if params is not None or comm is not None else None
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
         self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
+        if params is None:
+            with phase("initializing the weights on the GPU", total=self.layout.size, unit="param") as progress:
+                self.set_weights_on_device(
+                    lambda master: ops.fill_parameters(master, self.layout, seed, on_values=progress.update))
         self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
-        self.rms_out, self.rms_scratch = zeros(1), zeros(ops.NORM_BLOCKS + 1, np.float64)  # master_rms's sum
         return params
 
     def grad(self, tensor) -> DeviceArray:
@@ -45,6 +51,18 @@ class GPUModelBase(Model):
 
     def zero_grad(self) -> None:
         self.zero.zero_grad()
+
+    def set_weights_on_device(self, fill) -> None:
+        """One GPU: fill(master) writes the flat fp32 params into the master weights (a DeviceArray of the
+        layout's size), and the weights the forward reads follow."""
+        self.zero.set_weights_on_device(fill)
+
+    def weights_rms(self) -> float:
+        """The root mean square of the fp32 master weights, summed on the device (one GPU: what the checkpoint
+        guard judges, at the start and at each checkpoint, without a pass over the host copy)."""
+        out, partial = empty(1), empty(ops.NORM_BLOCKS)
+        ops.global_norm_squared(out, partial, self.zero.master.prefix(self.layout.size))
+        return math.sqrt(float(out.download()[0]) / self.layout.size)
 
     # state for checkpoints: full arrays on rank 0, None elsewhere
     def get_params(self) -> np.ndarray | None:
@@ -68,15 +86,6 @@ class GPUModelBase(Model):
         for name, buffer in buffers.items():
             drv.memcpy_dtoh(into[name], buffer.ptr)
         return into
-
-    def master_rms(self) -> float | None:
-        """The RMS of the fp32 master weights, their squares summed on the device in a fixed order (so the
-        checkpoint guard needs no pass over 32 GB of 8B weights on the host; not finite when a weight is not,
-        or when the sum overflows fp32, past an RMS of 1e14); None on several GPUs, where each holds a shard."""
-        if self.comm is not None:
-            return None
-        ops.global_norm_squared_bf16(self.rms_out, self.rms_scratch, self.zero.master.prefix(self.layout.size))
-        return float(np.sqrt(np.float64(self.rms_out.download()[0]) / self.layout.size))
 
     def set_state(self, params: np.ndarray | None, adam_m=None, adam_v=None) -> None:
         """Weights (None: those the model was built from stay) and moments from a checkpoint: float32 moments,

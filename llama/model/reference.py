@@ -1,27 +1,12 @@
-"""Llama 3.1 in numpy: every layer's exact forward and backward, the whole model, and its KV-cache
-decoder.
+"""Llama 3.1 in numpy: the whole model, exact, and its KV-cache decoder, built from the layers' numpy
+twins (llama/twins/, one module per op, named like its kernel and launcher).
 
-This is the oracle that every CUDA kernel is tested against, and the CPU backend of the trainer.
-Each layer is a pair `<layer>_forward` / `<layer>_backward` named like the kernel in
-kernels/<layer>.cu and its launcher in llama/ops/, with the same layouts, so the three can be
-read side by side. Functions compute in the dtype of their inputs (float32 or float64).
-
-Layouts (B batch, T time, C dim, H query heads, KV key/value heads, D head_dim, F ffn hidden):
-  residual stream (B, T, C); fused q|k|v projection (B, T, (H + 2*KV) * D);
-  q (B, H, T, D) and k, v (B, KV, T, D), head-major; attention log-sum-exp (B, H, T) (the saved
-  state: the backward recomputes the probabilities from it, as the flash attention kernels do);
-  fused gate|up projection (B, T, 2F); logits (B*T, V).
-Query head h reads key/value head h // (H // KV): the H // KV query heads of one kv head are
-adjacent, so in the head-major layout they stack into one (H // KV * T, D) matrix per kv head.
-Attention's words, here and in the kernels, launchers and GPU models: `out` its output (B, T, H * D),
-kept in a model's activations as `att`; `probs` the softmax probabilities (B, H, T, T); `lse` the
-log-sum-exp of each row of scaled scores. unpack_qkv/pack_qkv move between the packed projection and
-head-major q, k, v; the merge_heads/split_heads kernels between (B, H, T, D) and (B, T, H * D).
+This is the oracle that the GPU models are tested against, and the CPU backend of the trainer.
+Layouts and the attention's words: llama/twins/__init__.py.
 """
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from ..config import LlamaConfig
@@ -29,256 +14,17 @@ from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
 from ..optim import (OPTIMIZER_STATES, QUANT_BLOCK, AdamW8bitState, AdamWConfig, clip_norm_estimate, clip_scale,
                      global_norm, squared_norm)
 from ..params import ParameterLayout, init_parameters
+from ..twins.attention import attention_backward, attention_forward
+from ..twins.classifier import fused_classifier
+from ..twins.embedding import embedding_backward, embedding_forward
+from ..twins.fp8 import matmul_fp8_backward, matmul_fp8_forward
+from ..twins.matmul import matmul_backward, matmul_forward
+from ..twins.residual import residual_forward
+from ..twins.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from ..twins.rope import rope_backward, rope_forward
+from ..twins.swiglu import swiglu_backward, swiglu_forward
 from .base import Model, check_batch, rope_cos_sin
 from .sampling import HostSampling
-
-# ----------------------------------------------------------------------------------------------
-# Layers
-
-
-def embedding_forward(tokens: np.ndarray, wte: np.ndarray) -> np.ndarray:
-    """(B, T) token ids -> (B, T, C) rows of the embedding table."""
-    return wte[tokens]
-
-
-def embedding_backward(dout: np.ndarray, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Gradient of the (V, C) table: each position's dout added to its token's row."""
-    dwte = np.zeros((vocab_size, dout.shape[-1]), dtype=dout.dtype)
-    np.add.at(dwte, tokens.ravel(), dout.reshape(-1, dout.shape[-1]))
-    return dwte
-
-
-def rmsnorm_forward(x: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """x * rsqrt(mean(x^2) + eps) * weight over the last axis; also returns rstd (...,)."""
-    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1) + x.dtype.type(eps))
-    return x * rstd[..., None] * weight, rstd
-
-
-def rmsnorm_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray,
-                     rstd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """dx = rstd * (g - x * rstd^2 * mean(g * x)) with g = dout * weight; dweight summed over rows."""
-    r = rstd[..., None]
-    g = dout * weight
-    dx = r * (g - x * (r * r) * np.mean(g * x, axis=-1, keepdims=True))
-    dweight = np.sum((dout * x * r).reshape(-1, x.shape[-1]), axis=0)
-    return dx, dweight
-
-
-def matmul_forward(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """(..., IC) @ (OC, IC)^T -> (..., OC), a bias-free linear layer."""
-    return x @ weight.T
-
-
-def matmul_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """dx = dout @ weight (..., IC); dweight = dout^T @ x (OC, IC)."""
-    dweight = dout.reshape(-1, dout.shape[-1]).T @ x.reshape(-1, x.shape[-1])
-    return dout @ weight, dweight
-
-
-# FP8 linear layers (--dtype fp8's twins): each GEMM operand is cast to float8 e4m3 with one power-of-two
-# scale per slice along the GEMM's K axis (row-wise scaling: a token's row of activations, an output row of
-# the weight; for dW, whose K is the tokens, a column of each), so the kernel multiplies the FP8 values,
-# accumulates in fp32 and applies the two scales in its epilogue. A power of two keeps x / scale exact;
-# the largest |x| / scale of a slice is in (224, 448]. Tensor-wise scaling, the comparison, gives every
-# slice of a tensor the scale of the whole tensor's amax.
-E4M3_MAX = 448.0  # the largest finite float8 e4m3fn
-
-
-def quantize_fp8(x: np.ndarray, axis: int = -1, scaling: str = "row") -> tuple[np.ndarray, np.ndarray]:
-    """x -> (float8 e4m3fn values, float32 scales): scale = 2^ceil(log2(amax / 448)) of each slice along axis
-    (1 for a slice of zeros), values = x / scale rounded to nearest even, saturating at +-448. The scales
-    have x's shape without axis; scaling "tensor" gives each slice the scale of the whole x's amax."""
-    if scaling not in FP8_SCALINGS:
-        raise ValueError(f"scaling {scaling!r}: choose from {', '.join(FP8_SCALINGS)}")
-    amax = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)
-    if scaling == "tensor":
-        amax = np.full_like(amax, amax.max(initial=0.0))
-    exponent = np.ceil(np.log2(np.where(amax > 0, amax, E4M3_MAX) / E4M3_MAX))
-    exponent += amax > np.ldexp(E4M3_MAX, exponent.astype(int))  # exactly the least e with amax <= 448 * 2^e,
-    exponent -= (amax > 0) & (amax <= np.ldexp(E4M3_MAX, exponent.astype(int) - 1))  # whatever log2's last bit did
-    scale = np.exp2(exponent).astype(np.float32)
-    scaled = np.clip(x.astype(np.float32) / scale, -E4M3_MAX, E4M3_MAX)
-    return scaled.astype(ml_dtypes.float8_e4m3fn), np.squeeze(scale, axis=axis)
-
-
-def dequantize_fp8(q: np.ndarray, scale: np.ndarray, axis: int = -1) -> np.ndarray:
-    """The float32 values that quantize_fp8's output stands for."""
-    return q.astype(np.float32) * np.expand_dims(scale, axis)
-
-
-def _fp8_cast(a: np.ndarray, axis: int, scaling: str) -> np.ndarray:
-    """The float64 values of a's FP8 cast with scales along axis."""
-    return dequantize_fp8(*quantize_fp8(a, axis, scaling), axis).astype(np.float64)
-
-
-def matmul_fp8_forward(x: np.ndarray, weight: np.ndarray, scaling: str = "row") -> np.ndarray:
-    """matmul_forward on the FP8 casts of x (per token) and weight (per output row), in float64."""
-    return matmul_forward(_fp8_cast(x, -1, scaling), _fp8_cast(weight, -1, scaling))
-
-
-def matmul_fp8_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray,
-                        scaling: str = "row") -> tuple[np.ndarray, np.ndarray]:
-    """matmul_backward with each GEMM's operands cast along its own K: dx = dout (per token) @ weight (per
-    input column); dweight = dout^T (per output column over the tokens) @ x (per input column), in float64."""
-    dout2, x2 = dout.reshape(-1, dout.shape[-1]), x.reshape(-1, x.shape[-1])
-    dx = _fp8_cast(dout2, -1, scaling) @ _fp8_cast(weight, 0, scaling)
-    dweight = _fp8_cast(dout2, 0, scaling).T @ _fp8_cast(x2, 0, scaling)
-    return dx.reshape(*dout.shape[:-1], -1), dweight
-
-
-def _rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate each pair (2i, 2i+1) of the last axis by the angle whose cos/sin are given (T, D/2)."""
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = x0 * cos - x1 * sin
-    out[..., 1::2] = x0 * sin + x1 * cos
-    return out
-
-
-def unpack_qkv(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B, T, (H + 2KV) * D) -> head-major views q (B, H, T, D), k and v (B, KV, T, D)."""
-    B, T, _ = qkv.shape
-    heads = qkv.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
-    return heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv_heads], heads[:, n_heads + n_kv_heads:]
-
-
-def pack_qkv(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> np.ndarray:
-    """The inverse of unpack_qkv: head-major dq, dk, dv (or q, k, v) packed into (B, T, (H + 2KV) * D)."""
-    B, _, T, _ = dq.shape
-    return np.concatenate([dq, dk, dv], axis=1).transpose(0, 2, 1, 3).reshape(B, T, -1)
-
-
-def rope_forward(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
-                 n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split the fused (B, T, (H + 2KV) * D) projection into head-major q (B, H, T, D),
-    k and v (B, KV, T, D), rotating q and k by RoPE (Meta's interleaved pairs)."""
-    T = qkv.shape[1]
-    q, k, v = unpack_qkv(qkv, n_heads, n_kv_heads)
-    cos, sin = cos[:T].astype(qkv.dtype), sin[:T].astype(qkv.dtype)
-    return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin), np.ascontiguousarray(v)
-
-
-def rope_backward(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, cos: np.ndarray,
-                  sin: np.ndarray) -> np.ndarray:
-    """Rotate dq, dk back by the negative angle and interleave into (B, T, (H + 2KV) * D)."""
-    T = dq.shape[2]
-    cos, sin = cos[:T].astype(dq.dtype), sin[:T].astype(dq.dtype)
-    return pack_qkv(_rotate_pairs(dq, cos, -sin), _rotate_pairs(dk, cos, -sin), dv)
-
-
-def _attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Causal scaled scores (B, H, T, T), -inf above the diagonal."""
-    B, H, T, D = q.shape
-    KV = k.shape[1]
-    q_stacked = q.reshape(B, KV, H // KV * T, D)  # the query heads that share one kv head
-    scores = (q_stacked @ k.swapaxes(-1, -2)).reshape(B, H, T, T) * q.dtype.type(1 / np.sqrt(D))
-    return np.where(np.triu(np.ones((T, T), dtype=bool), 1), -np.inf, scores)
-
-
-def attention_probabilities(q: np.ndarray, k: np.ndarray, lse: np.ndarray) -> np.ndarray:
-    """The softmax probabilities (B, H, T, T) recomputed from the saved log-sum-exp (B, H, T)."""
-    return np.exp(_attention_scores(q, k) - lse[..., None])
-
-
-def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Causal grouped-query attention. q (B, H, T, D), k, v (B, KV, T, D) ->
-    out (B, T, H * D) and the log-sum-exp of each row of scaled scores (B, H, T)."""
-    B, H, T, D = q.shape
-    KV = k.shape[1]
-    scores = _attention_scores(q, k)
-    row_max = scores.max(axis=-1, keepdims=True)
-    exps = np.exp(scores - row_max)
-    sums = exps.sum(axis=-1, keepdims=True)
-    out = ((exps / sums).reshape(B, KV, H // KV * T, T) @ v).reshape(B, H, T, D)
-    lse = (row_max + np.log(sums))[..., 0]
-    return out.transpose(0, 2, 1, 3).reshape(B, T, H * D), lse
-
-
-def attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
-                       lse: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of q (B, H, T, D), k and v (B, KV, T, D) from dout (B, T, H * D), recomputing the
-    probabilities from lse; delta = rowsum(dout * out) stands for rowsum(dprobs * probs)."""
-    B, H, T, D = q.shape
-    KV = k.shape[1]
-    rows = H // KV * T
-    dout_heads = dout.reshape(B, T, H, D).transpose(0, 2, 1, 3)
-    delta = np.sum(dout_heads * out.reshape(B, T, H, D).transpose(0, 2, 1, 3), axis=-1)  # (B, H, T)
-    dout_stacked = dout_heads.reshape(B, KV, rows, D)
-    probs_stacked = attention_probabilities(q, k, lse).reshape(B, KV, rows, T)
-    dv = probs_stacked.swapaxes(-1, -2) @ dout_stacked
-    dprobs = dout_stacked @ v.swapaxes(-1, -2)
-    dscores = probs_stacked * (dprobs - delta.reshape(B, KV, rows, 1))
-    dscores *= q.dtype.type(1 / np.sqrt(D))
-    dq = (dscores @ k).reshape(B, H, T, D)
-    dk = dscores.swapaxes(-1, -2) @ q.reshape(B, KV, rows, D)
-    return dq, dk, dv
-
-
-def flash_attention_forward(qkv: np.ndarray, n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """The flash kernels' view of attention_forward: q, k, v read from the packed (B, T, (H + 2KV) * D)
-    projection (q and k already rotated) -> out (B, T, H * D), lse (B, H, T)."""
-    return attention_forward(*unpack_qkv(qkv, n_heads, n_kv_heads))
-
-
-def flash_attention_backward(dout: np.ndarray, out: np.ndarray, lse: np.ndarray, qkv: np.ndarray, n_heads: int,
-                             n_kv_heads: int, cos: np.ndarray | None = None,
-                             sin: np.ndarray | None = None) -> np.ndarray:
-    """dqkv (B, T, (H + 2KV) * D) packed like qkv; with cos/sin, dq and dk rotated back by RoPE
-    (rope_backward fused, as the kernels can do)."""
-    dq, dk, dv = attention_backward(dout, *unpack_qkv(qkv, n_heads, n_kv_heads), out, lse)
-    return pack_qkv(dq, dk, dv) if cos is None else rope_backward(dq, dk, dv, cos, sin)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-x))
-
-
-def swiglu_forward(gate_up: np.ndarray) -> np.ndarray:
-    """(..., 2F) = [gate | up] -> silu(gate) * up (..., F)."""
-    gate, up = np.split(gate_up, 2, axis=-1)
-    return gate * _sigmoid(gate) * up
-
-
-def swiglu_backward(dout: np.ndarray, gate_up: np.ndarray) -> np.ndarray:
-    """Gradient of [gate | up] (..., 2F)."""
-    gate, up = np.split(gate_up, 2, axis=-1)
-    s = _sigmoid(gate)
-    return np.concatenate([dout * up * s * (1 + gate * (1 - s)), dout * gate * s], axis=-1)
-
-
-def residual_forward(x: np.ndarray, branch: np.ndarray) -> np.ndarray:
-    """x + branch; its backward passes the gradient to both unchanged."""
-    return x + branch
-
-
-def fused_classifier(logits: np.ndarray, targets: np.ndarray, dloss: float) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax cross-entropy of (N, V) logits: per-row losses (N,) and
-    dlogits = (softmax - onehot(target)) * dloss, the gradient of dloss * sum(losses)."""
-    rows = np.arange(logits.shape[0])
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exps = np.exp(shifted)
-    sums = exps.sum(axis=-1)
-    losses = np.log(sums) - shifted[rows, targets]
-    dlogits = exps / sums[:, None]
-    dlogits[rows, targets] -= 1
-    return losses, dlogits * logits.dtype.type(dloss)
-
-
-def rmsnorm_residual_forward(x: np.ndarray, branch: np.ndarray, weight: np.ndarray,
-                             eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The residual add fused with the next RMSNorm: h = x + branch, then rmsnorm_forward(h);
-    returns h (the new residual stream), the normalized output and rstd."""
-    h = residual_forward(x, branch)
-    return (h, *rmsnorm_forward(h, weight, eps))
-
-
-def rmsnorm_residual_backward(dresidual: np.ndarray, dout: np.ndarray, h: np.ndarray, weight: np.ndarray,
-                              rstd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Its backward: the residual-stream gradient passes the add unchanged, so it gains the norm's
-    input gradient; also returns dweight."""
-    dh, dweight = rmsnorm_backward(dout, h, weight, rstd)
-    return dresidual + dh, dweight
-
 
 # ----------------------------------------------------------------------------------------------
 # The model

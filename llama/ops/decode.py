@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 
 from ..cuda import BF16, DeviceArray
-from .common import BLOCK, F32, I32, blocks, check, check_aligned, kernel, multiprocessors
+from .common import BLOCK, F32, I32, blocks, check, check_aligned, kernel, kernel_constant, multiprocessors
 from .gemv import DecodeScratch
 
-ATTENTION_THREADS = 256
-MAX_HEAD_DIM = 128
+ATTENTION_THREADS = kernel_constant("decode", "ATT_THREADS")
+MAX_HEAD_DIM = kernel_constant("decode", "ATT_MAX_D")
 ATTENTION_MIN_KEYS = 256  # the fewest keys a split of the cache takes: fewer cost more in the combine than they save
-MAX_SPLITS = 64
+MAX_SPLITS = kernel_constant("decode", "ATT_MAX_SPLITS")
 
 
 def embed_tokens(x: DeviceArray, squares: DeviceArray, tokens: DeviceArray, wte: DeviceArray) -> None:

@@ -1,6 +1,7 @@
 """Launchers of the bf16 flash attention (kernels/flash_attention.cu on mma.sync, kernels/flash_attention_wgmma.cu
-on Hopper, or a rung of the dev/cuda ladder): causal grouped-query attention reading q, k, v from the packed
-projection, O(T) memory. The wgmma build reads its inputs through TMA maps, encoded here."""
+on Hopper, or a rung of the dev/cuda ladder; twin llama/twins/flash_attention.py): causal grouped-query
+attention reading q, k, v from the packed projection, O(T) memory. The wgmma build reads its inputs through TMA
+maps, encoded here. The ladder's own launchers and its benchmark problem: dev/cuda/flash_attention_ladder.py."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray, empty, runtime, to_device
-from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel
+from ..cuda import BF16, DeviceArray, runtime
+from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant
 from .gemm_wgmma import device_maps, tensor_map
 
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
 FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
 FIRST_FUSED_DQ_VERSION = 4  # ladder rungs from this one on form dQ inside the dK/dV kernel
-DQ_TILE_ROWS = 64  # the fused backward's fp32 dQ buffer holds tiles of 64 query rows
-ATOMIC_DQ_MODULE = "flash_attention_v1"  # the rung whose atomic-dQ kernels flash_attention_backward_atomic_dq runs
+DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fused backward's fp32 dQ tiles' rows
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class _FlashLaunch:
 _FLASH_CONFIGS = {}
 
 
-def _flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
+def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
     """The launch shape of one kernel ('forward', 'dkdv', 'dq' or, in the wgmma build, 'fused'), from the
     module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
     if source not in _FLASH_CONFIGS:
@@ -63,7 +63,7 @@ def _flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
     return _FlashLaunch(*(int(x) for x in row[at:at + 3]))
 
 
-def _flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int, int, int, int, int]:
+def flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int, int, int, int, int]:
     """B, T, H, KV, D of a packed (B, T, (H + 2KV) * D) bf16 qkv; D must be 64 or 128."""
     H, KV = n_heads, n_kv_heads
     if KV < 1 or H < 1 or H % KV:
@@ -90,11 +90,11 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
                             source: FlashSource) -> None:
     """Causal grouped-query attention of the packed projection qkv (B, T, (H + 2KV) * D) bf16, q and k
     already rotated: out (B, T, H * D) bf16 and the log-sum-exp of each row of scaled scores lse (B, H, T)."""
-    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    B, T, H, KV, D = flash_shapes(qkv, n_heads, n_kv_heads)
     check("out", out, (B, T, H * D), BF16)
     check("lse", lse, (B, H, T))
     check_aligned(out=out, qkv=qkv)
-    launch = _flash_config(source, D, "forward")
+    launch = flash_config(source, D, "forward")
     maps = _tma_maps(qkv) if source.tma else ()
     kernel(source.module, f"flash_attention_forward_d{D}", "P" * len(maps) + "PPPiii", source.directory)(
         (H, B, math.ceil(T / launch.rows)), launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H, KV,
@@ -124,7 +124,7 @@ def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: Devi
     (>= T, D/2) float32, dq and dk are rotated back by RoPE (dqkv is then the gradient of the projection before
     RoPE). Deterministic; deterministic=False (fused-dQ builds only, opt-in, for measuring what the order
     costs) adds the dQ partials in whatever order the CTAs reach them."""
-    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
+    B, T, H, KV, D = flash_shapes(qkv, n_heads, n_kv_heads)
     check("dqkv", dqkv, qkv.shape, BF16)
     check("dout", dout, (B, T, H * D), BF16)
     check("out", out, (B, T, H * D), BF16)
@@ -151,86 +151,16 @@ def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: Devi
         dq = scratch.view(_dq_offset(B * H * T), (scratch.size - _dq_offset(B * H * T),))
         dq.fill_zero()  # the tiles, then their counts
         counts = dq.ptr + B * H * math.ceil(T / DQ_TILE_ROWS) * DQ_TILE_ROWS * D * 4
-        fused = _flash_config(source, D, "fused")
+        fused = flash_config(source, D, "fused")
         name = "fused" if deterministic else "fused_unordered"
         kernel(source.module, f"flash_attention_backward_{name}_d{D}", signature + "PP", source.directory)(
             (KV, B, math.ceil(T / fused.rows)), fused.threads, *args, dq.ptr, counts, shared=fused.shared)
         kernel(source.module, f"flash_attention_backward_dq_store_d{D}", "PPPPiii", source.directory)(
             (H, B, math.ceil(T / DQ_TILE_ROWS)), 128, dqkv.ptr, dq.ptr, cos_ptr, sin_ptr, T, H, KV)
         return
-    dkdv = _flash_config(source, D, "dkdv")
+    dkdv = flash_config(source, D, "dkdv")
     kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature, source.directory)(
         (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, shared=dkdv.shared)
-    dq = _flash_config(source, D, "dq")
+    dq = flash_config(source, D, "dq")
     kernel(source.module, f"flash_attention_backward_dq_d{D}", signature, source.directory)(
         (H, B, math.ceil(T / dq.rows)), dq.threads, *args, shared=dq.shared)
-
-
-def flash_attention_backward_atomic_dq(dqkv: DeviceArray, delta: DeviceArray, dq_accum: DeviceArray, dout: DeviceArray,
-                                       out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int,
-                                       n_kv_heads: int, cos: DeviceArray | None = None,
-                                       sin: DeviceArray | None = None, *, source: FlashSource) -> None:
-    """NONDETERMINISTIC, opt-in, for measuring what determinism costs: flash_attention_backward with dQ
-    added by fp32 atomics inside the dK/dV kernel into dq_accum (B, T, H, D) float32, then converted.
-    Only builds that carry these kernels take it (ATOMIC_DQ_MODULE, dev/cuda/flash_attention_v1.cu)."""
-    B, T, H, KV, D = _flash_shapes(qkv, n_heads, n_kv_heads)
-    check("dq_accum", dq_accum, (B, T, H, D))
-    dq_accum.fill_zero()
-    cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
-    kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
-        blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, delta.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
-    rt = runtime()
-    pointer, _ = rt.module(source.module, source.directory).get_global("flash_attention_atomic_dq_shared")
-    shared = np.empty(2, dtype=np.int32)
-    rt.drv.memcpy_dtoh(shared, pointer)
-    dkdv = _flash_config(source, D, "dkdv")
-    kernel(source.module, f"flash_attention_backward_dkdv_atomic_dq_d{D}", "PPPPPPPPiii", source.directory)(
-        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, delta.ptr, cos_ptr,
-        sin_ptr, dq_accum.ptr, T, H, KV, shared=int(shared[{64: 0, 128: 1}[D]]))
-    kernel(source.module, "flash_attention_backward_dq_convert", "PPPPiiiii", source.directory)(
-        blocks(B * T * H * D // 2), BLOCK, dqkv.ptr, dq_accum.ptr, cos_ptr, sin_ptr, B, T, H, KV, D)
-
-
-def has_nondeterministic_backward(source: FlashSource) -> bool:
-    """Whether a build carries an opt-in nondeterministic backward to measure determinism against: the fused-dQ
-    builds, and the ladder's v1 (its atomic-dQ kernels)."""
-    return source.fused_dq or source.module == ATOMIC_DQ_MODULE
-
-
-class FlashAttentionProblem:
-    """One attention problem on the device, with random bf16 qkv and dout and every output buffer: what
-    the dev/cuda ladder's runner, the tests and scripts/bench_attention.py run each build on."""
-
-    def __init__(self, B: int, T: int, H: int, KV: int, D: int, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self.shape = (B, T, H, KV, D)
-        self.qkv_host = rng.standard_normal((B, T, (H + 2 * KV) * D)).astype(BF16)
-        self.dout_host = rng.standard_normal((B, T, H * D)).astype(BF16)
-        self.qkv, self.dout = to_device(self.qkv_host), to_device(self.dout_host)
-        self.out, self.dqkv = empty((B, T, H * D), BF16), empty(self.qkv.shape, BF16)
-        self.lse = empty((B, H, T))
-        self.dq_accum = empty((B, T, H, D))
-        self._scratch = {}
-
-    def scratch(self, source: FlashSource) -> DeviceArray:
-        """The backward's scratch for this build (delta; and the fp32 dQ tiles where it fuses dQ)."""
-        if source.fused_dq not in self._scratch:
-            B, T, H, _, D = self.shape
-            self._scratch[source.fused_dq] = empty((flash_attention_scratch_size(B, T, H, D, source),))
-        return self._scratch[source.fused_dq]
-
-    def forward(self, source: FlashSource) -> None:
-        flash_attention_forward(self.out, self.lse, self.qkv, *self.shape[2:4], source=source)
-
-    def backward(self, source: FlashSource, deterministic: bool = True) -> None:
-        flash_attention_backward(self.dqkv, self.scratch(source), self.dout, self.out, self.lse, self.qkv,
-                                 *self.shape[2:4], source=source, deterministic=deterministic)
-
-    def backward_nondeterministic(self, source: FlashSource) -> None:
-        """The build's opt-in nondeterministic backward (has_nondeterministic_backward): v1's atomic dQ, or a
-        fused-dQ build's unordered adds."""
-        if source.fused_dq:
-            self.backward(source, deterministic=False)
-            return
-        flash_attention_backward_atomic_dq(self.dqkv, self.scratch(source), self.dq_accum, self.dout, self.out,
-                                           self.lse, self.qkv, *self.shape[2:4], source=source)

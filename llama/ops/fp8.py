@@ -1,5 +1,5 @@
 """--dtype fp8's launchers: the FP8 casts (kernels/fp8.cu), float8 e4m3fn (llama.cuda.FP8) with one power-of-two
-fp32 scale per row or per column, bit for bit llama/model/reference.py's quantize_fp8; and the FP8 GEMM
+fp32 scale per row or per column, bit for bit llama/twins/fp8.py's quantize_fp8; and the FP8 GEMM
 (kernels/gemm_wgmma.cu's versions 5 and 6 with FP8 operands), which multiplies the casts and applies their
 scales in its epilogue."""
 
@@ -12,14 +12,15 @@ import numpy as np
 
 from ..cuda import BF16, FP8, DeviceArray, empty
 from ..options import FP8_SCALINGS
-from .bf16 import gemm_epilogue, launch_gemm
-from .common import I32, check, check_aligned, kernel
+from .common import I32, check, check_aligned, kernel, kernel_constant
+from .gemm import gemm_epilogue, launch_gemm
 from .gemm_problem import GemmProblem
 from .gemm_wgmma import gemm_wgmma5, gemm_wgmma6
 
 U32 = np.dtype(np.uint32)
-AMAX_ROWS, AMAX_ROW_WARPS, AMAX_COLUMNS = 64, 8, 256  # fp8_amax's block: rows, warps, columns, as in kernels/fp8.cu
-TILE = 64  # fp8_cast's tile of x: TILE rows and columns, as in kernels/fp8.cu
+AMAX_ROWS, AMAX_ROW_WARPS = kernel_constant("fp8", "FP8_AMAX_ROWS"), kernel_constant("fp8", "FP8_AMAX_ROW_WARPS")
+AMAX_COLUMNS = 32 * 8  # fp8_amax's block: AMAX_ROWS rows of x, warps of 32 lanes that load 8 columns each
+TILE = kernel_constant("fp8", "FP8_TILE")  # fp8_cast's tile of x: TILE rows and columns
 _AMAX = {}
 
 
@@ -35,7 +36,7 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
              cols: DeviceArray | None = None, col_scales: DeviceArray | None = None,
              amax: DeviceArray | None = None, scaling: str = "row") -> None:
     """The FP8 casts of the bf16 x (R, C) (a 3D (B, T, C) is taken as (B * T, C)), as requested:
-    rows (R, C) fp8 with row_scales (R,) fp32 = reference.quantize_fp8(x, axis=-1, scaling), and/or
+    rows (R, C) fp8 with row_scales (R,) fp32 = twins.fp8.quantize_fp8(x, axis=-1, scaling), and/or
     cols (C, R) fp8 = the transpose of the values of quantize_fp8(x, axis=0, scaling), with col_scales (C,) fp32.
     x / scale is exact and rounds to nearest even. scaling "tensor": every scale is the one of x's amax.
     amax: uint32 or int32 scratch of at least R + C elements (zeroed here before each use), else a workspace

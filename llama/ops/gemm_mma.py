@@ -8,19 +8,27 @@ import math
 import numpy as np
 
 from ..cuda import DeviceArray
-from .common import BLOCK, blocks, kernel, multiprocessors
+from .common import BLOCK, blocks, kernel, kernel_constant, kernel_entries, multiprocessors
 from .gemm_problem import GemmProblem
+
+# the tiles (BM, BN) and pipeline stages of each entry point gemm_mma_nt_<BM>x<BN>, by tile name
+TILES = {name.split("_")[-1]: (int(bm), int(bn), int(stages))
+         for name, bm, bn, stages, *_ in kernel_entries("gemm_mma", "GEMM_MMA_ENTRY")
+         if name.startswith("gemm_mma_nt_")}
+BK, THREADS = kernel_constant("gemm_mma", "BK"), 256  # 2 x 4 warps (kernels/gemm_mma.cu's WARPS_M, WARPS_N)
 
 
 def gemm_mma(p: GemmProblem, tile: str | None = None) -> None:
-    """Version 1 (mma.sync, any GPU from sm_80)."""
+    """Version 1 (mma.sync, any GPU from sm_80). tile: '128x128' or '128x256' (TILES)."""
     if tile is None:  # the wide tile once there are enough of them to fill the GPU twice over
-        tile = "128x256" if math.ceil(p.M / 128) * math.ceil(p.N / 256) * p.batch >= 2 * multiprocessors() else "128x128"
-    bn, stages = (256, 3) if tile == "128x256" else (128, 4)
-    grid = (math.ceil(p.M / 128) * math.ceil(p.N / bn), 1, p.batch)
+        wide_m, wide_n, _ = TILES["128x256"]
+        wide_tiles = math.ceil(p.M / wide_m) * math.ceil(p.N / wide_n) * p.batch
+        tile = "128x256" if wide_tiles >= 2 * multiprocessors() else "128x128"
+    bm, bn, stages = TILES[tile]
+    grid = (math.ceil(p.M / bm) * math.ceil(p.N / bn), 1, p.batch)
     kernel("gemm_mma", f"gemm_mma_{p.layout}_{tile}", "PPPPPqqqiiiiiiiiiif")(
-        grid, 256, p.c, p.a, p.b, p.cos, p.sin, p.stride_a, p.stride_b, p.stride_c, p.M, p.N, p.K, p.lda, p.ldb,
-        *p.epilogue_args(), shared=stages * (128 + bn) * 64 * 2)
+        grid, THREADS, p.c, p.a, p.b, p.cos, p.sin, p.stride_a, p.stride_b, p.stride_c, p.M, p.N, p.K, p.lda, p.ldb,
+        *p.epilogue_args(), shared=stages * (bm + bn) * BK * 2)
 
 
 def splitk_splits(p: GemmProblem) -> int:

@@ -1,4 +1,4 @@
-"""GemmProblem: one GEMM as every version of the GEMM ladder receives it (llama/ops/bf16.py's gemm and
+"""GemmProblem: one GEMM as every version of the GEMM ladder receives it (llama/ops/gemm.py's gemm and
 llama/ops/fp8.py's gemm_fp8 build it from device arrays; llama/ops/gemm_mma.py and llama/ops/gemm_wgmma.py
 launch it)."""
 

@@ -15,15 +15,18 @@ import math
 import numpy as np
 
 from ..cuda import DeviceArray, runtime, to_device, zeros
-from .common import kernel, multiprocessors
+from .common import kernel, kernel_constant, kernel_entries, multiprocessors
 from .gemm_problem import GemmProblem
 
-BM, BK = 128, 64
-STAGES = {256: 4, 128: 6}
-PINGPONG_STAGES = 7  # version 3: 128 x 128 tiles, kernels/gemm_wgmma.cu PP_STAGES
-CLUSTER_BM, CLUSTER_STAGES = 256, 4  # version 4: 256 x 128 tiles per CTA, CL_BM and CL_STAGES
-PINGPONG_STAGED_STAGES, STAGING_BYTES = 6, 2 * 4 * 8 * 132 * 4  # version 5: PP5_STAGES; versions 5-8: STAGING_BYTES
-UNIT_RING_BYTES = 8 * 20  # versions 7, 8: the claimed units' ring, UNIT_RING_BYTES
+BM, BK = kernel_constant("gemm_wgmma", "WG_BM"), kernel_constant("gemm_wgmma", "WG_BK")
+STAGES = {int(bn): int(stages) for name, bn, stages, *_ in kernel_entries("gemm_wgmma", "GEMM_WGMMA_ENTRY")
+          if name.startswith("gemm_wgmma_nt_")}  # versions 2, 6, 7: pipeline stages by tile width
+PINGPONG_STAGES = kernel_constant("gemm_wgmma", "PP_STAGES")  # version 3: 128 x 128 tiles
+CLUSTER_BM = kernel_constant("gemm_wgmma", "CL_BM")  # version 4: 256 x 128 tiles per CTA
+CLUSTER_STAGES = kernel_constant("gemm_wgmma", "CL_STAGES")
+PINGPONG_STAGED_STAGES = kernel_constant("gemm_wgmma", "PP5_STAGES")  # versions 5 and 8
+STAGING_BYTES = kernel_constant("gemm_wgmma", "STAGING_BYTES")  # versions 5 to 8: the epilogue's staged rows
+UNIT_RING_BYTES = kernel_constant("gemm_wgmma", "UNIT_RING_BYTES")  # versions 7, 8: the claimed units' ring
 # version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
 # 132 SMs; the reduce pass's bandwidth and its launch
 KBLOCK_SECONDS, REDUCE_BYTES_PER_SECOND, REDUCE_LAUNCH_SECONDS, MAX_SPLITS = 0.43e-6, 3e12, 3e-6, 32

@@ -185,7 +185,7 @@ class Zero:
     its gradients a group at a time.
     """
 
-    def __init__(self, layout: ShardLayout, comm, params: np.ndarray, decay_mask: np.ndarray, weight_dtype,
+    def __init__(self, layout: ShardLayout, comm, params: np.ndarray | None, decay_mask: np.ndarray, weight_dtype,
                  optimizer: str = "adamw", gradients: bool = True, stage: int = 1, reduce_dtype=np.float32):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -237,7 +237,8 @@ class Zero:
         self.stale = False  # the weights the forward reads are older than the master (stages 1-2: gather first)
         self._step_first = True
         self._start_region()
-        self.set_weights(params)
+        if params is not None:  # None: the caller fills them with set_weights_on_device
+            self.set_weights(params)
 
     @classmethod
     def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw",
@@ -252,18 +253,26 @@ class Zero:
         from the master on the device, as the host rounds them: to nearest even)."""
         params = np.asarray(params, np.float32)
         padded = self.layout.pad(params)
-        if self.comm is None and self.master is not self.weights:  # bf16 weights rounded on the device, not the host
-            self.master.upload(padded)
-            ops.round_to_bf16(self.weights, self.master)
-            self.stale = False
+        if self.comm is None:  # the bf16 weights rounded on the device, not the host
+            self.set_weights_on_device(lambda master: master.upload(padded))
             return
         if self.weights is not None:
             self.weights.upload(padded)
-        shard = padded if self.comm is None else self.layout.shard(params, self.rank)
+        shard = self.layout.shard(params, self.rank)
         if self.master is not self.weights:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
             self.weight_shard.upload(shard.astype(self.weight_shard.dtype))
+        self.stale = False
+
+    def set_weights_on_device(self, fill) -> None:
+        """One GPU: fill(master) writes the full fp32 params into the master on the device, and the weights
+        the forward reads follow (no host copy)."""
+        if self.comm is not None:
+            raise ValueError("the weights are filled on the device on one GPU only")
+        fill(self.master)
+        if self.weights is not self.master:
+            ops.round_to_bf16(self.weights, self.master)
         self.stale = False
 
     def set_moments(self, m, v) -> None:

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.cuda import BF16, to_device
+from llama.cuda import BF16
 from llama.generate import generate
 from llama.model.sampling import Sampling
 from llama.model import reference as ref
 from llama.model.base import rope_cos_sin
 from llama.params import ParameterLayout
+from llama.twins.rope import rope_forward
+from llama.twins.swiglu import swiglu_forward
 from tests.gpu_helpers import ERRORS, bf16_round, check, dev, dev_bf16, poisoned
 from tests.gradcheck import rel_error
 
@@ -75,7 +77,7 @@ def test_gemv_swiglu(B, F, K):
     w13 = rng.standard_normal((2 * F, K)) / np.sqrt(K)
     out = poisoned((B, F), BF16)
     gemv_swiglu(out, dev(x), dev_bf16(w13), norm)
-    check(f"gemv_swiglu[{B},{F},{K}]", out, ref.swiglu_forward(normalized @ bf16_round(w13).T), 1e-2)
+    check(f"gemv_swiglu[{B},{F},{K}]", out, swiglu_forward(normalized @ bf16_round(w13).T), 1e-2)
 
 
 @pytest.mark.parametrize("B, H, KV, D, K, p, T_max", [(1, 32, 8, 64, 2048, 0, 16), (3, 4, 2, 16, 72, 7, 9),
@@ -91,7 +93,7 @@ def test_gemv_qkv_rope_writes_the_cache_at_the_position(B, H, KV, D, K, p, T_max
     k_cache, v_cache = poisoned((B, KV, T_max, D), BF16), poisoned((B, KV, T_max, D), BF16)
     gemv_qkv_rope(q, k_cache, v_cache, dev(x), dev_bf16(w), norm, dev(cos), dev(sin), dev(np.array([p])))
     qkv = (normalized @ bf16_round(w).T)[:, None]  # (B, 1, (H + 2KV) D)
-    q_ref, k_ref, v_ref = ref.rope_forward(qkv, cos[p:], sin[p:], H, KV)
+    q_ref, k_ref, v_ref = rope_forward(qkv, cos[p:], sin[p:], H, KV)
     check(f"gemv_qkv_rope_q[{B},{H},{KV},{D}]", q, q_ref[:, :, 0], 1e-2)
     for name, cache, expected in (("k", k_cache, k_ref), ("v", v_cache, v_ref)):
         got = cache.download().astype(np.float64)

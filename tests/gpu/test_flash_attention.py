@@ -6,12 +6,12 @@ outputs NaN-poisoned first; determinism, the fused inverse RoPE, no allocation g
 import numpy as np
 import pytest
 
-from llama.model import reference as ref
-from llama.model.base import rope_cos_sin
+from dev.cuda.flash_attention_ladder import LADDER, flash_attention_backward_atomic_dq
 from llama.config import get_preset
 from llama.cuda import BF16
+from llama.model.base import rope_cos_sin
+from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
-from tests.runs import REPO
 
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(2024)
@@ -22,7 +22,6 @@ CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 
          (1, 2048, 2, 1), (1, 8192, 1, 1)]
 
 
-LADDER = REPO / "dev" / "cuda"
 VERSIONS = [1, 2, 3, 4]  # v2, v3 and v4 include the production builds (flash_attention.cu, flash_attention_wgmma.cu)
 NONDETERMINISTIC_VERSIONS = [1, 4]  # the rungs with an opt-in nondeterministic backward (atomic or unordered dQ)
 
@@ -93,11 +92,11 @@ def test_flash_attention(ops, B, T, H, KV, D, version):
     qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
     qkv_d = to_bf16(qkv)
     out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
-    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
+    ref_out, ref_lse = flash_attention_forward(qkv, H, KV)
     check(f"flash_attention_v{version}_forward_out", out, ref_out, tol=TOL)
     check(f"flash_attention_v{version}_forward_lse", lse, ref_lse, tol=TOL)
     dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, version=version)
-    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
+    expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
     check_dqkv(f"flash_attention_v{version}_backward", dqkv, expected, H, KV, D, T)
 
 
@@ -111,8 +110,8 @@ def test_flash_attention_backward_fused_rope(ops, D, version):
     qkv_d = to_bf16(qkv)
     out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
     dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), version)
-    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
-    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
+    ref_out, ref_lse = flash_attention_forward(qkv, H, KV)
+    expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
     check_dqkv(f"flash_attention_v{version}_backward_rope", dqkv, expected, H, KV, D, T)
 
 
@@ -181,8 +180,8 @@ def test_flash_attention_nondeterministic_variant(ops, D, version):
         dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), version, deterministic=False)
     else:
         dqkv = poisoned(qkv_d.shape, BF16)
-        ops.flash_attention_backward_atomic_dq(dqkv, scratch(ops, qkv_d.shape, H, KV, source), empty((B, T, H, D)),
+        flash_attention_backward_atomic_dq(dqkv, scratch(ops, qkv_d.shape, H, KV, source), empty((B, T, H, D)),
                                                to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), source=source)
-    ref_out, ref_lse = ref.flash_attention_forward(qkv, H, KV)
-    expected = ref.flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
+    ref_out, ref_lse = flash_attention_forward(qkv, H, KV)
+    expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
     check_dqkv(f"flash_attention_v{version}_backward_nondeterministic", dqkv, expected, H, KV, D, T)

@@ -1,4 +1,4 @@
-"""The FP8 casts (kernels/fp8.cu) against llama/model/reference.py's quantize_fp8 of the same bf16 inputs,
+"""The FP8 casts (kernels/fp8.cu) against llama/twins/fp8.py's quantize_fp8 of the same bf16 inputs,
 bit for bit (values and scales): both layouts, shapes that are not multiples of the tiles, rows and
 columns of wildly different magnitudes, of zeros and of denormals, amax at the scales' boundaries, ties,
 NaN-poisoned outputs, a reused amax scratch, reruns and a CUDA-graph replay that give the same bits; and the
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llama.cuda import BF16, FP8
-from llama.model.reference import quantize_fp8
+from llama.twins.fp8 import quantize_fp8
 from tests.gpu_helpers import dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu

@@ -4,11 +4,14 @@ device runs. Fresh random inputs each run; outputs NaN-poisoned first.
 
 Tolerances (‖out − ref‖ / ‖ref‖): fp32 output 1e-5, bf16 output 5e-3."""
 
+import importlib
+
 import numpy as np
 import pytest
 
-from llama.model import reference as ref
 from llama.plan import DYNAMIC_TWINS
+from llama.twins.matmul import matmul_forward
+from llama.twins.rope import rotate_pairs
 from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu
@@ -95,8 +98,8 @@ def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     out = poisoned((B * T, (H + 2 * KV) * D), BF16)
     ops.gemm(out, dev_bf16(x), dev_bf16(w), trans_b=True, version=version,
              rope=(to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32)), T, (H + KV) * D))
-    heads = ref.matmul_forward(x, w).reshape(B, T, H + 2 * KV, D).transpose(0, 2, 1, 3)
-    rotated = ref._rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
+    heads = matmul_forward(x, w).reshape(B, T, H + 2 * KV, D).transpose(0, 2, 1, 3)
+    rotated = rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
     expected = np.concatenate([rotated, heads[:, H + KV:]], axis=1).transpose(0, 2, 1, 3).reshape(B * T, -1)
     check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
 
@@ -108,8 +111,7 @@ def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
     of 8, 6 + 6 + 4 or 1, the last one partial), overwriting and accumulating."""
     if version not in versions():
         pytest.skip(f"{version} needs sm_90a")
-    from llama.ops import bf16
-    monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
+    monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "splitk_splits3", lambda p, sms: splits)
     a, b, opa, opb = operands("tn", 200, 136, 1000, 1)
     c = poisoned((200, 136))
     ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version=version)
@@ -146,8 +148,7 @@ def test_dynamic_claiming_is_bit_identical(ops, monkeypatch, dynamic, layout, M,
     if dynamic not in versions():
         pytest.skip(f"{dynamic} needs sm_90a")
     if splits is not None:
-        from llama.ops import bf16
-        monkeypatch.setattr(bf16, "splitk_splits3", lambda p, sms: splits)
+        monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "splitk_splits3", lambda p, sms: splits)
     a, b = (dev_bf16(x) for x in operands(layout, M, N, K, batch)[:2])
     c0 = rng.standard_normal(((batch,) if batch > 1 else ()) + (M, N)).astype(np.float32)
     static = run_gemm(ops, DYNAMIC[dynamic], layout, a, b, c0, mode)

@@ -1,6 +1,6 @@
 """The FP8 GEMM (versions 5 and 6 with e4m3 operands) against the float64 product of the same FP8 values
-times their scales: the operands are cast on the host by the numpy twin (reference.quantize_fp8), so this
-tests the GEMM alone. Every epilogue, shapes at and off the tiles, the split-K of weight gradients; outputs
+times their scales: the operands are cast on the host by the numpy twin (llama/twins/fp8.py's quantize_fp8), so
+this tests the GEMM alone. Every epilogue, shapes at and off the tiles, the split-K of weight gradients; outputs
 NaN-poisoned first.
 
 Tolerances (‖out − ref‖ / ‖ref‖): the products of FP8 values are exact, but Hopper's FP8 wgmma adds them into
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from llama.cuda import BF16
-from llama.model import reference as ref
+from llama.twins.fp8 import dequantize_fp8, quantize_fp8
+from llama.twins.rope import rotate_pairs
 from tests.gpu_helpers import check, dev, dev_bf16, poisoned
 
 pytestmark = pytest.mark.gpu
@@ -35,8 +36,8 @@ def fp8_operand(rows, K, spread=8.0):
     scales device array, the dequantized values in float64)."""
     from llama.cuda import to_device
     x = rng.standard_normal((rows, K)) * np.exp(rng.uniform(-spread, spread, (rows, 1)))
-    q, scales = ref.quantize_fp8(x.astype(np.float32))
-    return to_device(q), dev(scales), ref.dequantize_fp8(q, scales).astype(np.float64)
+    q, scales = quantize_fp8(x.astype(np.float32))
+    return to_device(q), dev(scales), dequantize_fp8(q, scales).astype(np.float64)
 
 
 # (M, N, K): a tile and a k-block of 128 values exactly; odd M and N (rows of c a multiple of 8) and K not a
@@ -68,7 +69,7 @@ def test_gemm_fp8_rope_epilogue(ops, version):
     angles = rng.uniform(0, 2 * np.pi, (T + 3, D // 2))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     heads = (a64 @ b64.T).reshape(B, T, n_heads, D).transpose(0, 2, 1, 3)
-    turned = ref._rotate_pairs(heads[:, :rotated], cos[:T].astype(np.float64), sin[:T].astype(np.float64))
+    turned = rotate_pairs(heads[:, :rotated], cos[:T].astype(np.float64), sin[:T].astype(np.float64))
     expected = np.concatenate([turned, heads[:, rotated:]], axis=1).transpose(0, 2, 1, 3).reshape(M, N)
     c = poisoned((M, N), BF16)
     ops.gemm_fp8(c, a, sa, b, sb, rope=(dev(cos), dev(sin), T, rotated * D), version=version)

@@ -1,6 +1,7 @@
 """Every kernel source (kernels/ and the dev/cuda ladders) compiles with nvcc for Hopper (sm_90a) and
 Ampere (sm_80), and the runtime finds the sources. Runs in CI without a GPU; skipped where nvcc is missing."""
 
+import re
 import shutil
 import subprocess
 
@@ -51,3 +52,30 @@ def test_the_gemv_arguments_match_their_numpy_layout(tmp_path):
     printed = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
     layout = dict(zip(printed[::2], map(int, printed[1::2])))
     assert layout == {name: GEMV_ARGS.fields[name][1] for name in GEMV_ARGS.names} | {"sizeof": GEMV_ARGS.itemsize}
+
+
+def constants_read() -> dict[str, set[str]]:
+    """Every kernels/<module>.cu constant a launcher reads with kernel_constant("module", "NAME"), by module."""
+    read = {}
+    for source in (REPO / "llama" / "ops").glob("*.py"):
+        for module, name in re.findall(r'kernel_constant\("(\w+)", "(\w+)"\)', source.read_text()):
+            read.setdefault(module, set()).add(name)
+    return read
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("module", sorted(constants_read()))
+def test_the_launchers_read_the_kernels_own_constants(module, tmp_path):
+    """The launchers' tile and block sizes come from the kernel sources (llama/ops/common.py's kernel_constant
+    parses them): each value is the one the C compiler gives that constant in the Hopper build's device code
+    (where every constant of the wgmma kernels is defined), checked by static_assert."""
+    from llama.ops.common import kernel_constant
+    namespaces = set(re.findall(r"^namespace (\w+) \{", (kernel_dir() / f"{module}.cu").read_text(), re.M))
+    uses = "".join(f"using namespace {namespace};\n" for namespace in sorted(namespaces))
+    asserts = "".join(f'static_assert(({name}) == {kernel_constant(module, name)}, "{name}");\n'
+                      for name in sorted(constants_read()[module]))
+    program = tmp_path / "constants.cu"
+    program.write_text(f'#include "{module}.cu"\n{uses}#ifdef __CUDA_ARCH__\n{asserts}#endif\n')
+    build = subprocess.run(["nvcc", "-ptx", "-std=c++17", "-arch=sm_90a", "-I", str(kernel_dir()), "-o",
+                            str(tmp_path / "constants.ptx"), str(program)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr

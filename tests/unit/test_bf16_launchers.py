@@ -2,6 +2,7 @@
 launching anything (the arrays here are descriptors of device memory that does not exist), and the
 host helpers build what the kernels expect."""
 
+import importlib
 import math
 from dataclasses import replace
 
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.ops.bf16 import EMBEDDING_SEGMENT, embedding_partial_rows
+from llama.ops import gemm_wgmma
+from llama.ops.embedding import EMBEDDING_SEGMENT, embedding_partial_rows
 from llama.ops.gemm_problem import GemmProblem
 from llama.ops.gemm_wgmma import UNIT_RING_BYTES, splitk_splits3
 from llama.cuda import BF16, DeviceArray
@@ -184,9 +186,8 @@ COUNTER = fake((1,), np.uint32, 256)  # the tile counter the launches below are 
 def wgmma_launch(monkeypatch, version, M, N, K):
     """The one kernel launch of ops.gemm (nt, bf16 out) on `version`, recorded instead of run on 132 multiprocessors:
     (name, signature, grid, args, shared)."""
-    from llama.ops import bf16, gemm_wgmma
     launches = []
-    monkeypatch.setattr(bf16, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "multiprocessors", lambda: 132)  # ops.gemm's module
     monkeypatch.setattr(gemm_wgmma, "multiprocessors", lambda: 132)
     monkeypatch.setattr(gemm_wgmma, "operand_maps", lambda p, bn: (b"", b""))
     monkeypatch.setattr(gemm_wgmma, "device_maps", lambda maps: fake((256,), np.uint8))

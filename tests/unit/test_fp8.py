@@ -1,4 +1,4 @@
-"""The FP8 twins (llama/model/reference.py): float8 e4m3 casts with power-of-two scales per slice along a
+"""The FP8 twins (llama/twins/fp8.py): float8 e4m3 casts with power-of-two scales per slice along a
 GEMM's K axis, and the FP8 linear layer's forward and backward built from them. The kernels of --dtype fp8
 are tested against these."""
 
@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from llama.model.reference import (E4M3_MAX, dequantize_fp8, matmul_backward, matmul_forward, matmul_fp8_backward,
-                                   matmul_fp8_forward, quantize_fp8)
+from llama.twins.fp8 import E4M3_MAX, dequantize_fp8, matmul_fp8_backward, matmul_fp8_forward, quantize_fp8
+from llama.twins.matmul import matmul_backward, matmul_forward
 
 E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 E4M3 = np.unique(E4M3[np.isfinite(E4M3)])  # every finite value, -448 .. 448

@@ -9,7 +9,7 @@ START = np.full(1000, 0.1, dtype=np.float32)
 
 
 def test_an_isolated_spike_is_skipped_and_the_next_good_weights_are_saved():
-    guard = CheckpointGuard(START)
+    guard = CheckpointGuard(weights_rms(START))
     assert guard.judge(START, 5.0) == (SAVE, None) and guard.best == 5.0
     assert guard.judge(START, 4.0)[0] == SAVE and guard.best == 4.0
     verdict, why = guard.judge(START, 6.5)  # the limit is 4 + 2
@@ -20,7 +20,7 @@ def test_an_isolated_spike_is_skipped_and_the_next_good_weights_are_saved():
 
 
 def test_bad_checkpoints_in_a_row_stop_the_run_and_a_good_one_resets_the_count():
-    guard = CheckpointGuard(START, best_probe_loss=2.0)
+    guard = CheckpointGuard(weights_rms(START), best_probe_loss=2.0)
     for _ in range(BAD_IN_A_ROW - 1):
         assert guard.judge(START, 9.0)[0] == SKIP
     assert guard.judge(START, 2.5)[0] == SAVE
@@ -31,7 +31,7 @@ def test_bad_checkpoints_in_a_row_stop_the_run_and_a_good_one_resets_the_count()
 
 
 def test_weights_that_jump_are_bad_however_low_their_loss():
-    guard = CheckpointGuard(START)
+    guard = CheckpointGuard(weights_rms(START))
     grown = START * (0.99 * JUMP)
     assert guard.judge(grown, 3.0)[0] == SAVE  # the reference is now the grown weights
     verdict, why = guard.judge(grown * (1.01 * JUMP), 1.0)
@@ -42,8 +42,8 @@ def test_weights_that_jump_are_bad_however_low_their_loss():
 def test_weights_or_a_loss_that_are_not_finite_stop_at_once():
     broken = START.copy()
     broken[7] = np.inf
-    assert CheckpointGuard(START).judge(broken, 3.0) == (STOP, "the weights are not finite")
-    assert CheckpointGuard(START).judge(START, float("nan"))[0] == STOP
+    assert CheckpointGuard(weights_rms(START)).judge(broken, 3.0) == (STOP, "the weights are not finite")
+    assert CheckpointGuard(weights_rms(START)).judge(START, float("nan"))[0] == STOP
 
 
 def test_the_rms_of_the_weights_is_summed_in_chunks():
@@ -56,8 +56,8 @@ def test_huge_finite_weights_have_a_finite_rms_and_jump():
     jumped, not as not finite."""
     huge = np.full(1000, 1e30, dtype=np.float32)
     assert weights_rms(huge, chunk=64) == pytest.approx(1e30, rel=1e-6)
-    verdict, why = CheckpointGuard(START).judge(huge, 3.0)
+    verdict, why = CheckpointGuard(weights_rms(START)).judge(huge, 3.0)
     assert verdict == SKIP and why.startswith("the weights jumped")
     with_nan = huge.copy()
     with_nan[500] = np.nan
-    assert CheckpointGuard(START).judge(with_nan, 3.0) == (STOP, "the weights are not finite")
+    assert CheckpointGuard(weights_rms(START)).judge(with_nan, 3.0) == (STOP, "the weights are not finite")

@@ -13,7 +13,7 @@ import pytest
 from llama import kernel_build
 from llama.kernel_build import (DECODER_MODULES, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE, entries_of, kernel_dir,
                                 kernels_for, unit_of)
-from llama.ops.bf16 import GEMM_VERSIONS
+from llama.ops.gemm import GEMM_VERSIONS
 from llama.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
 
 LLAMA = Path(kernel_build.__file__).parent

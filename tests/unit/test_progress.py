@@ -7,13 +7,14 @@ import pty
 import re
 import struct
 import termios
+import time
 
 import numpy as np
 import pytest
 
 from llama.data.datasets import encode_documents
 from llama.data.tokenizer import ByteTokenizer
-from llama.progress import MIN_BAR, Display, TrainingProgress, choose_display, fit_stats
+from llama.progress import EVERY_PHASE, MIN_BAR, Display, TrainingProgress, choose_display, fit_stats, phase
 
 ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -110,3 +111,42 @@ def test_files_get_lines_and_no_bars(tmp_path, monkeypatch):
     assert len(tokens) == 20 and np.all(tokens[[0, 10]] == 256)
     assert (tmp_path / "out.log").read_text() == "step 2/5\nstep 4/5\nstep 5/5\n"
     assert (tmp_path / "err.log").read_text() == ""
+
+
+def test_phases_in_a_file_are_lines_with_their_time(tmp_path, monkeypatch):
+    """A phase past report_after: its name, a progress line (every LINE_EVERY seconds, here every update)
+    and its time; a short one: nothing, unless EVERY_PHASE asks for every phase's time."""
+    err = open(tmp_path / "err.log", "w")
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setattr("llama.progress.LINE_EVERY", 0.0)
+    monkeypatch.delenv(EVERY_PHASE, raising=False)
+    lines_only = Display(None, step_lines=True)
+    with phase("loading", total=2000, unit="param", report_after=0.05, display=lines_only) as progress:
+        time.sleep(0.2)
+        progress.update(1000)
+    with phase("quick", display=lines_only):
+        pass
+    monkeypatch.setenv(EVERY_PHASE, "1")
+    with phase("counted", display=lines_only):
+        pass
+    err.close()
+    lines = (tmp_path / "err.log").read_text().splitlines()
+    assert lines[0] == "loading ..."
+    assert re.fullmatch(r"loading: 50% \(1.00k/2.00k param\) after 0\.\d s", lines[1]), lines[1]
+    assert re.fullmatch(r"loading: done in 0\.\d s", lines[2]), lines[2]
+    assert re.fullmatch(r"counted: done in 0\.0 s", lines[3]) and len(lines) == 4, lines
+
+
+def test_phases_on_a_terminal_are_a_bar_once_they_take_a_while():
+    terminal, master = open_terminal(80)
+    with phase("quick", total=10, display=Display(terminal, step_lines=False), report_after=5.0) as progress:
+        progress.update(10)
+    with phase("building", total=4, unit="kernel", display=Display(terminal, step_lines=False),
+               report_after=0.05) as progress:
+        time.sleep(0.1)
+        progress.update(4)
+    terminal.close()
+    lines = screen_lines(read_terminal(master))
+    os.close(master)
+    assert lines and not any("quick" in line for line in lines)
+    assert re.match(r"building: 100%\|.*\| 4/4 ", lines[-1]), lines
