@@ -372,10 +372,11 @@ class Trainer:
         state downloaded into page-locked memory (reused by every checkpoint; on the CPU plain copies), on
         several GPUs the host copies that get_params and get_optimizer_state make."""
         self.collect_checkpoint(wait=True)
-        self.snapshot = self.model.download_state(self.snapshot)
+        self.snapshot = self.model.download_state(self.snapshot, wait=False)  # the probe forward runs meanwhile
         params = (self.snapshot["params"][:ParameterLayout(self.config).size] if self.snapshot is not None
                   else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
+        self.model.wait_for_state()
         verdict, reason = self.guard.judge(self.guarded(params), probe_loss) if params is not None else (SAVE, None)
         skip, stop = (value > 0 for value in mean_over_ranks(self.comm, float(verdict == SKIP),
                                                                        float(verdict == STOP)))

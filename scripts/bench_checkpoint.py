@@ -52,7 +52,8 @@ def timed(what: str, nbytes: int, work) -> object:
     began = time.perf_counter()
     result = work()
     elapsed = time.perf_counter() - began
-    print(f"{what:<28} {nbytes / 1e9:7.2f} GB {elapsed:8.2f} s {nbytes / 1e9 / elapsed:7.2f} GB/s")
+    print(f"{what:<28} {nbytes / 1e9:7.2f} GB {elapsed:8.2f} s {nbytes / 1e9 / elapsed:7.2f} GB/s" if nbytes
+          else f"{what:<28} {elapsed:8.2f} s")
     return result
 
 
@@ -73,8 +74,8 @@ def bench_disk(config, folder: Path) -> None:
 
 
 def bench_gpu(config, args) -> None:
-    """The stall of a checkpoint on one GPU: download_state (the first call also pins its host arrays) and the
-    weights' RMS on the device, as the trainer takes them between two steps."""
+    """The stall of a checkpoint on one GPU, and its parts: download_state (the first call also pins its host
+    arrays), the probe batch's forward that runs beside the copies, and the weights' RMS on the device."""
     from llama.cuda import runtime
     from llama.kernel_build import build, kernels_for
     from llama.model.gpu_bf16 import GPUModelBF16
@@ -85,18 +86,26 @@ def bench_gpu(config, args) -> None:
                          in_backward=args.optimizer_in_backward, batch=(args.batch_size, args.seq_len))
     plan = make_plan(config, options)
     build(kernels_for(plan, runtime().code))
-    size = ParameterLayout(config).size
-    model = GPUModelBF16(config, args.batch_size, args.seq_len, params=np.zeros(size, np.float32), plan=plan)
+    model = GPUModelBF16(config, args.batch_size, args.seq_len, plan=plan)  # weights drawn on the GPU
+    rng = np.random.default_rng(0)
+    probe = [rng.integers(0, config.vocab_size, (args.batch_size, args.seq_len)) for _ in range(2)]
+    model.forward(*probe)  # warm
+    timed("the probe batch's forward", 0, lambda: model.forward(*probe))
     snapshot = None
     for attempt in ("first (pins)", "again"):
         began = time.perf_counter()
         snapshot = model.download_state(snapshot)
         copied = time.perf_counter() - began
-        model.master_rms()
-        stall = time.perf_counter() - began
         nbytes = sum(a.nbytes for a in snapshot.values())
-        print(f"download_state {attempt:<14} {nbytes / 1e9:7.2f} GB {copied:8.2f} s {nbytes / 1e9 / copied:7.2f} GB/s"
-              f"; with the weights' RMS on the device: a stall of {stall:.2f} s")
+        print(f"download_state {attempt:<14} {nbytes / 1e9:7.2f} GB {copied:8.2f} s {nbytes / 1e9 / copied:7.2f} GB/s")
+    timed("the weights' RMS on the GPU", 4 * ParameterLayout(config).size, model.weights_rms)
+    began = time.perf_counter()
+    snapshot = model.download_state(snapshot, wait=False)
+    model.forward(*probe)
+    model.wait_for_state()
+    model.weights_rms()
+    print(f"the stall of a checkpoint (the copy beside the probe forward, then the RMS): "
+          f"{time.perf_counter() - began:.2f} s")
 
 
 def train_command(args, folder: Path, *extra: str) -> list[str]:

@@ -103,14 +103,14 @@ class Model:
         self.step_loss += self.forward(tokens, targets) / micro
         self.backward(loss_scale=1.0 / micro)
 
-    def download_state(self, into: dict | None = None) -> dict[str, np.ndarray] | None:
+    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray] | None:
         """A checkpoint's snapshot of the training state in host memory (page-locked on one GPU), the moments as
-        the optimizer holds them; None where get_params and get_optimizer_state make the copies (several GPUs)."""
+        the optimizer holds them; None where get_params and get_optimizer_state make the copies (several GPUs).
+        wait False: the copies may still run until wait_for_state()."""
         return None
 
-    def master_rms(self) -> float | None:
-        """The RMS of the weights where the model measures it faster than the host (one GPU), else None."""
-        return None
+    def wait_for_state(self) -> None:
+        """Wait for the copies of download_state(wait=False) (none run here)."""
 
     def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:
         """Clip and AdamW; a non-finite loss skips the update and gives a NaN norm (upcoming: train_step's)."""

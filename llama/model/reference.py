@@ -295,9 +295,10 @@ class ReferenceModel(ReferenceBlock, Model):
     def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
         return self.optimizer.moments()
 
-    def download_state(self, into: dict | None = None) -> dict[str, np.ndarray]:
+    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray]:
         """Copies of the weights and of the moments as the optimizer holds them (fp32 'adam_m' and 'adam_v', or
-        8-bit 'm_codes', 'm_scales', 'v_codes', 'v_scales', as on the GPU), in `into` (the last call's) if given."""
+        8-bit 'm_codes', 'm_scales', 'v_codes', 'v_scales', as on the GPU), in `into` (the last call's) if given;
+        made at once, whatever wait says."""
         opt = self.optimizer
         moments = ({"m_codes": opt.m_codes, "m_scales": opt.m_scales, "v_codes": opt.v_codes, "v_scales": opt.v_scales}
                    if isinstance(opt, AdamW8bitState) else {"adam_m": opt.m, "adam_v": opt.v})
