@@ -16,6 +16,8 @@ from ..parallel.zero import Zero
 from ..progress import phase
 from .base import Model, rope_cos_sin
 
+CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronization with the legacy stream
+
 
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
@@ -88,7 +90,8 @@ class GPUModelBase(Model):
         buffers = {"params": z.master, **moments}
         into = into or {name: drv.pagelocked_empty(b.shape, b.dtype) for name, b in buffers.items()}
         if self.copy_stream is None:  # non-blocking: the legacy stream's copies (a loss read) do not wait for it
-            self.copy_stream, self.state_ready = drv.Stream(flags=1), drv.Event(drv.event_flags.DISABLE_TIMING)
+            self.copy_stream = drv.Stream(flags=CU_STREAM_NON_BLOCKING)
+            self.state_ready = drv.Event(drv.event_flags.DISABLE_TIMING)
         self.state_ready.record(runtime().stream)
         self.copy_stream.wait_for_event(self.state_ready)
         for name, buffer in buffers.items():
