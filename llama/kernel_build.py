@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import cache_dir as user_cache_dir
+
 CACHE_ENV = "LLAMA_KERNEL_CACHE"  # moves the cache
 NVCC = "nvcc"
 ENTRY_GUARD = re.compile(r"^#if KERNEL_ENTRY\((\w+)\)", re.M)
@@ -88,10 +90,10 @@ def kernel_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """$LLAMA_KERNEL_CACHE, else $XDG_CACHE_HOME/llama-cuda/kernels, else ~/.cache/llama-cuda/kernels."""
+    """$LLAMA_KERNEL_CACHE, else kernels/ in the per-user cache (llama/cache.py)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama-cuda" / "kernels"
+    return user_cache_dir() / "kernels"
 
 
 def cores() -> int:

@@ -19,11 +19,12 @@ import numpy as np
 from . import ops
 from .config import META_MODELS, LlamaConfig, get_preset
 from .cuda import runtime
+from .cache import cache_dir
 from .data.dataloader import DataLoader
-from .data.datasets import prepare_builtin_corpus
+from .data.datasets import prepare_builtin_corpus, starter_pack_shards
 from .data.tokenizer import load_tokenizer
 from .eval.runner import Evaluation, accuracy_over_ranks
-from .eval.tasks import EVAL_DATA_DIR, TaskError, load_task
+from .eval.tasks import TaskError, load_task
 from .generate import decoder_for, generate
 from .io.background import SLOW, BackgroundJob
 from .io.checkpoint import (CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint,
@@ -46,8 +47,6 @@ from .signals import GracefulStop
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
-STARTER_PACK = ("data/tinyshakespeare/tiny_shakespeare_train.bin", "data/tinyshakespeare/tiny_shakespeare_val.bin")
-BUILTIN_DIR = "data/builtin"
 CPU_STEP_FLOPS = 1e12  # a step above this takes about a minute or more on a CPU (d12 at -b 8 -t 1024: 4 TFLOP)
 RESUME_SAME = ("seq_len", "tokens_per_step", "seed")  # what exact resume needs: B and the GPU count may change
 
@@ -67,15 +66,17 @@ def resolve_config(name: str) -> LlamaConfig:
 def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     if args.train_data:
         return args.train_data, args.val_data
-    if all(Path(p).exists() for p in STARTER_PACK):
-        print(f"data: the starter pack's tinyshakespeare ({STARTER_PACK[0]})", file=sys.stderr)
-        return STARTER_PACK
+    starter_pack = starter_pack_shards()
+    if all(p.exists() for p in starter_pack):
+        print(f"data: the starter pack's tinyshakespeare ({starter_pack[0]})")
+        return tuple(map(str, starter_pack))
+    builtin = cache_dir() / "builtin"
     try:
-        train, val = prepare_builtin_corpus(BUILTIN_DIR, tokenizer)
+        train, val = prepare_builtin_corpus(builtin, tokenizer)
     except OSError as e:
-        raise UserError(f"cannot build the built-in corpus in {BUILTIN_DIR}: {e.strerror or e}") from None
+        raise UserError(f"cannot build the built-in corpus in {builtin}: {e.strerror or e}") from None
     print(f"data: the built-in corpus (this Python's standard library sources, {train}). For real text, run "
-          "python scripts/download_starter_pack.py", file=sys.stderr)
+          "python scripts/download_starter_pack.py")
     return str(train), str(val)
 
 
@@ -119,7 +120,9 @@ def mean_over_ranks(comm, *values: float) -> list[float]:
 
 
 def find_resume_checkpoint(out: Path) -> dict | None:
-    """The newest usable checkpoint in out, after one line for each newer one that is not usable."""
+    """The newest usable checkpoint in out, after one line for each newer one that is not usable; None,
+    said in the header, when out holds no complete checkpoint (--resume auto: train_llama.py refuses a
+    plain --resume there before the run begins)."""
     found, skipped = newest_usable(out)
     for reason in skipped:
         print(f"warning: skipping an unusable checkpoint: {reason}", file=sys.stderr)
@@ -127,7 +130,7 @@ def find_resume_checkpoint(out: Path) -> dict | None:
         raise UserError(f"--resume: none of the {len(skipped)} checkpoints in {out} is usable; "
                         "start over with --overwrite")
     if found is None:
-        print(f"note: --resume, but {out} holds no complete checkpoint; starting from scratch", file=sys.stderr)
+        print(f"--resume auto: {out} holds no complete checkpoint; starting a new run")
     return found
 
 
@@ -158,7 +161,7 @@ class Trainer:
         # every rank plans with the least free GPU memory among them: the same ZeRO stage, the same memory verdict
         free_gpu = int(comm.host_reduce([gpu_free()], "min")[0]) if comm is not None else None
         self.plan = make_plan(self.config, RunOptions.from_args(args, self.world, (self.B, self.T)), free_gpu)
-        print(self.plan.summary(), file=sys.stderr)
+        print(self.plan.summary())
         if self.plan.device == "cuda":  # every kernel the plan launches, compiled now in parallel unless cached
             build(kernels_for(self.plan, runtime().code, decoder=bool(args.sample_every)))
         if self.plan.in_backward and self.grad_accum > 1:
@@ -170,7 +173,7 @@ class Trainer:
             print(f"note: this run computes {self.flops_per_step / 1e12:,.1f} TFLOP a step, minutes a step on a CPU: "
                   "its model and batch are sized for a GPU (the CPU default: -e {model} -b {batch_size} -t {seq_len})"
                   .format(**DEVICE_DEFAULTS["cpu"]), file=sys.stderr)
-        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu), file=sys.stderr)
+        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu))
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
@@ -301,7 +304,7 @@ class Trainer:
         self.sample_rng.bit_generator.state = state["sample_rng"]
         self.model.group_norms_squared = state.get("group_norms_squared")
         self.start, self.log_bytes = state["step"], state.get("log_bytes")
-        print(f"resuming from {resume['path']} (step {self.start})", file=sys.stderr)
+        print(f"resuming from {resume['path']} (step {self.start})")
         if self.start >= self.steps:
             print(f"note: the checkpoint is at step {self.start}, the run has {self.steps} steps: nothing to train "
                   "(ask for more with -x)", file=sys.stderr)
@@ -312,7 +315,7 @@ class Trainer:
         if not args.eval:
             return None
         try:
-            task = load_task(args.eval, EVAL_DATA_DIR, args.eval_source, args.eval_limit)
+            task = load_task(args.eval, None, args.eval_source, args.eval_limit)
             return Evaluation(task, self.tokenizer, self.B, self.T, self.rank, self.world)
         except (TaskError, ValueError) as e:
             raise UserError(f"--eval: {e}") from None
@@ -322,7 +325,7 @@ class Trainer:
         print(f"device {self.plan.device}{gpus} | model {model_name}: "
               f"{ParameterLayout(self.config).size / 1e6:.2f}M params, vocab {self.config.vocab_size} | B={self.B} "
               f"T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | {self.steps} steps, "
-              f"{self.train_loader.batches_per_epoch} steps/epoch", file=sys.stderr)
+              f"{self.train_loader.batches_per_epoch} steps/epoch")
 
     # ---- what a run does
 
@@ -512,5 +515,6 @@ class Trainer:
         rate = trained * self.tokens_per_step / max(elapsed, 1e-9)
         print(f"{outcome} | {trained} steps in {elapsed:.1f} s, {rate:,.0f} tok/s on average | train loss {train} | "
               f"val loss {val} | {evaluated}checkpoint {self.last_good} | log {self.run_dir.log_path}")
-        if stopped:
-            print(f"rerun with --resume to continue from {self.last_good}", file=sys.stderr)
+        if stopped:  # a checkpoint the guard refused leaves none to offer
+            print(f"rerun with --resume to continue from {self.last_good}" if self.last_good else
+                  "no checkpoint was written: nothing to resume", file=sys.stderr)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ladder's module, dev/cuda
 from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
+from llama.cli import require  # noqa: E402
 from llama.cuda import runtime, time_ms  # noqa: E402
 from llama.ops.flash_attention import FlashSource  # noqa: E402
 
@@ -80,6 +81,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
     args = parser.parse_args()
+    require("scripts/bench_attention.py", ("torch",), gpu=True)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
     print(f"device: {runtime().name}")
     rows = []

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llama.cli import require
 from llama.config import get_preset
 from llama.cuda import DEPENDENT_LAUNCHES, empty, runtime, to_device
 from llama.model.sampling import Sampling
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--ordinary-launches", action="store_true",
                    help="launch the decode kernels one after another, not as programmatic dependents")
     args = p.parse_args(argv)
+    require("scripts/bench_decode.py", gpu=True)
     DEPENDENT_LAUNCHES["on"] = not args.ordinary_launches
     copy = copy_bandwidth()
     print(f"{runtime().name}: device copy {copy / 1e9:,.0f} GB/s (read + write); prompt {args.prompt}, "

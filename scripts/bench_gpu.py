@@ -13,6 +13,7 @@ import statistics
 import numpy as np
 
 from llama import ops
+from llama.cli import require
 from llama.config import get_preset
 from llama.cuda import empty, runtime, time_ms, to_device
 from llama.model.gpu_fp32 import GPUModelFP32
@@ -107,6 +108,7 @@ def main():
     parser.add_argument("--skip-torch-step", action="store_true")
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args()
+    require("scripts/bench_gpu.py", ("torch",), gpu=True)
     config = get_preset(args.preset).replace(vocab_size=args.vocab)
     rt = runtime()
     tokens = args.B * args.T

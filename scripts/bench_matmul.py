@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from llama import ops
+from llama.cli import require
 from llama.config import get_preset
 from llama.cuda import BF16, FP8, DeviceArray, runtime, time_ms
 from llama.plan import gemm_chooser
@@ -129,6 +130,7 @@ def main():
                         help="operands: bf16 (against torch.matmul) or FP8 e4m3 with row-wise scales (sm_90, "
                              "against torch._scaled_mm)")
     args = parser.parse_args()
+    require("scripts/bench_matmul.py", ("torch",), gpu=True)
     hopper = runtime().device.compute_capability() == (9, 0)
     if args.dtype == "fp8" and not hopper:
         raise SystemExit("--dtype fp8: our FP8 GEMMs need sm_90a")

@@ -43,6 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from llama.cli import require  # noqa: E402
 from llama.config import get_preset  # noqa: E402
 from llama.optim import AdamWConfig  # noqa: E402
 from llama.options import RunOptions  # noqa: E402
@@ -165,6 +166,7 @@ def main():
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    require("scripts/bench_multi_gpu.py", ("pycuda",))  # no GPU context here: the workers run on the GPUs
     if args.worker:
         return worker(args)
     gemms = lambda g: args.gemm or (["static"] if g == 1 else ["dynamic"])  # noqa: E731

@@ -13,7 +13,7 @@ Chrome trace that chrome://tracing and Perfetto open).
 
     python3 scripts/bench_step.py [--configs d12 llama3.2-1b] [--dtype bf16] [--steps 12] [--json out.json]
 
-Memory recipes (issue 23), both sides alike: --recompute full (ours: each layer keeps its input; torch:
+Memory recipes, both sides alike: --recompute full (ours: each layer keeps its input; torch:
 activation checkpointing of every block), --optimizer adamw8bit (ours: kernels/adamw.cu; torch: torchao's
 AdamW8bit, carried to the device as a wheel). --runs PRESET:B:T sets the models and batches:
 
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from llama import ops
+from llama.cli import require
 from llama.config import get_preset
 from llama.cuda import allocated_bytes, runtime, time_ms
 from llama.memory import gpu_free, size_text, training_buffers
@@ -166,6 +167,7 @@ def main():
                         help="also write the breakdown's eager step as a Chrome trace per run into DIR")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    require("scripts/bench_step.py", () if args.no_torch else ("torch",), gpu=True)
     runs = args.runs or [(name, *CONFIGS[name]) for name in args.configs]
     if not args.no_torch:
         from torch_llama import bench_torch  # after the arguments: --help works without torch

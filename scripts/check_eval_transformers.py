@@ -31,7 +31,7 @@ from llama.config import LlamaConfig, get_preset
 from llama.data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
 from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
 from llama.eval.scoring import ItemScore, metrics
-from llama.eval.tasks import EVAL_DATA_DIR, HELLASWAG, Item, Task, TaskError, load_task
+from llama.eval.tasks import HELLASWAG, Item, Task, TaskError, load_task
 from llama.io.hf import transformers_config
 from llama.io.model_folder import load_model
 from llama.trainer import build_model
@@ -53,7 +53,7 @@ def stand_in_task(count: int = 10_042, seed: int = 0) -> Task:
 
 def the_task(source: str | None, limit: int | None) -> Task:
     try:
-        return load_task("hellaswag", EVAL_DATA_DIR, source, limit)
+        return load_task("hellaswag", None, source, limit)
     except TaskError as e:
         print(f"note: the real HellaSwag file is not here ({e}); using a stand-in of its shape", file=sys.stderr)
         task = stand_in_task()

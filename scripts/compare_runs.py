@@ -2,9 +2,9 @@
 loss curves: the mean train loss over the last 50 steps (--last) of each run, the largest difference from the
 first run, and a PNG of all of them (scripts/plot_log.py, where matplotlib is installed).
 
-    python3 scripts/compare_runs.py dtype bf16 fp32 [-o out/compare] [-- extra train_llama.py arguments]
+    python3 scripts/compare_runs.py dtype bf16 fp32 [-o runs/compare] [-- extra train_llama.py arguments]
     python3 scripts/compare_runs.py dtype fp8 bf16 -- -x 500
-    python3 scripts/compare_runs.py gpus 1 8 [-o out/scaling] [-- extra train_llama.py arguments]
+    python3 scripts/compare_runs.py gpus 1 8 [-o runs/scaling] [-- extra train_llama.py arguments]
     python3 scripts/compare_runs.py recipe plain adamw8bit in-backward full [--device cpu] [-- ...]
     python3 scripts/compare_runs.py fp8-scaling row tensor [--device cpu] [-- ...]
 
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_log import read_log  # noqa: E402
 
-from llama.options import DTYPES, FP8_SCALINGS  # noqa: E402
+from llama.options import DEVICES, DTYPES, FP8_SCALINGS  # noqa: E402
 
 B, T = 8, 1024
 TRAIN = str(Path(__file__).resolve().parents[1] / "train_llama.py")
@@ -53,8 +53,8 @@ def main() -> int:
     parser.add_argument("vary", choices=("dtype", "gpus", "recipe", "fp8-scaling"))
     parser.add_argument("values", nargs="+", help=f"{' '.join(DTYPES)}, GPU counts, recipes: {', '.join(RECIPES)}, "
                                                   f"or FP8 scalings: {', '.join(FP8_SCALINGS)}")
-    parser.add_argument("-o", "--output-dir", default="out/compare")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+    parser.add_argument("-o", "--output-dir", default="runs/compare")
+    parser.add_argument("--device", choices=DEVICES, default="cuda",
                         help="cpu: recipes, or dtype fp32 and fp8 (the reference and its FP8 twin)")
     parser.add_argument("--last", type=int, default=50, help="steps at the end whose train loss is averaged")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0],

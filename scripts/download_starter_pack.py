@@ -1,9 +1,9 @@
 """Download the Llama 3 tokenizer (from Meta's llama-models wheel on the Python package index, or
 with --hf-token from the gated Hugging Face repository) and tinyshakespeare, and tokenize the text
-into data/tinyshakespeare/*.bin.
+into tinyshakespeare/*.bin, all in the per-user cache (~/.cache/llama-cuda; $LLAMA_CUDA_CACHE moves it).
 
     python scripts/download_starter_pack.py [--tokenizer-wheel FILE | --index-url URL | --hf-token hf_...]
-                                            [--dest data] [--base-url MIRROR]
+                                            [--dest FOLDER] [--base-url MIRROR]
 """
 
 import sys

@@ -8,7 +8,7 @@ forward pass), else on the CPU with the numpy reference.
 
 MODEL is a checkpoint folder, a run folder (its newest checkpoint) or a folder with config.json and
 safetensors (also written hf:PATH), as for generate.py. --task is hellaswag (its validation set, 10,042
-items, downloaded on first use into data/eval/) or a JSONL of {"context": ..., "choices": [...], "label": k},
+items, downloaded on first use into the per-user cache) or a JSONL of {"context": ..., "choices": [...], "label": k},
 each choice scored as the continuation " " + choice. Prints acc and acc_norm with their standard errors and
 the examples/s; writes each item's log-likelihoods and predictions to --output.
 """
@@ -23,7 +23,7 @@ from llama.cli import existing_path, positive_int
 from llama.data.tokenizer import TokenizerError
 from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
 from llama.eval.scoring import metrics
-from llama.eval.tasks import EVAL_DATA_DIR, TaskError, load_task
+from llama.eval.tasks import TaskError, load_task
 from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.model_folder import load_model
@@ -44,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", default=None, help="per-item scores, JSONL (default: eval_<task>.jsonl)")
     p.add_argument("--task-source", default=None,
                    help="hellaswag: a local copy of hellaswag_val.jsonl, or a mirror's base URL")
-    p.add_argument("--data-dir", default=str(EVAL_DATA_DIR), help=f"download folder (default: {EVAL_DATA_DIR})")
+    p.add_argument("--data-dir", default=None, help="download folder (default: eval/ in the per-user cache, "
+                   "llama/cache.py)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
     p.add_argument("--device", choices=DEVICES, default=None, help="default: cuda if usable, else cpu")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="GPU precision (default: bf16 where it runs)")

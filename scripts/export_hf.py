@@ -1,14 +1,16 @@
 """Export a checkpoint as a Hugging Face Llama folder that transformers (and the tools built on its
 format) load: config.json, generation_config.json, safetensors weights and the tokenizer.
 
-    python scripts/export_hf.py out/d12 exported/d12                # the run's newest checkpoint, bf16
-    python scripts/export_hf.py out/d12/ckpt_00002000 exported/d12 --dtype fp32
+    python scripts/export_hf.py runs/d12 exported/d12               # the run's newest checkpoint, bf16
+    python scripts/export_hf.py runs/d12/ckpt_00002000 exported/d12 --dtype fp32
 
 Then: transformers.LlamaForCausalLM.from_pretrained("exported/d12") and AutoTokenizer likewise.
 The export replaces its folder whole; a folder that holds anything but an earlier export (a
 training run, a checkpoint, other files) is refused.
 The tokenizer is the one the run trained with (--tokenizer, else the --init hf: folder's, else
-data/tokenizer/tokenizer.model); a byte-level model is exported without one.
+the tokenizer in the per-user cache); a byte-level model is exported without one. A checkpoint, tokenizer
+or folder that does not work is one `error:` line and exit code 2, as in the trainer; Ctrl-C stops with
+exit code 130 and leaves the folder as it was.
 """
 
 import argparse
@@ -43,12 +45,12 @@ def main(argv=None) -> int:
             print("note: a byte-level model: no tokenizer files are written", file=sys.stderr)
         written = save_hf_folder(args.out, config, loaded["params"], args.dtype, tokenizer,
                                  max_shard_bytes=int(args.max_shard_gb * 2**30))
-    except ExportFolderError as e:  # the trainer's exit code for a user's mistake
+    except (ExportFolderError, CheckpointError, TokenizerError, OSError, MemoryError) as e:  # as the trainer: 2
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, TokenizerError, OSError, MemoryError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:  # the export is written beside the folder and moved in whole: nothing is half done
+        print(f"\ninterrupted; {args.out} is as it was", file=sys.stderr)
+        return 130
     print(f"exported {checkpoint} to {args.out} ({args.dtype}): {', '.join(p.name for p in written)}")
     return 0
 

@@ -2,13 +2,15 @@
 KV cache: on the GPU with our kernels (bf16 weights and cache, sampling on the GPU, one CUDA graph per
 token), else on the CPU with the numpy reference.
 
-    python scripts/generate.py out/d12 --prompt "To be, or not to be"
+    python scripts/generate.py runs/d12 --prompt "To be, or not to be"
     python scripts/generate.py Llama-3.2-1B-Instruct --chat --prompt "Name three rivers." -n 200
-    echo "Once upon a time" | python scripts/generate.py out/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
+    echo "Once upon a time" | python scripts/generate.py runs/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
 
 MODEL is a checkpoint folder, a run folder (its newest checkpoint) or a folder with config.json and
 safetensors (also written hf:PATH). --chat wraps the prompt in the Llama 3 chat format (for instruct
 models) and stops at the end of the turn. Tokens/s of prefill and decode go to stderr.
+A model, tokenizer or prompt that does not work is one `error:` line and exit code 2, as in the trainer;
+Ctrl-C stops the text where it is, with exit code 130.
 """
 
 import argparse
@@ -24,7 +26,7 @@ from llama.model.reference import ReferenceDecoder
 from llama.model.sampling import Sampling
 from llama.io.hf import HFError
 from llama.kernel_build import build, kernels_for
-from llama.options import RunOptions
+from llama.options import DEVICES, RunOptions
 from llama.plan import Plan, make_plan
 from llama.data.tokenizer import Llama3Tokenizer, TokenizerError
 
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
                    help="nucleus sampling mass (1: off; 0: the likeliest token only)")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer.json (default: the model's)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable, else cpu")
+    p.add_argument("--device", choices=DEVICES, default=None, help="default: cuda if usable, else cpu")
     args = p.parse_args(argv)
     try:
         config, params, tokenizer = load_model(args.model, args.tokenizer)
@@ -80,9 +82,15 @@ def main(argv=None) -> int:
         result = generate(decoder, ids, args.max_new_tokens, sampling, stop_ids,
                           lambda token: token in stop_ids or stream(token))
         stream.finish()
-    except (CheckpointError, HFError, TokenizerError, ValueError, RuntimeError, OSError, MemoryError) as e:
+    except (CheckpointError, HFError, TokenizerError, ValueError, OSError, MemoryError) as e:  # PlanError too
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # the GPU's
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     print(file=sys.stdout)
     print(f"[{plan.device}] {result.speeds()}", file=sys.stderr)
     return 0

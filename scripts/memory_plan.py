@@ -20,7 +20,7 @@ import sys
 from llama.cli import HelpFormatter, positive_float, positive_int
 from llama.config import ConfigError, get_preset
 from llama.memory import gpu_free, host_available, size_text, training_buffers, what_would_fit
-from llama.options import DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
+from llama.options import DEVICES, DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
 from llama.plan import ATTENTION_HOPPER, Plan, PlanError, check_zero, choose_recipe, choose_device
 
 GIB = 2**30
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("model", help="a preset name (d12, llama3.2-1b, llama3.1-8b, ...)")
     p.add_argument("-b", "--batch-size", type=positive_int, required=True, help="sequences per micro-batch")
     p.add_argument("-t", "--seq-len", type=positive_int, required=True, help="tokens per sequence")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the GPU models or the CPU reference")
+    p.add_argument("--device", choices=DEVICES, default="cuda", help="the GPU models or the CPU reference")
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="the GPU model (with --device cuda)")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of a ZeRO run (with --device cuda)")
     p.add_argument("--zero", type=int, choices=ZERO_STAGES, default=1, help="the ZeRO stage on several GPUs")

@@ -4,6 +4,7 @@ or more on a 2-core CPU. `python3 -m pytest -q` runs everything, `python3 -m pyt
 
 import pytest
 
+from llama import kernel_build
 from llama.data.datasets import prepare_tinyshakespeare
 from llama.data.tokenizer import ByteTokenizer
 from tests.gpu_helpers import gpu_available
@@ -19,6 +20,25 @@ def no_package_index():
         patch.setattr("llama.data.tokenizer_fetch.INDEX_URL", closed)
         patch.setenv("LLAMA_PACKAGE_INDEX", closed)  # trainers started as subprocesses
         yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def session_cache(tmp_path_factory):
+    """The tokenizer and the built-in corpus go to a cache of the tests' own ($LLAMA_CUDA_CACHE, read by
+    llama/cache.py and by the trainers started as subprocesses), so that the user's cache neither
+    changes what the tests see nor is changed by them: this one for module fixtures, own_cache's for tests. The
+    compiled kernels stay in the user's kernel cache (entries are keyed by their sources and options), so that
+    the tests do not compile every kernel again."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(kernel_build.CACHE_ENV, str(kernel_build.cache_dir()))
+        patch.setenv("LLAMA_CUDA_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """An empty cache for each test: a tokenizer one test fetches is not another test's default."""
+    monkeypatch.setenv("LLAMA_CUDA_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture

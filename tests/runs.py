@@ -109,7 +109,7 @@ def check_stop_and_resume_is_exact(tmp_path, corpus, capfd, monkeypatch, device)
     unhook()
     assert run(*SIGNAL_ARGS, *corpus, "-o", "out", "--resume", device=device) == 0
     second = capfd.readouterr()
-    assert "resuming from out/ckpt_00000006 (step 6)" in second.err
+    assert "resuming from out/ckpt_00000006 (step 6)" in second.out
     assert {**samples(first.out), **samples(second.out)} == reference and sorted(samples(second.out)) == [6, 9, 10]
     assert (tmp_path / "out" / "main.log").read_bytes() == (tmp_path / "ref" / "main.log").read_bytes()
     for mine, ref in zip(final_state(tmp_path / "out"), final_state(tmp_path / "ref")):

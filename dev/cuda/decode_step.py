@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llama import cuda  # noqa: E402
+from llama.cli import require  # noqa: E402
 from llama.config import get_preset  # noqa: E402
 from llama.cuda import Graph, time_ms, to_device  # noqa: E402
 from llama.model.sampling import Sampling  # noqa: E402
@@ -49,6 +50,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--ordinary-launches", action="store_true")
     args = parser.parse_args()
+    require("dev/cuda/decode_step.py", gpu=True)
     cuda.DEPENDENT_LAUNCHES["on"] = not args.ordinary_launches
     max_len = args.prompt + 8192  # room for the positions the timing loops advance
     config = get_preset(args.preset).replace(max_seq_len=max_len)

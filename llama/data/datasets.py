@@ -14,6 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from ..progress import bar
+from ..cache import cache_dir
 from .shards import write_shard
 
 TINYSHAKESPEARE_VAL_TOKENS = 32768
@@ -53,6 +54,13 @@ def prepare_tinyshakespeare(text_path: str | Path, out_dir: str | Path, tokenize
     write_shard(val, tokens[:n_val], tokenizer.vocab_size)
     write_shard(train, tokens[n_val:], tokenizer.vocab_size)
     return train, val
+
+
+def starter_pack_shards(folder: str | Path | None = None) -> tuple[Path, Path]:
+    """(train, val) shards of tinyshakespeare as scripts/download_starter_pack.py writes them into folder
+    (default: the per-user cache, llama/cache.py)."""
+    out = Path(folder if folder is not None else cache_dir()) / "tinyshakespeare"
+    return out / "tiny_shakespeare_train.bin", out / "tiny_shakespeare_val.bin"
 
 
 def stdlib_sources() -> list[Path]:

@@ -1,5 +1,6 @@
 """The starter pack: the Llama 3 tokenizer and tinyshakespeare, downloaded and tokenized into shards
-under --dest. The tokenizer comes from Meta's llama-models wheel on the Python package index (no
+in the per-user cache (llama/cache.py; --dest elsewhere), where the trainer and the scripts find
+them from any folder. The tokenizer comes from Meta's llama-models wheel on the Python package index (no
 account needed), or with --hf-token from the gated Hugging Face repository. Run it as
 scripts/download_starter_pack.py."""
 
@@ -11,7 +12,8 @@ import sys
 from pathlib import Path
 
 from ..cli import nonnegative_int, positive_float
-from .datasets import prepare_tinyshakespeare
+from ..cache import CACHE_VARIABLE, cache_dir
+from .datasets import prepare_tinyshakespeare, starter_pack_shards
 from .download import GATED_HELP, DownloadError, download
 from .shards import ShardError, read_header
 from .tokenizer import ByteTokenizer, Llama3Tokenizer
@@ -49,11 +51,12 @@ def main(argv=None) -> int:
                         help="the package index pip downloads the llama-models wheel from (default: pip's own)")
     parser.add_argument("--base-url", default=None,
                         help="a mirror that serves every file under the same path as its origin")
-    parser.add_argument("--dest", default="data", help="download and output folder (default: data)")
+    parser.add_argument("--dest", default=None, help=f"download and output folder (default: the per-user cache, now "
+                        f"{cache_dir()}; ${CACHE_VARIABLE} moves it)")
     parser.add_argument("--retries", type=nonnegative_int, default=5, help="retries per file on network errors")
     parser.add_argument("--timeout", type=positive_float, default=30.0, help="seconds before a stalled request fails")
     args = parser.parse_args(argv)
-    dest = Path(args.dest)
+    dest = Path(args.dest) if args.dest is not None else cache_dir()
     try:
         tokenizer_path = dest / TOKENIZER["dest"]
         if args.hf_token:
@@ -71,14 +74,17 @@ def main(argv=None) -> int:
                       "instead.", file=sys.stderr)
         text = fetch(TINYSHAKESPEARE, args)
         tokenizer = Llama3Tokenizer(tokenizer_path) if tokenizer_path.exists() else ByteTokenizer()
-        out = dest / "tinyshakespeare"
-        shards = [out / "tiny_shakespeare_train.bin", out / "tiny_shakespeare_val.bin"]
+        shards = starter_pack_shards(dest)
         if shards_match(shards, tokenizer.vocab_size):
-            print(f"shards in {out} are up to date (vocab {tokenizer.vocab_size})")
+            print(f"shards in {shards[0].parent} are up to date (vocab {tokenizer.vocab_size})")
         else:
-            prepare_tinyshakespeare(text, out, tokenizer)
+            prepare_tinyshakespeare(text, shards[0].parent, tokenizer)
             print(f"wrote {shards[0]} and {shards[1]} (vocab {tokenizer.vocab_size})")
     except (DownloadError, FetchError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # downloads and shards are written atomically: nothing half-written stays
+        print(f"\ninterrupted; what was finished is kept in {dest}: run it again to complete the rest",
+              file=sys.stderr)
+        return 130
     return 0

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cache import cache_dir
+
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 NUM_SPECIAL_TOKENS = 256
@@ -53,8 +55,9 @@ def byte_to_unicode() -> dict[int, str]:
 
 def ranks_from_hf_json(data: dict, path: Path) -> dict[bytes, int]:
     """The BPE ranks of a Llama 3 tokenizer.json (byte-level BPE with Meta's split pattern)."""
-    model, pre = data.get("model") or {}, json.dumps(data.get("pre_tokenizer"))
-    if model.get("type") != "BPE" or json.dumps(LLAMA3_PATTERN) not in pre:
+    model = data.get("model") if isinstance(data, dict) else None
+    pre = json.dumps(data.get("pre_tokenizer")) if isinstance(data, dict) else ""
+    if not isinstance(model, dict) or model.get("type") != "BPE" or json.dumps(LLAMA3_PATTERN) not in pre:
         raise TokenizerError(f"{path} is not a Llama 3 tokenizer (byte-level BPE with Meta's split pattern)")
     added = {t["id"] for t in data.get("added_tokens", [])}
     decode = {c: b for b, c in byte_to_unicode().items()}
@@ -64,15 +67,24 @@ def ranks_from_hf_json(data: dict, path: Path) -> dict[bytes, int]:
         raise TokenizerError(f"{path}: a vocabulary entry is not in the byte-level alphabet") from None
 
 
+EXPECTED_FILES = ("Meta's tokenizer.model (one base64 token and its rank a line) or a Hugging Face "
+                  "tokenizer.json")
+
+
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     """A tokenizer.model: one `base64(token) rank` per line. Read here rather than with tiktoken's
-    loader, which caches files by their path string (a relative path such as data/tokenizer/...
+    loader, which caches files by their path string (a relative path such as tokenizer/tokenizer.model
     would return the contents of whichever file was first read there)."""
     ranks = {}
-    for line in path.read_bytes().splitlines():
-        if line.strip():
+    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:  # not two fields, not base64 (binascii.Error), not an integer
+            raise TokenizerError(f"{path} is not a tokenizer: line {number} is not a base64 token and its rank; "
+                                 f"expected {EXPECTED_FILES}") from None
     return ranks
 
 
@@ -84,10 +96,12 @@ def load_ranks(path: Path) -> dict[bytes, int]:
         return read_tiktoken_ranks(path)
     except FileNotFoundError:
         raise TokenizerError(f"tokenizer file not found: {path}") from None
-    except TokenizerError:
-        raise
-    except Exception as e:
-        raise TokenizerError(f"cannot read tokenizer file {path}: {e}") from None
+    except IsADirectoryError:
+        raise TokenizerError(f"{path} is a folder; expected {EXPECTED_FILES}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise TokenizerError(f"{path} is not a tokenizer.json (not JSON text); expected {EXPECTED_FILES}") from None
+    except OSError as e:
+        raise TokenizerError(f"cannot read tokenizer file {path}: {e.strerror or e}") from None
 
 
 class Llama3Tokenizer:
@@ -222,27 +236,30 @@ class ByteTokenizer:
         return next((name.encode() for name, i in self.special_tokens.items() if i == token), b"")
 
 
-DEFAULT_TOKENIZER_PATH = Path("data") / "tokenizer" / "tokenizer.model"
+def default_tokenizer_path() -> Path:
+    """Where the Llama 3 tokenizer is kept and fetched to: the per-user cache (llama/cache.py)."""
+    return cache_dir() / "tokenizer" / "tokenizer.model"
 
 
 def load_tokenizer(path: str | Path | None = None, quiet: bool = False, fetch: bool = False):
-    """The Llama 3 tokenizer from `path` (tokenizer.model or tokenizer.json), or from
-    data/tokenizer/tokenizer.model when it exists. Otherwise, with fetch, that file is fetched from
-    the llama-models wheel (one note on stderr; no retries, so an offline machine moves on at once);
+    """The Llama 3 tokenizer from `path` (tokenizer.model or tokenizer.json), or from the cache's
+    tokenizer/tokenizer.model when it exists. Otherwise, with fetch, that file is fetched from the
+    llama-models wheel (one note on stderr; no retries, so an offline machine moves on at once);
     failing that, the byte-level tokenizer, announced on stderr. A path given but missing is an error."""
     if path is not None:
         return Llama3Tokenizer(path)
-    if DEFAULT_TOKENIZER_PATH.exists():
-        return Llama3Tokenizer(DEFAULT_TOKENIZER_PATH)
+    default = default_tokenizer_path()
+    if default.exists():
+        return Llama3Tokenizer(default)
     if fetch:
         from .tokenizer_fetch import FetchError, fetch_llama3_tokenizer
-        print(f"note: no Llama 3 tokenizer at {DEFAULT_TOKENIZER_PATH}; fetching it from Meta's llama-models "
-              "wheel on the Python package index", file=sys.stderr)
+        print(f"note: no Llama 3 tokenizer at {default}; fetching it from Meta's llama-models wheel on the Python "
+              "package index", file=sys.stderr)
         try:
-            return Llama3Tokenizer(fetch_llama3_tokenizer(DEFAULT_TOKENIZER_PATH, timeout=5.0, retries=0))
+            return Llama3Tokenizer(fetch_llama3_tokenizer(default, timeout=5.0, retries=0))
         except FetchError as e:
             print(f"note: {e}", file=sys.stderr)
     if not quiet:
-        print(f"note: no Llama 3 tokenizer at {DEFAULT_TOKENIZER_PATH}; using the byte-level tokenizer "
-              "(vocab 264). Get the real one with: python scripts/download_starter_pack.py", file=sys.stderr)
+        print(f"note: no Llama 3 tokenizer at {default}; using the byte-level tokenizer (vocab 264). Get the real "
+              "one with: python scripts/download_starter_pack.py", file=sys.stderr)
     return ByteTokenizer()

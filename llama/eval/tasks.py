@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import cache_dir
 from ..data.download import DownloadError, download
 
-EVAL_DATA_DIR = Path("data/eval")  # where downloaded task files are kept (beside the starter pack's data/)
 TARGET_DELIMITER = " "  # lm-eval's default between the context and each choice
 # rowanz/hellaswag's validation set, as llm.c's dev/data/hellaswag.py downloads it; pinned by the git blob id
 # of data/hellaswag_val.jsonl in that repository's tree (a SHA-1 of the size and the bytes)
@@ -24,6 +24,11 @@ HELLASWAG = dict(base="https://raw.githubusercontent.com", path="rowanz/hellaswa
                  dest="hellaswag/hellaswag_val.jsonl", git_blob="0f5ee25d72216f12317d5d8a7b92deafa423d81e",
                  items=10_042)
 LOG_KEYS = {"hellaswag": "hella"}  # main.log's key of a task's accuracy (llm.c's for HellaSwag); "eval" otherwise
+
+
+def eval_data_dir() -> Path:
+    """Where downloaded task files are kept: beside the starter pack, in the per-user cache (llama/cache.py)."""
+    return cache_dir() / "eval"
 
 
 class TaskError(ValueError):
@@ -69,16 +74,16 @@ def hellaswag_item(doc: dict) -> Item:
                 tuple(hellaswag_preprocess(ending) for ending in doc["endings"]), int(doc["label"]))
 
 
-def hellaswag_file(data_dir: str | Path = EVAL_DATA_DIR, source: str | None = None) -> Path:
+def hellaswag_file(data_dir: str | Path | None = None, source: str | None = None) -> Path:
     """HellaSwag's validation file, checked: `source` (a local copy, or a mirror's base URL serving the same
-    path), else the copy under data_dir, downloaded there when missing or wrong (resumed, retried)."""
+    path), else the copy under data_dir (default: eval_data_dir()), downloaded there when missing or wrong (resumed, retried)."""
     expected = HELLASWAG["git_blob"]
     if source is not None and not source.startswith(("http://", "https://")):
         path = Path(source)
         if not path.is_file() or git_blob_id(path) != expected:
             raise TaskError(f"{source} is not HellaSwag's validation file (its git blob id is not {expected})")
         return path
-    dest = Path(data_dir) / HELLASWAG["dest"]
+    dest = Path(data_dir if data_dir is not None else eval_data_dir()) / HELLASWAG["dest"]
     if dest.is_file() and git_blob_id(dest) == expected:
         return dest
     if dest.exists():
@@ -136,7 +141,7 @@ def load_user_task(path: Path) -> Task:
     return Task(path.stem, items)
 
 
-def load_task(name: str, data_dir: str | Path = EVAL_DATA_DIR, source: str | None = None,
+def load_task(name: str, data_dir: str | Path | None = None, source: str | None = None,
               limit: int | None = None) -> Task:
     """"hellaswag" or the path of a user's JSONL; the first `limit` items when given."""
     if name == "hellaswag":

@@ -7,6 +7,8 @@
   filesystem has no flock, the PID alone decides: a lock whose process no longer runs is stale.
 - Ownership: a folder that holds another run (main.log or checkpoints) is refused unless the run is
   continued (--resume) or replaced (--overwrite, which moves the old run into `old_run_<n>/`).
+- A refused run leaves nothing: the folders made for it (the run's and its parents) are removed on the
+  way out when they are still empty, so that a run that never trained leaves no trace.
 - Leftovers of a crash (`.tmp_ckpt_*` folders of an unfinished checkpoint) are removed.
 - `open_log`: main.log, cut back to the length it had at the checkpoint a run resumes from.
 - `default_output_dir`: where a run goes when no folder is given: `out`, then `out_2`, `out_3`, ...,
@@ -46,25 +48,41 @@ def _running(pid: int) -> bool:
     return True
 
 
+def describe_contents(path: Path) -> str:
+    """What a folder holds, for an error line: "does not exist", "is empty", "holds main.log, notes.txt"."""
+    if not path.is_dir():
+        return "does not exist"
+    names = sorted(p.name for p in path.iterdir() if p.name != LOCK)
+    if not names:
+        return "is empty"
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"holds {shown}"
+
+
 class RunDir:
-    def __init__(self, path: str | Path, resume: bool = False, overwrite: bool = False):
+    """The folder of one training run, claimed for the run's lifetime (see the module's docstring);
+    resume (True, or "auto") lets it hold a run already."""
+
+    def __init__(self, path: str | Path, resume: bool | str = False, overwrite: bool = False):
         self.path = Path(path)
         self.resume, self.overwrite = resume, overwrite
         self.log_path = self.path / LOG
         self._lock_fd: int | None = None
         self._locked = False
+        self._made: list[Path] = []  # the folders this run created, deepest first
 
     def __enter__(self) -> "RunDir":
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"the output folder {self.path} is a file; choose another --output-dir")
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self._make_folders()
             self._lock()
             self._check_owner()
             for leftover in self.path.glob(".tmp_ckpt_*"):
                 shutil.rmtree(leftover)
         except BaseException as e:
             self._unlock()
+            self._remove_if_unused()
             if isinstance(e, OSError):
                 raise RunDirError(f"cannot use {self.path} as the output folder: {e.strerror or e}") from None
             raise
@@ -72,6 +90,23 @@ class RunDir:
 
     def __exit__(self, *exc) -> None:
         self._unlock()
+        self._remove_if_unused()
+
+    def _make_folders(self) -> None:
+        """mkdir -p, remembering which folders did not exist before."""
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._made = missing
+
+    def _remove_if_unused(self) -> None:
+        """The folders this run made, while they are empty: a run refused or stopped before it wrote
+        anything leaves no folder behind."""
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the run wrote something), or gone already
+                return
+        self._made = []
 
     def _lock(self) -> None:
         path = self.path / LOCK

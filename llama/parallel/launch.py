@@ -1,8 +1,8 @@
 """Start one training process per GPU, like torchrun on one host, and stop them all if one fails.
 
-    python -m llama.launch --nproc-per-node 8 train_llama.py -e d12 -o out/d12
+    python -m llama.launch --nproc-per-node 8 train_llama.py -e d12 -o runs/d12
 
-runs `python train_llama.py -e d12 -o out/d12` eight times, with RANK 0..7, WORLD_SIZE 8,
+runs `python train_llama.py -e d12 -o runs/d12` eight times, with RANK 0..7, WORLD_SIZE 8,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each one's environment (see
 llama/parallel/distributed.py for how the ranks then meet). Everything after the script goes to the script.
 On several hosts, start one launcher per host with the same --nnodes and --master-addr (the host of
@@ -10,6 +10,9 @@ global rank 0) and each host's own --node-rank:
 
     host0$ python -m llama.launch --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr host0 train_llama.py ...
     host1$ python -m llama.launch --nproc-per-node 8 --nnodes 2 --node-rank 1 --master-addr host0 train_llama.py ...
+
+The ranks of several processes talk over NCCL: where it cannot be loaded (llama/parallel/nccl.py finds it), the
+launcher says so in one line and starts nothing (exit code 2).
 
 Ctrl-C or SIGTERM to the launcher is passed on to every rank (once per signal received, so a second
 Ctrl-C stops the trainers at once), and the launcher then waits for them. When a rank exits with an
@@ -29,6 +32,7 @@ import sys
 import time
 
 from llama.parallel.distributed import DEFAULT_PORT
+from llama.parallel.nccl import library_path
 
 POLL = 0.1  # seconds between looks at the ranks
 PR_SET_PDEATHSIG = 1
@@ -83,7 +87,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--grace {args.grace:g}: must not be negative")
     if not os.path.isfile(args.script):
         parser.error(f"{args.script}: no such file")
+    missing = nccl_missing() if args.nnodes * args.nproc_per_node > 1 else None
+    if missing:
+        parser.exit(2, f"launch: error: {missing}\n")
     return args
+
+
+def nccl_missing() -> str | None:
+    """Why NCCL cannot be loaded here (one line), or None when it can."""
+    path = library_path()
+    try:
+        ctypes.CDLL(path)
+    except OSError as e:
+        return (f"the ranks talk over NCCL, which cannot be loaded here ({e}); install it with "
+                f'python3 -m pip install -e ".[cuda]" (nvidia-nccl-cu13), or name the library in LLAMA_NCCL_LIBRARY')
+    return None
 
 
 def rank_environ(args: argparse.Namespace, local_rank: int) -> dict[str, str]:

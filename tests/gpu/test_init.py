@@ -54,10 +54,11 @@ def test_fill_parameters_is_init_parameters(tied, monkeypatch):
 def test_a_model_without_params_draws_init_parameters(dtype):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.model.gpu_fp32 import GPUModelFP32
+    from llama.options import RunOptions
     from llama.plan import make_plan
     expected = init_parameters(CONFIG, seed=4)
     if dtype == "bf16":
-        model = GPUModelBF16(CONFIG, 2, 64, seed=4, plan=make_plan(CONFIG, "cuda", "bf16"))
+        model = GPUModelBF16(CONFIG, 2, 64, seed=4, plan=make_plan(CONFIG, RunOptions("cuda", "bf16")))
         assert np.array_equal(model.params_bf16.download()[:expected.size].astype(np.float32),
                               expected.astype(BF16).astype(np.float32))
     else:

@@ -67,7 +67,7 @@ def test_two_gpus_match_one_and_checkpoints_move_across_gpu_counts(corpus, tmp_p
     one, two = [*args, *corpus, "-b", "8"], [*args, *corpus, "-b", "4"]
     train(1, *one, "-o", "one")
     result = train(2, *two, "-o", "two", "-s", "10", "-g", "8")  # and a sample from gathered weights
-    assert "x 2 GPUs (ZeRO-1 over NCCL)" in result.stderr and "--- sample at step 10 ---" in result.stdout
+    assert "x 2 GPUs (ZeRO-1 over NCCL)" in result.stdout and "--- sample at step 10 ---" in result.stdout
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(a) == len(b) == 20
     train(1, *args, *corpus, "-b", "4", "-d", str(8 * T), "-o", "one_accumulated")  # control: 2 micro-batches on 1 GPU
@@ -104,7 +104,7 @@ def test_zero_stages_match_one_gpu_and_resume_across_stages(corpus, tmp_path, st
     one, two = [*args, *corpus, "-b", "8"], [*args, *corpus, "-b", "4", "--zero", str(stage)]
     train(1, *one, "-o", "one")
     result = train(2, *two, "-o", "two")
-    assert f"x 2 GPUs (ZeRO-{stage} over NCCL)" in result.stderr and f"| ZeRO-{stage}" in result.stderr  # the plan
+    assert f"x 2 GPUs (ZeRO-{stage} over NCCL)" in result.stdout and f"| ZeRO-{stage}" in result.stdout  # the plan
     train(2, *args, *corpus, "-b", "2", "-d", str(8 * T), "--zero", str(stage), "-o", "two_accumulated")
     reference = losses(tmp_path / "one")
     print(f"\n{dtype} ZeRO-{stage}: worst relative |2 GPUs - 1 GPU| train loss {relative(losses(tmp_path / 'two'), reference):.2e}"
@@ -115,7 +115,7 @@ def test_zero_stages_match_one_gpu_and_resume_across_stages(corpus, tmp_path, st
     assert relative(losses(tmp_path / "two", "tel"), losses(tmp_path / "one", "tel")) < tol  # (B=2 evaluates others)
     if dtype == "bf16" and stage == 2:  # the gradients reduce-scattered in bf16
         result = train(2, *two, "--reduce-dtype", "bf16", "-o", "two_bf16_reduce")
-        assert "bf16 reduce-scatter" in result.stderr
+        assert "bf16 reduce-scatter" in result.stdout
         rounded = losses(tmp_path / "two_bf16_reduce")
         print(f"bf16 reduce-scatter: worst relative |2 GPUs - 1 GPU| train loss {relative(rounded, reference):.2e}, "
               f"last loss {rounded[-1]:.6f} against {reference[-1]:.6f} (fp32 reduce-scatter "

@@ -26,7 +26,7 @@ def test_gpu_resume_is_exact(corpus, tmp_path):
 def test_bf16_is_the_default_and_resume_is_exact(corpus, tmp_path, capsys):
     """d6 (head_dim 64) trains in bf16 by default; a resumed run reproduces it bit for bit."""
     check_resume_is_exact(tmp_path, corpus, "cuda", "-e", "d6", "-t", "64")
-    assert "dtype bf16" in capsys.readouterr().err
+    assert "dtype bf16" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("recipe, line", [(["--recompute", "full"], "recompute full | adamw"),
@@ -34,13 +34,13 @@ def test_bf16_is_the_default_and_resume_is_exact(corpus, tmp_path, capsys):
                                           (["--optimizer-in-backward"], "recompute partial | adamw in the backward")])
 def test_bf16_memory_recipes_resume_exactly(corpus, tmp_path, capsys, recipe, line):
     check_resume_is_exact(tmp_path, corpus, "cuda", "-e", "d6", "-t", "64", *recipe)
-    assert line in capsys.readouterr().err
+    assert line in capsys.readouterr().out
 
 
 def test_fp32_is_chosen_where_bf16_cannot_run(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "1", "-o", "out", device="cuda") == 0  # tiny: head_dim 8
-    err = capsys.readouterr().err
-    assert "dtype fp32" in err and "head_dim 64 or 128, this model's is 8" in err
+    out = capsys.readouterr().out
+    assert "dtype fp32" in out and "head_dim 64 or 128, this model's is 8" in out
     assert run(*BASE, *corpus, "-x", "1", "-o", "out2", "--dtype", "bf16", device="cuda") == 2
     assert "--dtype bf16: flash attention takes head_dim 64 or 128" in capsys.readouterr().err
 

@@ -177,11 +177,11 @@ def test_resume_skips_an_unusable_checkpoint_for_the_previous_one(corpus, two_ch
     corrupt, words = CORRUPTIONS[corruption]
     corrupt(two_checkpoints / "ckpt_00000004")
     assert run(*BASE, *corpus, "-x", "6", "-n", "2", "-nk", "0", "-o", "out", "--resume") == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "Traceback" not in err
     warnings = [line for line in err.splitlines() if line.startswith("warning: skipping")]
     assert len(warnings) == 1 and "out/ckpt_00000004" in warnings[0] and words in warnings[0], err
-    assert "resuming from out/ckpt_00000002 (step 2)" in err
+    assert "resuming from out/ckpt_00000002 (step 2)" in out
     lines = (two_checkpoints / "main.log").read_text().splitlines()
     assert [int(line.split()[0][2:]) for line in lines if " trl:" in line] == list(range(6))  # no step twice
     assert load_checkpoint(two_checkpoints / "ckpt_00000004")["state"]["step"] == 4  # rewritten, good again

@@ -1,6 +1,6 @@
 """kill -9 at random moments, two thirds of them inside checkpoint writes (which run in the background
-while training goes on), each followed by --resume: the final weights, optimizer state, main.log and
-samples are those of the uninterrupted run, bit for bit."""
+while training goes on), each followed by --resume auto (the same command, as a scheduler reruns it): the final
+weights, optimizer state, main.log and samples are those of the uninterrupted run, bit for bit."""
 
 import random
 import signal
@@ -80,7 +80,7 @@ def start(tmp_path, corpus, out, log_name, die=("none", 0, 0)):
     with open(tmp_path / log_name, "w") as stdout:
         return subprocess.Popen([sys.executable, "-c", DIE_INSIDE % (str(REPO), str(REPO / "train_llama.py")),
                                  *map(str, die), str(tmp_path / f"{log_name}.phase"), *ARGS, *corpus, "-o", out,
-                                 "--resume"], cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
+                                 "--resume", "auto"], cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
 
 
 def step_lines(path) -> int:

@@ -1,6 +1,7 @@
 """python -m llama.launch: each rank's environment, stopping every rank when one fails, passing
 signals on, and one-line errors for bad arguments. The ranks are tests/launch_child.py."""
 
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -11,10 +12,14 @@ import pytest
 from tests.runs import REPO, wait_for
 
 CHILD = "tests/launch_child.py"
+# the launcher starts nothing where NCCL does not load; the children here do not use it, and any library
+# that loads stands in for it
+NCCL_STAND_IN = {"LLAMA_NCCL_LIBRARY": ctypes.util.find_library("c")}
 
 
 def launch(*args, env=None, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "llama.launch", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "llama.launch", *args], cwd=REPO,
+                            env={**(os.environ if env is None else env), **NCCL_STAND_IN},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -152,3 +157,15 @@ def test_bad_arguments_are_one_line_and_exit_2(args, message):
     code, out, err = finish(launch(*args, env=env))
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("launch: error: ") and message in err
+
+
+def test_without_nccl_the_launcher_starts_nothing_and_says_so_in_one_line(tmp_path):
+    """Issue 49: a traceback of NCCLError from rank 0, then rank 1's lost connection, exit code 1."""
+    proc = subprocess.Popen([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2", CHILD, "env", str(tmp_path)],
+                            cwd=REPO, env={**os.environ, "LLAMA_NCCL_LIBRARY": str(tmp_path / "libnccl.so.2")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, out, err = finish(proc)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("launch: error: the ranks talk over NCCL, which cannot be loaded here") and \
+        'install it with python3 -m pip install -e ".[cuda]"' in err
+    assert list(tmp_path.iterdir()) == []  # no rank started

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from llama import trainer
+from llama.cache import cache_dir
 from llama.io.checkpoint import load_checkpoint
 from llama.io.run_dir import default_output_dir
 from tests.faults import DiskFault
@@ -59,14 +60,14 @@ def test_the_same_command_without_o_twice_keeps_both_runs(corpus, tmp_path, caps
     """The README's first command, run again: a new numbered folder, named at the start and in the
     summary; --resume without -o continues the last."""
     assert run(*BASE, *corpus, "-x", "2") == 0
-    assert "run folder: out (choose one with -o)" in capsys.readouterr().err
+    assert "run folder: out (choose one with -o)" in capsys.readouterr().out
     first = files(tmp_path / "out")
     assert run(*BASE, *corpus, "-x", "2") == 0
     captured = capsys.readouterr()
-    assert "run folder: out_2 (choose one with -o)" in captured.err and "log out_2/main.log" in captured.out
+    assert "run folder: out_2 (choose one with -o)" in captured.out and "log out_2/main.log" in captured.out
     assert files(tmp_path / "out") == first and sorted(log_lines(tmp_path / "out_2")) == [0, 1]
     assert run(*BASE, *corpus, "-x", "3", "--resume") == 0
-    assert "resuming from out_2/ckpt_00000002 (step 2)" in capsys.readouterr().err
+    assert "resuming from out_2/ckpt_00000002 (step 2)" in capsys.readouterr().out
     assert sorted(log_lines(tmp_path / "out_2")) == [0, 1, 2] and files(tmp_path / "out") == first
 
 
@@ -83,7 +84,7 @@ def test_overwrite_moves_the_old_run_aside_and_resume_continues_the_new_run(corp
     assert files(tmp_path / "out" / "old_run_1") == first
     unhook()
     assert run(*BASE, *corpus, "-x", "10", "-n", "4", "-o", "out", "--resume") == 0
-    assert "resuming from out/ckpt_00000005 (step 5)" in capsys.readouterr().err
+    assert "resuming from out/ckpt_00000005 (step 5)" in capsys.readouterr().out
     assert (tmp_path / "out" / "main.log").read_bytes() == (tmp_path / "ref" / "main.log").read_bytes()
     assert sorted(p.name for p in (tmp_path / "out").glob("ckpt_*")) == ["ckpt_00000008", "ckpt_00000010"]
     mine, ref = load_checkpoint(tmp_path / "out" / "ckpt_00000010"), load_checkpoint(tmp_path / "ref" / "ckpt_00000010")
@@ -156,7 +157,7 @@ def test_disk_failure_during_a_checkpoint(corpus, tmp_path, capsys, monkeypatch,
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     fault.armed = False
     assert run(*ARGS, *corpus, "-o", "out", "--resume") == 0
-    assert "resuming from out/ckpt_00000002 (step 2)" in capsys.readouterr().err
+    assert "resuming from out/ckpt_00000002 (step 2)" in capsys.readouterr().out
     assert sorted(log_lines(tmp_path / "out")) == list(range(6))
 
 
@@ -166,10 +167,12 @@ def test_disk_full_while_building_the_builtin_corpus(tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     few = llama.data.datasets.stdlib_sources()[:120]
     monkeypatch.setattr(llama.data.datasets, "stdlib_sources", lambda: few)
-    DiskFault(tmp_path / "data", errno.ENOSPC, budget=5000).install(monkeypatch)
+    cache = cache_dir()
+    DiskFault(cache, errno.ENOSPC, budget=5000).install(monkeypatch)
     assert run("-e", "tiny", "-t", "32", "-x", "2", "-s", "0") == 2
-    assert last_error(capsys) == "error: cannot build the built-in corpus in data/builtin: No space left on device"
-    assert [p.name for p in (tmp_path / "data").rglob("*") if p.is_file()] == []
+    assert last_error(capsys) == f"error: cannot build the built-in corpus in {cache / 'builtin'}: No space left on device"
+    assert [p.name for p in cache.rglob("*") if p.is_file()] == []
+    assert not (tmp_path / "out").exists()  # a refused run leaves no folder
 
 
 @pytest.mark.slow

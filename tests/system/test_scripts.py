@@ -2,6 +2,7 @@
 in train_llama.py), so is a model or checkpoint that does not exist, bad inputs end in one line, and
 --help works everywhere, even where torch is not installed."""
 
+import os
 import re
 import runpy
 import shutil
@@ -125,8 +126,8 @@ def test_compare_runs_compares_memory_recipes_on_the_cpu(corpus, tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "recipe", "plain", "full",
                              "adamw8bit", "--device", "cpu", "-o", str(tmp_path / "cmp"), "--", "-e", "tiny", "-b", "2",
                              "-t", "16", "-x", "60", "-l", "3e-3", *corpus], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                 "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})  # offline: byte-level tokens
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/",
+                                 "LLAMA_CUDA_CACHE": os.environ["LLAMA_CUDA_CACHE"]})  # offline: byte-level tokens
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("seed 0: mean"))  # then maybe "wrote"
     means = dict(re.findall(r"recipe ([\w-]+) ([\d.]+)", line))
@@ -139,8 +140,8 @@ def test_compare_runs_compares_fp8_scalings_with_the_twin_on_the_cpu(corpus, tmp
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "fp8-scaling", "row", "tensor",
                              "--device", "cpu", "-o", str(tmp_path / "cmp"), "--", "-e", "tiny", "-b", "2", "-t", "16",
                              "-x", "20", *corpus], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                 "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})  # offline: byte-level tokens
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/",
+                                 "LLAMA_CUDA_CACHE": os.environ["LLAMA_CUDA_CACHE"]})  # offline: byte-level tokens
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("seed 0: mean"))
     means = dict(re.findall(r"fp8-scaling (\w+) ([\d.]+)", line))
@@ -163,8 +164,8 @@ def test_compare_runs_averages_the_differences_over_seeds(corpus, tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "recipe", "plain", "full",
                              "--seeds", "0", "1", "--device", "cpu", "-o", str(tmp_path / "cmp"), "--", "-e", "tiny",
                              "-b", "2", "-t", "16", "-x", "55", *corpus], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                 "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/"})  # offline: byte-level tokens
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "LLAMA_PACKAGE_INDEX": "http://127.0.0.1:9/",
+                                 "LLAMA_CUDA_CACHE": os.environ["LLAMA_CUDA_CACHE"]})  # offline: byte-level tokens
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "mean" in line]
     plain = [float(re.search(r"recipe plain ([\d.]+)", line).group(1)) for line in lines if line.startswith("seed")]

@@ -94,7 +94,7 @@ def test_load_tokenizer_fetches_or_falls_back_to_bytes(index, tmp_path, monkeypa
     assert "fetching it from Meta's llama-models wheel" in err and "byte-level tokenizer" in err
     monkeypatch.setattr(tf, "INDEX_URL", index.url + "/simple/")
     assert tok.load_tokenizer(fetch=True).vocab_size == 517
-    assert (tmp_path / tok.DEFAULT_TOKENIZER_PATH).read_bytes() == MODEL
+    assert tok.default_tokenizer_path().read_bytes() == MODEL
 
 
 def test_starter_pack_gets_the_tokenizer_from_the_wheel(index, tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ from tests.runs import BASE, REPO, log_lines, run
     (["--top-k", "-1"], "--top-k: expected an integer >= 0"),
     (["-m", "0"], "-m/--val-batches: expected a positive integer"),
     (["--seed", "-1"], "--seed: expected an integer >= 0"),
-    (["-y", "2"], "-y/--resume: expected 1 or 0"),
+    (["-y", "2"], "-y/--resume: expected 1, 0 or auto, got .2."),
     (["--resume", "--overwrite"], "--resume continues the run in --output-dir, --overwrite replaces it"),
 ])
 def test_bad_values_are_usage_errors(corpus, extra, message, capsys):
@@ -55,7 +55,7 @@ def test_val_data_without_train_data_is_a_usage_error(tmp_path, monkeypatch, cap
 def test_llmc_forms_resume_with_y_1_and_one_epoch_with_x_minus_1(corpus, tmp_path, capsys):
     assert run(*BASE, *corpus, "-x", "2", "-o", "out") == 0
     assert run(*BASE, *corpus, "-x", "4", "-o", "out", "-y", "1") == 0
-    assert "resuming from out/ckpt_00000002 (step 2)" in capsys.readouterr().err
+    assert "resuming from out/ckpt_00000002 (step 2)" in capsys.readouterr().out
     assert sorted(log_lines(tmp_path / "out")) == [0, 1, 2, 3]
     write_shard(tmp_path / "short.bin", np.asarray(open_shard(corpus[1])[:1000]), ByteTokenizer.vocab_size)
     assert run(*BASE, "-i", "short.bin", "-x", "-1", "-d", "256", "-v", "0", "-n", "0", "-o", "epoch") == 0

@@ -28,7 +28,9 @@ from llama.data.tokenizer import Llama3Tokenizer
 from tests.runs import BASE, REPO, TEXT, run
 from tests.sample_files import ranks_file_bytes
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # the scripts import this checkout's llama package
+def child_env() -> dict:
+    """The test's environment (its own cache, no package index) with this checkout's llama package."""
+    return {**os.environ, "PYTHONPATH": str(REPO)}
 CONFIG = get_preset("tiny").replace(vocab_size=517, max_seq_len=64)
 
 
@@ -60,7 +62,7 @@ def test_fine_tune_from_hf_then_export(hf_folder, tmp_path, capsys):
     assert not np.array_equal(trained["params"], params)
 
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), "out", "exported", "--dtype",
-                             "fp32"], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+                             "fp32"], capture_output=True, text=True, cwd=tmp_path, env=child_env())
     assert result.returncode == 0, result.stderr
     config, exported = load_hf_folder(tmp_path / "exported")
     assert config == CONFIG and np.array_equal(exported, trained["params"])
@@ -113,8 +115,8 @@ def test_a_2_to_the_31_context_fine_tunes(hf_folder, capsys):
 
 def test_export_of_a_missing_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), str(tmp_path), "x"],
-                            capture_output=True, text=True, env=ENV)
-    assert result.returncode == 1 and "holds no complete checkpoint" in result.stderr
+                            capture_output=True, text=True, env=child_env())
+    assert result.returncode == 2 and "holds no complete checkpoint" in result.stderr  # as the trainer
 
 
 def no_bigger_files_than(limit: int):
@@ -129,16 +131,16 @@ def no_bigger_files_than(limit: int):
 def test_export_onto_a_full_disk_is_one_line(corpus, tmp_path):
     assert run(*BASE, *corpus, "-x", "1", "-v", "0", "-o", "out") == 0
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "export_hf.py"), "out", "exported"],
-                            capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, cwd=tmp_path, env=child_env(),
                             preexec_fn=no_bigger_files_than(20_000))
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert re.fullmatch(r"error: cannot write exported/model.safetensors: .*File too large.*",
                         result.stderr.splitlines()[-1]), result.stderr
 
 
 def run_generate(*args, cwd, stdin=None):
     return subprocess.run([sys.executable, str(REPO / "scripts" / "generate.py"), *args, "--device", "cpu"],
-                          capture_output=True, text=True, cwd=cwd, input=stdin, env=ENV)
+                          capture_output=True, text=True, cwd=cwd, input=stdin, env=child_env())
 
 
 def test_generate_script_streams_what_generate_produces(hf_folder, tmp_path):
@@ -168,8 +170,8 @@ def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path):
     result = run_generate("out", "--prompt", "the", "-n", "5", cwd=tmp_path)  # the run's tokenizer: the HF folder's
     assert result.returncode == 0 and result.stdout.startswith("the"), result.stderr
     result = run_generate(str(tmp_path / "data"), "--prompt", "x", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user's mistake, as in the trainer
     assert result.stderr.strip() == f"error: {tmp_path / 'data'} holds no complete checkpoint"
     (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
     result = run_generate(str(folder), "--prompt", "x", cwd=tmp_path)
-    assert result.returncode == 1 and "config.json: missing num_attention_heads" in result.stderr
+    assert result.returncode == 2 and "config.json: missing num_attention_heads" in result.stderr

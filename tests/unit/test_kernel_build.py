@@ -44,8 +44,11 @@ def entry_points(cubin: bytes) -> set[str]:
 
 def test_cache_dir_moves_with_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(kernel_build.CACHE_ENV, raising=False)
+    monkeypatch.delenv("LLAMA_CUDA_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert kernel_build.cache_dir() == tmp_path / "llama-cuda" / "kernels"
+    monkeypatch.setenv("LLAMA_CUDA_CACHE", str(tmp_path / "cache"))  # the per-user cache, moved
+    assert kernel_build.cache_dir() == tmp_path / "cache" / "kernels"
     monkeypatch.setenv(kernel_build.CACHE_ENV, str(tmp_path / "elsewhere"))
     assert kernel_build.cache_dir() == tmp_path / "elsewhere"
 

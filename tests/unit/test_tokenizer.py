@@ -1,11 +1,12 @@
 import io
 import json
+from pathlib import Path
 
 import pytest
 
 from llama.data import tokenizer as tok
 from llama.generate import TextStream
-from tests.runs import REPO
+from tests.runs import run
 from tests.sample_files import ranks_file_bytes
 
 
@@ -58,17 +59,12 @@ def test_byte_tokenizer_round_trip():
     assert b.decode([0xff, 104]) == "\ufffdh"
 
 
-def test_load_tokenizer(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert isinstance(tok.load_tokenizer(), tok.ByteTokenizer)
+def test_load_tokenizer(tmp_path, capsys):
+    assert isinstance(tok.load_tokenizer(), tok.ByteTokenizer)  # the test's own cache is empty
     assert "byte-level tokenizer" in capsys.readouterr().err
     with pytest.raises(tok.TokenizerError, match="not found"):
         tok.load_tokenizer(tmp_path / "missing.model")
-    bad = tmp_path / "bad.model"
-    bad.write_text("not base64 at all\n")
-    with pytest.raises(tok.TokenizerError, match="cannot read"):
-        tok.load_tokenizer(bad)
-    default = tmp_path / tok.DEFAULT_TOKENIZER_PATH
+    default = tok.default_tokenizer_path()
     default.parent.mkdir(parents=True)
     default.write_bytes(ranks_file_bytes())
     assert tok.load_tokenizer().vocab_size == 517
@@ -92,10 +88,10 @@ def test_chat_encoding_follows_meta_format(llama3):
         llama3.encode_chat([{"role": "robot", "content": "x"}])
 
 
-REAL_TOKENIZER = REPO / tok.DEFAULT_TOKENIZER_PATH
+REAL_TOKENIZER = tok.default_tokenizer_path()  # read at collection, before the tests' own caches: the user's
 
 
-@pytest.mark.skipif(not REAL_TOKENIZER.exists(), reason="Meta's tokenizer.model is not in data/tokenizer/")
+@pytest.mark.skipif(not REAL_TOKENIZER.exists(), reason="Meta's tokenizer.model is not in the user's cache")
 def test_real_tokenizer_matches_meta_tests():
     """The token ids of llama-models' own tokenizer tests (llama3/tests/api/test_tokenizer.py)."""
     real = tok.Llama3Tokenizer(REAL_TOKENIZER)
@@ -150,7 +146,7 @@ def test_tokenizer_json_that_is_not_llama3(tmp_path):
     with pytest.raises(tok.TokenizerError, match="is not a Llama 3 tokenizer"):
         tok.Llama3Tokenizer(path)
     path.write_text("{")
-    with pytest.raises(tok.TokenizerError, match="cannot read tokenizer file"):
+    with pytest.raises(tok.TokenizerError, match="is not a tokenizer.json \\(not JSON text\\)"):
         tok.Llama3Tokenizer(path)
 
 
@@ -166,9 +162,28 @@ def test_hf_tokenizers_library_encodes_the_same(llama3):
 
 def test_a_replaced_file_at_the_same_path_is_read_again(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = tok.DEFAULT_TOKENIZER_PATH  # relative, as the trainer uses it
+    path = Path("tokenizer") / "tokenizer.model"  # relative, as a user may pass it
     path.parent.mkdir(parents=True)
     path.write_bytes(ranks_file_bytes())
     assert tok.Llama3Tokenizer(path).vocab_size == 517
     path.write_bytes(ranks_file_bytes().rsplit(b"\n", 2)[0] + b"\n")  # one merge fewer
     assert tok.Llama3Tokenizer(path).vocab_size == 516
+
+
+@pytest.mark.parametrize("contents, expected", [
+    ("# llama-cuda\n\nLlama 3.1 training\n", "README.md is not a tokenizer: line 1 is not a base64 token and its rank"),
+    ("{not json", "README.md is not a tokenizer.json (not JSON text)"),
+    ('{"model": {"type": "Unigram"}}', "README.md is not a Llama 3 tokenizer"),
+])
+def test_a_file_that_is_not_a_tokenizer_is_one_line_saying_what_was_expected(tmp_path, monkeypatch, contents,
+                                                                              expected, capsys):
+    """Issue 49: --tokenizer README.md said "invalid literal for int() with base 10"."""
+    monkeypatch.chdir(tmp_path)
+    name = "README.md" if contents.startswith("#") else "README.md.json"
+    Path(name).write_text(contents)
+    assert run("-e", "tiny", "-x", "1", "--tokenizer", name, "-o", "out") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {expected.replace('README.md', name, 1)}") and "\n" not in err, err
+    assert "tokenizer.model (one base64 token and its rank a line) or a Hugging Face tokenizer.json" in err \
+        or "Llama 3 tokenizer (byte-level BPE" in err
+    assert not (tmp_path / "out").exists()
