@@ -338,8 +338,8 @@ def test_a_failed_background_write_stops_the_run_and_the_previous_checkpoint_res
     fault.armed = False
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     code = run(*args, "--resume")
-    err = capsys.readouterr().err
-    assert code == 0 and "resuming from out/ckpt_00000002 (step 2)" in err, err
+    out = capsys.readouterr().out
+    assert code == 0 and "resuming from out/ckpt_00000002 (step 2)" in out, out
     assert sorted(log_lines(tmp_path / "out")) == list(range(8))
 
 
