@@ -1,6 +1,7 @@
 """How fast checkpoints are written and read on this machine's disk, and (--gpu) what a checkpoint
 costs the training loop on the GPU: the snapshot into page-locked memory and the guard's look at the
-weights (their RMS on the device), the stall before training goes on while the write runs in the background;
+weights (their RMS on the device), the stall before training goes on while the write runs in the background,
+and that write of the snapshot (fsynced, into --dir);
 with --resume also what train_llama.py takes for the recipe: a run of one step that writes its checkpoint
 into --dir (its size and write time), then `--resume` of it, from the command to the end of its first step.
 
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llama.config import get_preset  # noqa: E402
-from llama.io.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from llama.io.checkpoint import load_checkpoint, save_checkpoint, snapshot_moments  # noqa: E402
 from llama.params import ParameterLayout  # noqa: E402
 
 STATE = {"run": {"batch_size": 1, "seq_len": 1, "tokens_per_step": 1, "seed": 0},
@@ -75,7 +76,8 @@ def bench_disk(config, folder: Path) -> None:
 
 def bench_gpu(config, args) -> None:
     """The stall of a checkpoint on one GPU, and its parts: download_state (the first call also pins its host
-    arrays), the probe batch's forward that runs beside the copies, and the weights' RMS on the device."""
+    arrays), the probe batch's forward that runs beside the copies, and the weights' RMS on the device; then
+    the background writer's part, the snapshot written into --dir (removed after)."""
     from llama.cuda import runtime
     from llama.kernel_build import build, kernels_for
     from llama.model.gpu_bf16 import GPUModelBF16
@@ -106,6 +108,13 @@ def bench_gpu(config, args) -> None:
     model.weights_rms()
     print(f"the stall of a checkpoint (the copy beside the probe forward, then the RMS): "
           f"{time.perf_counter() - began:.2f} s")
+    size, folder = ParameterLayout(config).size, Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:  # what the background writer does with the snapshot
+        timed("write the snapshot (fsynced)", nbytes, lambda: save_checkpoint(
+            folder, 1, config, snapshot["params"][:size], *snapshot_moments(snapshot, size), STATE))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def train_command(args, folder: Path, *extra: str) -> list[str]:
