@@ -117,6 +117,16 @@ def bench_gpu(config, args) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def bench_pinning(nbytes: int = 8 << 30) -> None:
+    """What page-locking host memory costs, the first checkpoint's extra stall (per GB): the driver's allocation
+    (download_state's), and registering memory whose pages were touched before (which a thread could do early)."""
+    from llama.cuda import runtime
+    drv = runtime().drv
+    timed("pagelocked_empty", nbytes, lambda: drv.pagelocked_empty(nbytes, np.uint8))
+    touched = np.ones(nbytes, np.uint8)
+    timed("register touched memory", nbytes, lambda: drv.register_host_memory(touched))
+
+
 def train_command(args, folder: Path, *extra: str) -> list[str]:
     """train_llama.py with the benchmark's recipe, into folder, keeping one checkpoint (the disk holds one 8B)."""
     recipe = [*(["--recompute", args.recompute] if args.recompute else []),
@@ -182,6 +192,7 @@ def main() -> None:
         if args.resume:  # first, while this process holds no GPU memory
             bench_resume(args)
         bench_gpu(config, args)
+        bench_pinning()
     else:
         bench_disk(config, Path(args.dir))
 
