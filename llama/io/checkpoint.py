@@ -308,10 +308,9 @@ def verify_files(path: str | Path, config: LlamaConfig) -> bool:
     return quantized
 
 
-def load_checkpoint(path: str | Path, empty=np.empty) -> dict:
+def load_checkpoint(path: str | Path) -> dict:
     """{'path', 'config', 'params' (flat float32), 'adam_m', 'adam_v' (float32, or Quantized for 8-bit moments),
-    'state'} of a checkpoint, verified in full; CheckpointError says what is wrong with it. empty(shape, dtype)
-    allocates the arrays read into (page-locked ones upload faster)."""
+    'state'} of a checkpoint, verified in full; CheckpointError says what is wrong with it."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint folder")
@@ -321,8 +320,8 @@ def load_checkpoint(path: str | Path, empty=np.empty) -> dict:
     config = _config_of(path, state)
     quantized = verify_files(path, config)
     layout = ParameterLayout(config)
-    params = empty(layout.size, np.float32)
-    moments = {name: empty(shape, dtype) for name, (shape, dtype) in moment_specs(layout.size, quantized).items()}
+    params = np.empty(layout.size, np.float32)
+    moments = {name: np.empty(shape, dtype) for name, (shape, dtype) in moment_specs(layout.size, quantized).items()}
     try:
         with report_if_slow(f"read {path}", params.nbytes + sum(a.nbytes for a in moments.values())):
             read_tensors(path / MODEL, layout.views(params))

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from llama import trainer
-from llama.io.checkpoint import DONE, QUANTIZED_MOMENTS, all_finite, load_checkpoint, moment_tensors
+from llama.io.checkpoint import DONE, QUANTIZED_MOMENTS, CheckpointError, all_finite, load_checkpoint, moment_tensors
 from llama.optim import QUANT_BLOCK, Quantized, fp32_moments
 from llama.config import get_preset
 from llama.data.dataloader import DataLoader
@@ -366,6 +366,9 @@ def test_8_bit_moments_are_written_as_their_codes_and_scales(corpus, tmp_path):
     plain.set_state(ckpt["params"], ckpt["adam_m"], ckpt["adam_v"])
     for mine, expected in zip(plain.get_optimizer_state(), fp32_moments(ckpt["adam_m"], ckpt["adam_v"])):
         assert np.array_equal(mine, expected)
+    save_file(tensors | {"m_scales": tensors["m_scales"][:-1]}, folder / "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match=r"m_scales is F32 \[\d+\], expected F32 \[\d+\]$"):
+        load_checkpoint(folder)
 
 
 def test_an_8_bit_run_resumes_bit_exact_from_its_checkpoint_and_from_fp32_moments(corpus, tmp_path):
