@@ -9,14 +9,15 @@ fp32 scale (the block's largest magnitude) and a uint8 code per value, the index
 of a dynamic map (DYNAMIC_SIGNED for the first moment, DYNAMIC_UNSIGNED, without zero, for the second:
 see dynamic_map). A step
 dequantizes a chunk of blocks, runs the same AdamW formulas on it and quantizes the new moments back.
-A dequantized state quantizes back to the same codes and scales, so checkpoints keep fp32 moments and
-a resume is bit-exact.
+Checkpoints keep the codes and scales as they are (Quantized); a dequantized state also quantizes back to
+the same codes and scales, so a checkpoint with fp32 moments resumes an 8-bit run bit-exact too.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -148,6 +149,20 @@ def quantize_blocks(x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.n
     return codes[:n], scales
 
 
+class Quantized(NamedTuple):
+    """One 8-bit moment as AdamW8bitState holds it: uint8 codes (one per value) and float32 scales (one per
+    QUANT_BLOCK values), flat in the parameter layout."""
+    codes: np.ndarray
+    scales: np.ndarray
+
+
+def fp32_moments(m, v) -> tuple:
+    """(m, v) as float32 arrays: Quantized moments dequantized (m on the signed map, v on the unsigned one),
+    arrays and None as they are."""
+    return tuple(dequantize_blocks(x.codes, x.scales, levels) if isinstance(x, Quantized) else x
+                 for x, levels in ((m, DYNAMIC_SIGNED), (v, DYNAMIC_UNSIGNED)))
+
+
 def dequantize_blocks(codes: np.ndarray, scales: np.ndarray, levels: np.ndarray) -> np.ndarray:
     """float32 (n,): each code's level times its block's scale."""
     return levels[codes] * np.repeat(scales, QUANT_BLOCK)[:codes.size]
@@ -171,8 +186,9 @@ class AdamWState:
         """Copies of (m, v), as checkpoints hold them (in fp32)."""
         return self.m.copy(), self.v.copy()
 
-    def load(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
-        """Moments from a checkpoint (None: zeros)."""
+    def load(self, m, v) -> None:
+        """Moments from a checkpoint: float32 arrays, Quantized (dequantized) or None (zeros)."""
+        m, v = fp32_moments(m, v)
         self.m[:] = 0 if m is None else m
         self.v[:] = 0 if v is None else v
 
@@ -216,7 +232,19 @@ class AdamW8bitState(AdamWState):
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         return self._chunk(0, self.size)
 
-    def load(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
+    def quantized(self) -> tuple[Quantized, Quantized]:
+        """Copies of the codes and scales of (m, v), as checkpoints hold them."""
+        return (Quantized(self.m_codes.copy(), self.m_scales.copy()),
+                Quantized(self.v_codes.copy(), self.v_scales.copy()))
+
+    def load(self, m, v) -> None:
+        """Quantized moments as they are, float32 ones quantized, None as zeros."""
+        if isinstance(m, Quantized) and isinstance(v, Quantized):
+            for mine, theirs in ((self.m_codes, m.codes), (self.m_scales, m.scales), (self.v_codes, v.codes),
+                                 (self.v_scales, v.scales)):
+                mine[:] = theirs
+            return
+        m, v = fp32_moments(m, v)
         self._store(0, np.zeros(self.size, np.float32) if m is None else np.asarray(m, np.float32),
                     np.zeros(self.size, np.float32) if v is None else np.asarray(v, np.float32))
 

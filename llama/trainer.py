@@ -29,7 +29,7 @@ from .generate import decoder_for, generate
 from .io.background import SLOW, BackgroundJob
 from .io.checkpoint import (CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint,
                             snapshot_moments)
-from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, weights_rms
+from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
 from .io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
 from .io.run_dir import RunDir
 from .kernel_build import build, kernels_for
@@ -194,7 +194,7 @@ class Trainer:
         self.last_good = resume["path"] if resume is not None else None
         best = resume["state"].get("best_probe_loss") if resume is not None else None
         if self.rank == 0:  # rank 0 judges the weights
-            self.guard = CheckpointGuard(weights_rms(params) if params is not None else self.model.weights_rms(), best)
+            self.guard = CheckpointGuard(rms_of(self.guarded(params)), best)
         else:
             self.guard = None
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
@@ -296,7 +296,7 @@ class Trainer:
             if state["run"][key] != self.run_settings[key]:
                 raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
                                 f"this run asks for {self.run_settings[key]}")
-        self.model.set_state(resume["params"], resume["adam_m"], resume["adam_v"])
+        self.model.set_state(None, resume["adam_m"], resume["adam_v"])  # the model was built from its weights
         try:
             self.train_loader.load_state_dict(state["loader"])
         except ValueError as e:
@@ -372,14 +372,15 @@ class Trainer:
         rank's shard) when they are good; every rank takes part. Bad weights at the last step stop
         the run, as there is no later checkpoint to wait for. The write runs in the background
         (collect_checkpoint), after the one before it finished: the snapshot it writes is, on one GPU, the
-        state downloaded into page-locked memory (reused by every checkpoint), else the host copies that
-        get_params and get_optimizer_state make."""
+        state downloaded into page-locked memory (reused by every checkpoint; on the CPU plain copies), on
+        several GPUs the host copies that get_params and get_optimizer_state make."""
         self.collect_checkpoint(wait=True)
-        self.snapshot = self.model.download_state(self.snapshot)
+        self.snapshot = self.model.download_state(self.snapshot, wait=False)  # the probe forward runs meanwhile
         params = (self.snapshot["params"][:ParameterLayout(self.config).size] if self.snapshot is not None
                   else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
-        verdict, reason = self.guard.judge(params, probe_loss) if params is not None else (SAVE, None)
+        self.model.wait_for_state()
+        verdict, reason = self.guard.judge(self.guarded(params), probe_loss) if params is not None else (SAVE, None)
         skip, stop = (value > 0 for value in mean_over_ranks(self.comm, float(verdict == SKIP),
                                                                        float(verdict == STOP)))
         if stop or (skip and done_steps == self.steps):
@@ -400,6 +401,15 @@ class Trainer:
                  "group_norms_squared": self.model.group_norms_squared}
         out, config, keep = self.out, self.config, self.args.keep_checkpoints
         self.writer.start(lambda: save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=keep))
+
+    def guarded(self, params: np.ndarray | None) -> np.ndarray | float:
+        """What the guard looks at: on one GPU the weights' RMS summed on the device (no pass over 32 GB of 8B
+        weights on the host), else the host weights (params; None: the weights are on the device only), which
+        also judge when the device's RMS is not finite (a weight that is not, or squares past fp32's range)."""
+        if self.plan.device == "cpu" or self.comm is not None:
+            return params
+        rms = self.model.weights_rms()
+        return rms if math.isfinite(rms) or params is None else params
 
     def collect_checkpoint(self, wait: bool = False) -> None:
         """Take a finished background write as the last good checkpoint (wait: the one in flight), with a

@@ -1,9 +1,13 @@
 """How fast checkpoints are written and read on this machine's disk, and (--gpu) what a checkpoint
 costs the training loop on the GPU: the snapshot into page-locked memory and the guard's look at the
-weights, the stall before training goes on while the write runs in the background.
+weights (their RMS on the device), the stall before training goes on while the write runs in the background,
+and that write of the snapshot (fsynced, into --dir);
+with --resume also what train_llama.py takes for the recipe: a run of one step that writes its checkpoint
+into --dir (its size and write time), then `--resume` of it, from the command to the end of its first step.
 
     python3 scripts/bench_checkpoint.py [--model d12] [--dir bench_ckpt]
-    python3 scripts/bench_checkpoint.py --gpu --model llama3.1-8b --optimizer adamw8bit --recompute full -b 1 -t 4096
+    python3 scripts/bench_checkpoint.py --gpu --resume --model llama3.1-8b --optimizer adamw8bit --recompute full \
+        --optimizer-in-backward -b 1 -t 4096 --dir /tmp/bench_ckpt
 
 The disk part writes a checkpoint of the model's size (random weights and moments) with save_checkpoint
 (fsynced, as training does), reads it back with load_checkpoint cold (its pages dropped from the cache
@@ -12,18 +16,21 @@ first, where the kernel lets us) and warm, and prints GB and GB/s of each. The f
 
 import argparse
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from llama.config import get_preset  # noqa: E402
 from llama.io.checkpoint import load_checkpoint, save_checkpoint, snapshot_moments  # noqa: E402
-from llama.io.guard import weights_rms  # noqa: E402
 from llama.params import ParameterLayout  # noqa: E402
 
 STATE = {"run": {"batch_size": 1, "seq_len": 1, "tokens_per_step": 1, "seed": 0},
@@ -46,7 +53,8 @@ def timed(what: str, nbytes: int, work) -> object:
     began = time.perf_counter()
     result = work()
     elapsed = time.perf_counter() - began
-    print(f"{what:<28} {nbytes / 1e9:7.2f} GB {elapsed:8.2f} s {nbytes / 1e9 / elapsed:7.2f} GB/s")
+    print(f"{what:<28} {nbytes / 1e9:7.2f} GB {elapsed:8.2f} s {nbytes / 1e9 / elapsed:7.2f} GB/s" if nbytes
+          else f"{what:<28} {elapsed:8.2f} s")
     return result
 
 
@@ -67,27 +75,102 @@ def bench_disk(config, folder: Path) -> None:
 
 
 def bench_gpu(config, args) -> None:
-    """The stall of a checkpoint on one GPU: download_state (the first call also pins its host arrays), the
-    weights' RMS, and the pieces of 8-bit moments dequantized as the writer does."""
+    """The stall of a checkpoint on one GPU, and its parts: download_state (the first call also pins its host
+    arrays), the probe batch's forward that runs beside the copies, and the weights' RMS on the device; then
+    the background writer's part, the snapshot written into --dir (removed after)."""
+    from llama.cuda import runtime
+    from llama.kernel_build import build, kernels_for
     from llama.model.gpu_bf16 import GPUModelBF16
+    from llama.options import RunOptions
     from llama.plan import make_plan
 
-    plan = make_plan(config, "cuda", "bf16", args.recompute, args.optimizer, args.optimizer_in_backward,
-                     batch=(args.batch_size, args.seq_len))
-    size = ParameterLayout(config).size
-    model = GPUModelBF16(config, args.batch_size, args.seq_len, params=np.zeros(size, np.float32), plan=plan)
+    options = RunOptions(device="cuda", dtype="bf16", recompute=args.recompute, optimizer=args.optimizer,
+                         in_backward=args.optimizer_in_backward, batch=(args.batch_size, args.seq_len))
+    plan = make_plan(config, options)
+    build(kernels_for(plan, runtime().code))
+    model = GPUModelBF16(config, args.batch_size, args.seq_len, plan=plan)  # weights drawn on the GPU
+    rng = np.random.default_rng(0)
+    probe = [rng.integers(0, config.vocab_size, (args.batch_size, args.seq_len)) for _ in range(2)]
+    model.forward(*probe)  # warm
+    timed("the probe batch's forward", 0, lambda: model.forward(*probe))
     snapshot = None
     for attempt in ("first (pins)", "again"):
         began = time.perf_counter()
         snapshot = model.download_state(snapshot)
+        copied = time.perf_counter() - began
         nbytes = sum(a.nbytes for a in snapshot.values())
-        elapsed = time.perf_counter() - began
-        print(f"download_state {attempt:<14} {nbytes / 1e9:7.2f} GB {elapsed:8.2f} s "
-              f"{nbytes / 1e9 / elapsed:7.2f} GB/s")
-    timed("weights' RMS (guard)", 4 * size, lambda: weights_rms(snapshot["params"][:size]))
-    moment = snapshot_moments(snapshot, size)[0]
-    if hasattr(moment, "chunks"):
-        timed("dequantize m (writer)", moment.nbytes, lambda: sum(1 for _ in moment.chunks()))
+        print(f"download_state {attempt:<14} {nbytes / 1e9:7.2f} GB {copied:8.2f} s {nbytes / 1e9 / copied:7.2f} GB/s")
+    timed("the weights' RMS on the GPU", 4 * ParameterLayout(config).size, model.weights_rms)
+    began = time.perf_counter()
+    snapshot = model.download_state(snapshot, wait=False)
+    model.forward(*probe)
+    model.wait_for_state()
+    model.weights_rms()
+    print(f"the stall of a checkpoint (the copy beside the probe forward, then the RMS): "
+          f"{time.perf_counter() - began:.2f} s")
+    size, folder = ParameterLayout(config).size, Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:  # what the background writer does with the snapshot
+        timed("write the snapshot (fsynced)", nbytes, lambda: save_checkpoint(
+            folder, 1, config, snapshot["params"][:size], *snapshot_moments(snapshot, size), STATE))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def bench_pinning(nbytes: int = 8 << 30) -> None:
+    """What page-locking host memory costs, the first checkpoint's extra stall (per GB): the driver's allocation
+    (download_state's), and registering memory whose pages were touched before (which a thread could do early)."""
+    from llama.cuda import runtime
+    drv = runtime().drv
+    timed("pagelocked_empty", nbytes, lambda: drv.pagelocked_empty(nbytes, np.uint8))
+    touched = np.ones(nbytes, np.uint8)
+    timed("register touched memory", nbytes, lambda: drv.register_host_memory(touched))
+
+
+def train_command(args, folder: Path, *extra: str) -> list[str]:
+    """train_llama.py with the benchmark's recipe, into folder, keeping one checkpoint (the disk holds one 8B)."""
+    recipe = [*(["--recompute", args.recompute] if args.recompute else []),
+              *(["--optimizer-in-backward"] if args.optimizer_in_backward else [])]
+    return [sys.executable, str(ROOT / "train_llama.py"), "-e", args.model, "-b", str(args.batch_size), "-t",
+            str(args.seq_len), "--optimizer", args.optimizer, *recipe, "-v", "0", "-s", "0", "-nk", "1", "-o",
+            str(folder), *extra]
+
+
+def seconds_to_step(command: list[str], step: int, steps: int) -> float:
+    """Run command until its llm.c line of `step` (1-based) appears on stdout, then kill it (and its
+    checkpoint write, which it leaves behind as a kill -9 would); seconds from the start to that line."""
+    began = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in child.stdout:
+            print(line, end="")
+            if re.match(rf"step +{step}/{steps} ", line):
+                return time.perf_counter() - began
+        raise RuntimeError(f"{command[1]} ended with {child.wait()} before step {step}")
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def bench_resume(args) -> None:
+    """train_llama.py's checkpoint of the recipe after one step (size, write time), then --resume of it read
+    from the disk (its pages dropped from the cache) to the end of the next step."""
+    folder = Path(args.dir)
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        began = time.perf_counter()
+        subprocess.run(train_command(args, folder, "-x", "1"), check=True)
+        checkpoint = folder / "ckpt_00000001"
+        nbytes = sum(p.stat().st_size for p in checkpoint.iterdir())
+        print(f"run of 1 step with its checkpoint: {time.perf_counter() - began:.1f} s; the checkpoint: "
+              + ", ".join(f"{p.name} {p.stat().st_size / 1e9:.2f} GB" for p in sorted(checkpoint.iterdir())
+                          if p.stat().st_size))
+        drop_from_cache(checkpoint)
+        resumed = seconds_to_step(train_command(args, folder, "-x", "2", "--resume"), 2, 2)
+        print(f"--resume of {nbytes / 1e9:.2f} GB from the command to the end of its first step: {resumed:.1f} s")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:
@@ -95,6 +178,8 @@ def main() -> None:
     parser.add_argument("--model", default="d12")
     parser.add_argument("--dir", default="bench_ckpt", help="the folder to write in (on the disk to measure)")
     parser.add_argument("--gpu", action="store_true", help="measure the snapshot on the GPU instead of the disk")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --gpu: also train_llama.py's checkpoint of one step and its --resume, in --dir")
     parser.add_argument("--optimizer", default="adamw")
     parser.add_argument("--recompute", default=None)
     parser.add_argument("--optimizer-in-backward", action="store_true")
@@ -104,7 +189,10 @@ def main() -> None:
     config = get_preset(args.model)
     print(f"{args.model}: {ParameterLayout(config).size / 1e6:,.0f}M parameters")
     if args.gpu:
+        if args.resume:  # first, while this process holds no GPU memory
+            bench_resume(args)
         bench_gpu(config, args)
+        bench_pinning()
     else:
         bench_disk(config, Path(args.dir))
 

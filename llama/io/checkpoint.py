@@ -2,7 +2,9 @@
 
 A checkpoint folder `ckpt_<step:08d>/` holds:
   model.safetensors      parameters by Meta name, float32
-  optimizer.safetensors  AdamW first and second moments (flat, in the parameter layout)
+  optimizer.safetensors  AdamW first and second moments (flat, in the parameter layout): float32 adam_m
+                         and adam_v, or with adamw8bit as the optimizer holds them, the uint8 codes m_codes
+                         and v_codes and their float32 scales m_scales and v_scales (one per QUANT_BLOCK)
   state.json             step, config, data-loader state, sampling RNG state, probe losses, main.log
                          length, training arguments
   readers.lock           empty; readers hold a shared flock on it (`reading_checkpoint`)
@@ -35,10 +37,10 @@ from typing import Iterator
 import numpy as np
 
 from ..config import ConfigError, LlamaConfig
-from ..optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, dequantize_blocks
+from ..optim import QUANT_BLOCK, Quantized
 from ..params import ParameterLayout
 from .background import report_if_slow
-from .safetensors_file import SafetensorsError, check_tensors, read_tensors, write_tensors
+from .safetensors_file import SafetensorsError, check_tensors, read_tensors, tensor_names, write_tensors
 
 DONE = "DONE"
 MODEL, OPTIMIZER, STATE, READERS = "model.safetensors", "optimizer.safetensors", "state.json", "readers.lock"
@@ -98,37 +100,35 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-class Dequantized:
-    """An 8-bit optimizer moment (codes, and a scale per QUANT_BLOCK of them, as a GPU snapshot holds them) as
-    the float32 tensor a checkpoint holds, which write_tensors writes a piece at a time: a snapshot of 8B
-    needs 16 GB of codes, not 64 GB of float32 moments, and the pieces are those AdamW8bitState.moments makes."""
+FP32_MOMENTS, QUANTIZED_MOMENTS = ("adam_m", "adam_v"), ("m_codes", "m_scales", "v_codes", "v_scales")
 
-    dtype = np.dtype(np.float32)
 
-    def __init__(self, codes: np.ndarray, scales: np.ndarray, levels: np.ndarray, chunk: int = 1 << 24):
-        if chunk % QUANT_BLOCK:
-            raise ValueError(f"the pieces must be whole blocks of {QUANT_BLOCK} values, not {chunk}")
-        self.codes, self.scales, self.levels, self.chunk = codes, scales, levels, chunk
-        self.shape, self.nbytes = codes.shape, codes.size * self.dtype.itemsize
+def moment_tensors(adam_m: np.ndarray | Quantized, adam_v: np.ndarray | Quantized) -> dict[str, np.ndarray]:
+    """optimizer.safetensors' tensors: fp32 moments, or 8-bit ones as their codes and scales."""
+    if isinstance(adam_m, Quantized):
+        return dict(zip(QUANTIZED_MOMENTS, (adam_m.codes, adam_m.scales, adam_v.codes, adam_v.scales)))
+    return dict(zip(FP32_MOMENTS, (adam_m, adam_v)))
 
-    def chunks(self) -> Iterator[np.ndarray]:
-        for start in range(0, self.codes.size, self.chunk):
-            end = min(start + self.chunk, self.codes.size)
-            yield dequantize_blocks(self.codes[start:end], self.scales[start // QUANT_BLOCK:-(-end // QUANT_BLOCK)],
-                                    self.levels)
+
+def moment_specs(size: int, quantized: bool) -> dict[str, tuple[tuple[int], np.dtype]]:
+    """The (shape, dtype) of each tensor of optimizer.safetensors over `size` parameters."""
+    if not quantized:
+        return {name: ((size,), np.dtype(np.float32)) for name in FP32_MOMENTS}
+    codes, scales = ((size,), np.dtype(np.uint8)), ((-(-size // QUANT_BLOCK),), np.dtype(np.float32))
+    return dict(zip(QUANTIZED_MOMENTS, (codes, scales, codes, scales)))
 
 
 def snapshot_moments(snapshot: dict[str, np.ndarray], size: int) -> tuple:
     """(adam_m, adam_v) for save_checkpoint from a model's download_state(): its float32 moments, or its 8-bit
-    codes and scales, dequantized as they are written."""
+    codes and scales (Quantized), without the padding."""
     if "m_codes" in snapshot:
-        return (Dequantized(snapshot["m_codes"][:size], snapshot["m_scales"], DYNAMIC_SIGNED),
-                Dequantized(snapshot["v_codes"][:size], snapshot["v_scales"], DYNAMIC_UNSIGNED))
+        return (Quantized(snapshot["m_codes"][:size], snapshot["m_scales"][:-(-size // QUANT_BLOCK)]),
+                Quantized(snapshot["v_codes"][:size], snapshot["v_scales"][:-(-size // QUANT_BLOCK)]))
     return snapshot["adam_m"][:size], snapshot["adam_v"][:size]
 
 
 def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params: np.ndarray,
-                    adam_m: np.ndarray | Dequantized, adam_v: np.ndarray | Dequantized, state: dict,
+                    adam_m: np.ndarray | Quantized, adam_v: np.ndarray | Quantized, state: dict,
                     keep: int = 0) -> Path:
     """Write checkpoint `step` atomically and verify it; then keep only the newest `keep` checkpoints
     up to it (0 keeps all). Raises CheckpointError, leaving nothing half-written behind."""
@@ -141,7 +141,7 @@ def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         write_tensors(tmp / MODEL, layout.views(params))
-        write_tensors(tmp / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
+        write_tensors(tmp / OPTIMIZER, moment_tensors(adam_m, adam_v))
         _write_file(tmp / STATE, json.dumps({"step": step, "config": config.to_dict(), **state}, indent=1).encode())
         (tmp / READERS).touch()
         _fsync_path(tmp)
@@ -287,8 +287,9 @@ def _config_of(path: Path, state: dict) -> LlamaConfig:
         raise CheckpointError(f"{path / STATE}: bad model config: {e}") from None
 
 
-def verify_files(path: str | Path, config: LlamaConfig) -> None:
-    """Files present and complete, headers and shapes matching the config (no data read)."""
+def verify_files(path: str | Path, config: LlamaConfig) -> bool:
+    """Files present and complete, headers and shapes matching the config (no data read); whether the
+    moments are 8-bit."""
     path = Path(path)
     missing = [name for name in (MODEL, OPTIMIZER, STATE, DONE) if not (path / name).is_file()]
     if missing:
@@ -296,16 +297,20 @@ def verify_files(path: str | Path, config: LlamaConfig) -> None:
     layout = ParameterLayout(config)
     try:
         check_tensors(path / MODEL, {name: t.shape for name, t in layout.tensors.items()})
-        check_tensors(path / OPTIMIZER, {"adam_m": (layout.size,), "adam_v": (layout.size,)})
+        quantized = QUANTIZED_MOMENTS[0] in tensor_names(path / OPTIMIZER)
+        specs = moment_specs(layout.size, quantized)
+        check_tensors(path / OPTIMIZER, {name: shape for name, (shape, _) in specs.items()},
+                      {name: dtype for name, (_, dtype) in specs.items()})
     except SafetensorsError as e:
         raise CheckpointError(str(e)) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+    return quantized
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """{'path', 'config', 'params' (flat float32), 'adam_m', 'adam_v', 'state'} of a checkpoint,
-    verified in full; CheckpointError says what is wrong with it."""
+    """{'path', 'config', 'params' (flat float32), 'adam_m', 'adam_v' (float32, or Quantized for 8-bit moments),
+    'state'} of a checkpoint, verified in full; CheckpointError says what is wrong with it."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint folder")
@@ -313,19 +318,23 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path} is not a complete checkpoint (no {DONE} marker)")
     state = read_state(path)
     config = _config_of(path, state)
-    verify_files(path, config)
+    quantized = verify_files(path, config)
     layout = ParameterLayout(config)
-    params, adam_m, adam_v = (np.empty(layout.size, dtype=np.float32) for _ in range(3))
+    params = np.empty(layout.size, np.float32)
+    moments = {name: np.empty(shape, dtype) for name, (shape, dtype) in moment_specs(layout.size, quantized).items()}
     try:
-        with report_if_slow(f"read {path}", 3 * params.nbytes):
+        with report_if_slow(f"read {path}", params.nbytes + sum(a.nbytes for a in moments.values())):
             read_tensors(path / MODEL, layout.views(params))
-            read_tensors(path / OPTIMIZER, {"adam_m": adam_m, "adam_v": adam_v})
+            read_tensors(path / OPTIMIZER, moments)
     except SafetensorsError as e:
         raise CheckpointError(str(e)) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
     if not all_finite(params):
         raise CheckpointError(f"{path / MODEL}: the weights are not finite")
+    adam_m, adam_v = ((Quantized(moments["m_codes"], moments["m_scales"]),
+                       Quantized(moments["v_codes"], moments["v_scales"])) if quantized
+                      else (moments["adam_m"], moments["adam_v"]))
     return {"path": path, "config": config, "params": params, "adam_m": adam_m, "adam_v": adam_v, "state": state}
 
 

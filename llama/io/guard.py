@@ -9,6 +9,8 @@ At each checkpoint the trainer shows the guard the weights and their loss on a f
 - all other weights are good, and become the checkpoint.
 Every written checkpoint is good, so all the guard carries over a resume is the best probe loss
 (state.json's best_probe_loss) and the RMS of the checkpoint's weights (recomputed from them).
+The guard is shown host weights, or their RMS measured elsewhere (on one GPU, on the device: the host's
+pass over 32 GB of 8B weights stalled each checkpoint for seconds).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ def weights_rms(params: np.ndarray, chunk: int = 1 << 20) -> float:
     return math.sqrt(total / params.size)
 
 
+def rms_of(weights: np.ndarray | float) -> float:
+    """The RMS of host weights, or the RMS itself when the caller measured it."""
+    return weights if isinstance(weights, float) else weights_rms(weights)
+
+
 class CheckpointGuard:
     """Judges the weights of each checkpoint (rank 0 of a run): start_rms is weights_rms of the weights the
     run starts from, best_probe_loss the best of the good checkpoints before (None: none yet)."""
@@ -51,10 +58,10 @@ class CheckpointGuard:
     def __init__(self, start_rms: float, best_probe_loss: float | None = None):
         self.rms, self.best, self.bad_in_a_row = start_rms, best_probe_loss, 0
 
-    def judge(self, params: np.ndarray, probe_loss: float) -> tuple[str, str | None]:
-        """(SAVE, None), or (SKIP or STOP, why the weights are not good); a good verdict becomes the
-        guard's new reference."""
-        rms = weights_rms(params)
+    def judge(self, weights: np.ndarray | float, probe_loss: float) -> tuple[str, str | None]:
+        """(SAVE, None), or (SKIP or STOP, why the weights (host weights or their RMS) are not good); a good
+        verdict becomes the guard's new reference."""
+        rms = rms_of(weights)
         if not math.isfinite(rms):
             return STOP, "the weights are not finite"
         if not math.isfinite(probe_loss):

@@ -1,21 +1,25 @@
-"""float32 safetensors files, streamed in and out, with the header checked before any data is trusted.
+"""float32 and uint8 safetensors files, streamed in and out, with the header checked before any data is trusted.
 
 The format: a little-endian uint64 header length N, N bytes of JSON naming each tensor's dtype,
 shape and [begin, end) byte range in the data section, then the data section. Writing streams each
 array from memory (no second copy of a model, and plain OS writes whose errors carry an errno);
 reading checks names, dtypes, shapes, ranges and the file size against what the caller expects, and
-reads straight into the caller's arrays. The files are ordinary safetensors files for other tools.
+reads straight into the caller's arrays (page-locked ones too), in pieces read by several threads at
+once. The files are ordinary safetensors files for other tools.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+READ_PIECE, READERS = 1 << 26, 8  # bytes a reader reads at once, and readers at a time
+DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.uint8): "U8"}  # what is written and read, by safetensors' names
 
 
 class SafetensorsError(ValueError):
@@ -23,14 +27,13 @@ class SafetensorsError(ValueError):
 
 
 def write_tensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
-    """Write float32 arrays as one safetensors file and fsync it. A tensor may also be made piece by piece:
-    an object with the dtype, shape and nbytes of the array and a chunks() that yields its contiguous parts
-    in order (8-bit optimizer moments dequantized a piece at a time, never whole in memory)."""
+    """Write float32 and uint8 arrays as one safetensors file and fsync it."""
     header, offset = {}, 0
     for name, array in tensors.items():
-        if array.dtype != np.float32:
-            raise ValueError(f"{name}: only float32 tensors are written, got {array.dtype}")
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        if array.dtype not in DTYPES:
+            raise ValueError(f"{name}: only float32 and uint8 tensors are written, got {array.dtype}")
+        header[name] = {"dtype": DTYPES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
@@ -38,16 +41,13 @@ def write_tensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for array in tensors.values():
-            for part in array.chunks() if hasattr(array, "chunks") else [array]:
-                f.write(np.ascontiguousarray(part).data)
+            f.write(np.ascontiguousarray(array).data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
-    """Check that the file holds exactly these float32 tensors and is complete; returns each
-    tensor's absolute (begin, end) byte range."""
-    path = Path(path)
+def _header(path: Path) -> tuple[dict, int, int]:
+    """The file's JSON header (without __metadata__), its length and the file's size."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -64,6 +64,20 @@ def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]]) -> dict[
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: the safetensors header is not a JSON object")
     header.pop("__metadata__", None)
+    return header, n, size
+
+
+def tensor_names(path: str | Path) -> set[str]:
+    """The names of the tensors in the file (its header only is read)."""
+    return set(_header(Path(path))[0])
+
+
+def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]],
+                  dtypes: dict[str, np.dtype] | None = None) -> dict[str, tuple[int, int]]:
+    """Check that the file holds exactly these tensors (float32 unless dtypes names another) and is complete;
+    returns each tensor's absolute (begin, end) byte range."""
+    path = Path(path)
+    header, n, size = _header(path)
     if set(header) != set(shapes):
         missing, extra = sorted(set(shapes) - set(header)), sorted(set(header) - set(shapes))
         raise SafetensorsError(f"{path}: " + "; ".join(
@@ -72,10 +86,11 @@ def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]]) -> dict[
     ranges = {}
     for name, entry in header.items():
         entry = entry if isinstance(entry, dict) else {}
-        offsets, nbytes = entry.get("data_offsets"), int(np.prod(shapes[name])) * 4
-        if (entry.get("dtype"), entry.get("shape")) != ("F32", list(shapes[name])):
+        dtype = np.dtype((dtypes or {}).get(name, np.float32))
+        offsets, nbytes = entry.get("data_offsets"), int(np.prod(shapes[name])) * dtype.itemsize
+        if (entry.get("dtype"), entry.get("shape")) != (DTYPES[dtype], list(shapes[name])):
             raise SafetensorsError(f"{path}: {name} is {entry.get('dtype')} {entry.get('shape')}, "
-                                   f"expected F32 {list(shapes[name])}")
+                                   f"expected {DTYPES[dtype]} {list(shapes[name])}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
                 and offsets[1] - offsets[0] == nbytes):
             raise SafetensorsError(f"{path}: {name} has the byte range {offsets}, expected {nbytes} bytes")
@@ -91,10 +106,30 @@ def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]]) -> dict[
     return {name: (8 + n + begin, 8 + n + stop) for name, (begin, stop) in ranges.items()}
 
 
+def _read_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
+    """Fill view from the file's bytes at offset (one pread returns at most 2 GiB on Linux)."""
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if not got:
+            raise SafetensorsError(f"{path} ended while being read; the file is truncated")
+        done += got
+
+
 def read_tensors(path: str | Path, out: dict[str, np.ndarray]) -> None:
-    """Read the file's tensors into the given contiguous float32 arrays, after check_tensors."""
-    ranges = check_tensors(path, {name: array.shape for name, array in out.items()})
-    with open(path, "rb") as f:
-        for name, (begin, _) in ranges.items():
-            f.seek(begin)
-            f.readinto(memoryview(out[name]).cast("B"))
+    """Read the file's tensors into the given contiguous arrays (their dtypes those expected), after
+    check_tensors: in pieces of READ_PIECE bytes, READERS at a time (a disk serves several requests in flight
+    faster than one sequential read, and the copies out of the page cache run on several cores)."""
+    path = Path(path)
+    ranges = check_tensors(path, {name: a.shape for name, a in out.items()}, {name: a.dtype for name, a in out.items()})
+    pieces = []
+    for name, (begin, end) in ranges.items():
+        view = memoryview(out[name]).cast("B")
+        pieces += [(view[at:at + READ_PIECE], begin + at) for at in range(0, end - begin, READ_PIECE)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(READERS) as pool:
+            for _ in pool.map(lambda piece: _read_into(fd, *piece, path), pieces):
+                pass
+    finally:
+        os.close(fd)

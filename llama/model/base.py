@@ -8,7 +8,8 @@ A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
                                   targets (what the mean loss averages; the evaluation's log-probs)
   train_step(batches, lr, step, opt) -> (mean loss, grad norm), below
   get_params(), get_optimizer_state() -> (m, v), set_state(params, m, v): the state a checkpoint holds
-  (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run)
+  (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run; set_state also takes 8-bit
+  moments, llama/optim.py's Quantized, and params None, keeping the weights)
   group_norms_squared             with the optimizer in the backward, each gradient group's squared norm
                                   of the last step, from which the clipping norm is estimated (None
                                   otherwise; the trainer keeps it in checkpoints)
@@ -102,10 +103,14 @@ class Model:
         self.step_loss += self.forward(tokens, targets) / micro
         self.backward(loss_scale=1.0 / micro)
 
-    def download_state(self, into: dict | None = None) -> dict[str, np.ndarray] | None:
-        """A checkpoint's snapshot of the training state in page-locked host memory (the GPU models on one
-        GPU); None where get_params and get_optimizer_state make the host copies (the reference, several GPUs)."""
+    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray] | None:
+        """A checkpoint's snapshot of the training state in host memory (page-locked on one GPU), the moments as
+        the optimizer holds them; None where get_params and get_optimizer_state make the copies (several GPUs).
+        wait False: the copies may still run until wait_for_state()."""
         return None
+
+    def wait_for_state(self) -> None:
+        """Wait for the copies of download_state(wait=False) (none run here)."""
 
     def finish_step(self, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None) -> tuple[float, float]:
         """Clip and AdamW; a non-finite loss skips the update and gives a NaN norm (upcoming: train_step's)."""

@@ -16,6 +16,8 @@ from ..parallel.zero import Zero
 from ..progress import phase
 from .base import Model, rope_cos_sin
 
+CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronization with the legacy stream
+
 
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
@@ -42,6 +44,7 @@ class GPUModelBase(Model):
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
+        self.copy_stream = self.state_ready = None  # download_state's stream, and its start after the compute
         return params
 
     def grad(self, tensor) -> DeviceArray:
@@ -58,8 +61,8 @@ class GPUModelBase(Model):
         self.zero.set_weights_on_device(fill)
 
     def weights_rms(self) -> float:
-        """The root mean square of the fp32 master weights, summed on the device (one GPU: the checkpoint
-        guard's start when the weights were drawn there)."""
+        """The root mean square of the fp32 master weights, summed on the device (one GPU: what the checkpoint
+        guard judges, at the start and at each checkpoint, without a pass over the host copy)."""
         out, partial = empty(1), empty(ops.NORM_BLOCKS)
         ops.global_norm_squared(out, partial, self.zero.master.prefix(self.layout.size))
         return math.sqrt(float(out.download()[0]) / self.layout.size)
@@ -71,22 +74,40 @@ class GPUModelBase(Model):
     def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         return self.zero.moments()
 
-    def download_state(self, into: dict | None = None) -> dict[str, np.ndarray] | None:
+    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray] | None:
         """The fp32 master weights ('params') and the optimizer state as the GPU holds it (fp32 'adam_m' and
         'adam_v', or 8-bit 'm_codes', 'v_codes', 'm_scales', 'v_scales'; padded), copied at the bus's speed
         into page-locked host arrays: `into`, what the last call returned, or new ones on the first call.
-        None on several GPUs, whose state get_params and get_optimizer_state gather."""
+        None on several GPUs, whose state get_params and get_optimizer_state gather. The copies run on a
+        stream of their own, after the work launched before; wait False returns at once, so that what the caller
+        launches next runs beside them (it must not change the state: the guard's probe forward), and the
+        arrays hold the state after wait_for_state()."""
         if self.comm is not None:
             return None
-        z = self.zero
+        z, drv = self.zero, runtime().drv
         moments = ({"m_codes": z.m_codes, "v_codes": z.v_codes, "m_scales": z.m_scales, "v_scales": z.v_scales}
                    if z.optimizer == "adamw8bit" else {"adam_m": z.m, "adam_v": z.v})
-        buffers, drv = {"params": z.master, **moments}, runtime().drv
+        buffers = {"params": z.master, **moments}
         into = into or {name: drv.pagelocked_empty(b.shape, b.dtype) for name, b in buffers.items()}
+        if self.copy_stream is None:  # non-blocking: the legacy stream's copies (a loss read) do not wait for it
+            self.copy_stream = drv.Stream(flags=CU_STREAM_NON_BLOCKING)
+            self.state_ready = drv.Event(drv.event_flags.DISABLE_TIMING)
+        self.state_ready.record(runtime().stream)
+        self.copy_stream.wait_for_event(self.state_ready)
         for name, buffer in buffers.items():
-            drv.memcpy_dtoh(into[name], buffer.ptr)
+            drv.memcpy_dtoh_async(into[name], buffer.ptr, self.copy_stream)
+        if wait:
+            self.wait_for_state()
         return into
 
-    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        self.zero.set_weights(params)
+    def wait_for_state(self) -> None:
+        """Wait for download_state's copies (before the state changes or its arrays are read)."""
+        if self.copy_stream is not None:
+            self.copy_stream.synchronize()
+
+    def set_state(self, params: np.ndarray | None, adam_m=None, adam_v=None) -> None:
+        """Weights (None: those the model was built from stay) and moments from a checkpoint: float32 moments,
+        8-bit ones (Quantized) or None (zeros)."""
+        if params is not None:
+            self.zero.set_weights(params)
         self.zero.set_moments(adam_m, adam_v)

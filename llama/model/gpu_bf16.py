@@ -258,9 +258,9 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
 
     # ---- state for checkpoints: GPUModelBase's, and the norms' fp32 replica
 
-    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
+    def set_state(self, params: np.ndarray | None, adam_m=None, adam_v=None) -> None:
         super().set_state(params, adam_m, adam_v)
-        if self.norm_weights is not None:
+        if self.norm_weights is not None and params is not None:
             self.norm_weights.set(params)
 
     def master_weights(self) -> DeviceArray:

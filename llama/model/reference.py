@@ -11,7 +11,8 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
-from ..optim import OPTIMIZER_STATES, QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
+from ..optim import (OPTIMIZER_STATES, QUANT_BLOCK, AdamW8bitState, AdamWConfig, clip_norm_estimate, clip_scale,
+                     global_norm, squared_norm)
 from ..params import ParameterLayout, init_parameters
 from ..twins.attention import attention_backward, attention_forward
 from ..twins.classifier import fused_classifier
@@ -294,8 +295,25 @@ class ReferenceModel(ReferenceBlock, Model):
     def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
         return self.optimizer.moments()
 
-    def set_state(self, params: np.ndarray, adam_m: np.ndarray | None = None, adam_v: np.ndarray | None = None) -> None:
-        self.params[:] = params
+    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray]:
+        """Copies of the weights and of the moments as the optimizer holds them (fp32 'adam_m' and 'adam_v', or
+        8-bit 'm_codes', 'm_scales', 'v_codes', 'v_scales', as on the GPU), in `into` (the last call's) if given;
+        made at once, whatever wait says."""
+        opt = self.optimizer
+        moments = ({"m_codes": opt.m_codes, "m_scales": opt.m_scales, "v_codes": opt.v_codes, "v_scales": opt.v_scales}
+                   if isinstance(opt, AdamW8bitState) else {"adam_m": opt.m, "adam_v": opt.v})
+        state = {"params": self.params, **moments}
+        into = into or {name: np.empty(a.shape, np.uint8 if a.dtype == np.uint8 else np.float32)
+                        for name, a in state.items()}
+        for name, array in state.items():
+            into[name][:] = array
+        return into
+
+    def set_state(self, params: np.ndarray | None, adam_m=None, adam_v=None) -> None:
+        """Weights (None: they stay) and moments from a checkpoint: float32 moments, 8-bit ones (Quantized) or
+        None (zeros)."""
+        if params is not None:
+            self.params[:] = params
         self.optimizer.load(adam_m, adam_v)
 
 

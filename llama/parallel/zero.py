@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import ops
 from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
-from ..optim import QUANT_BLOCK, ZERO_CODES, AdamW8bitState
+from ..optim import QUANT_BLOCK, ZERO_CODES, AdamW8bitState, Quantized, fp32_moments
 from ..options import OPTIMIZERS, ZERO_STAGES
 
 ALIGN = 16  # elements: pieces start 64-byte aligned in fp32, 32-byte in bf16
@@ -249,12 +249,16 @@ class Zero:
 
     def set_weights(self, params: np.ndarray) -> None:
         """Upload the full fp32 params: the master shard and the weights the forward reads (on one GPU
-        without a host copy of the whole, which an 8B model could not afford twice)."""
+        without a host copy of the whole, which an 8B model could not afford twice, the bf16 weights rounded
+        from the master on the device, as the host rounds them: to nearest even)."""
         params = np.asarray(params, np.float32)
         padded = self.layout.pad(params)
+        if self.comm is None:  # the bf16 weights rounded on the device, not the host
+            self.set_weights_on_device(lambda master: master.upload(padded))
+            return
         if self.weights is not None:
             self.weights.upload(padded)
-        shard = padded if self.comm is None else self.layout.shard(params, self.rank)
+        shard = self.layout.shard(params, self.rank)
         if self.master is not self.weights:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
@@ -271,8 +275,15 @@ class Zero:
             ops.round_to_bf16(self.weights, self.master)
         self.stale = False
 
-    def set_moments(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
-        """The full fp32 moments from a checkpoint (None: zeros), quantized on the host for 8 bits."""
+    def set_moments(self, m, v) -> None:
+        """The full moments from a checkpoint (None: zeros): 8-bit ones (Quantized) uploaded as they are for
+        8 bits and dequantized for fp32, fp32 ones quantized on the host for 8 bits."""
+        if self.optimizer == "adamw8bit" and isinstance(m, Quantized) and isinstance(v, Quantized):
+            for buffer, host in ((self.m_codes, m.codes), (self.m_scales, m.scales), (self.v_codes, v.codes),
+                                 (self.v_scales, v.scales)):
+                buffer.upload(host)
+            return
+        m, v = fp32_moments(m, v)
         if self.optimizer == "adamw8bit":
             if m is None and v is None:  # every code that of zero, every scale 0
                 for codes, zero_code in ((self.m_codes, ZERO_CODES[0]), (self.v_codes, ZERO_CODES[1])):

@@ -10,8 +10,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from llama import trainer
-from llama.io.checkpoint import DONE, Dequantized, all_finite, load_checkpoint
-from llama.optim import DYNAMIC_SIGNED, QUANT_BLOCK, dequantize_blocks
+from llama.io.checkpoint import DONE, QUANTIZED_MOMENTS, CheckpointError, all_finite, load_checkpoint, moment_tensors
+from llama.optim import QUANT_BLOCK, Quantized, fp32_moments
 from llama.config import get_preset
 from llama.data.dataloader import DataLoader
 from llama.data.datasets import prepare_tinyshakespeare
@@ -343,48 +343,54 @@ def test_a_failed_background_write_stops_the_run_and_the_previous_checkpoint_res
     assert sorted(log_lines(tmp_path / "out")) == list(range(8))
 
 
-# ---- the snapshot of the GPU models: the state as the model holds it, reused, 8-bit moments dequantized in pieces
+# ---- 8-bit moments: stored as the optimizer holds them; the old format (fp32 moments) still resumes
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
-def test_checkpoints_from_a_snapshot_of_the_state_are_those_of_get_params(corpus, tmp_path, monkeypatch, optimizer):
-    """The GPU models' path (download_state into the arrays of the last call, 8-bit moments dequantized as they
-    are written), taken here by the reference: its checkpoints are the usual ones, bit for bit."""
-    args = [*BASE, *corpus, "-x", "4", "-n", "2", "-nk", "0", "--optimizer", optimizer]
-    assert run(*args, "-o", "ref") == 0
-    calls = []
-
-    def download_state(model, into=None):
-        opt = model.optimizer
-        state = {"params": model.params, **({"m_codes": opt.m_codes, "v_codes": opt.v_codes, "m_scales": opt.m_scales,
-                                             "v_scales": opt.v_scales} if optimizer == "adamw8bit"
-                                            else {"adam_m": opt.m, "adam_v": opt.v})}
-        calls.append(into is not None)
-        into = into or {name: np.empty(array.shape, np.float32 if name == "params" else array.dtype)
-                        for name, array in state.items()}
-        for name, array in state.items():
-            into[name][...] = array
-        return into
-
-    monkeypatch.setattr(ReferenceModel, "download_state", download_state)
-    assert run(*args, "-o", "out") == 0
-    assert calls == [False, True]  # the second checkpoint reuses the first one's arrays
-    for step in (2, 4):
-        for name in ("model.safetensors", "optimizer.safetensors"):
-            mine, ref = (tmp_path / run_dir / f"ckpt_{step:08d}" / name for run_dir in ("out", "ref"))
-            assert mine.read_bytes() == ref.read_bytes(), (step, name)
+def test_8_bit_moments_are_written_as_their_codes_and_scales(corpus, tmp_path):
+    """adamw8bit's checkpoint holds the optimizer's codes and scales as they are (a quarter of the bytes of fp32
+    moments), loads back as them, and sets a model's state to exactly them."""
+    assert run(*BASE, *corpus, "-x", "2", "-o", "out", "--optimizer", "adamw8bit") == 0
+    folder = tmp_path / "out" / "ckpt_00000002"
+    tensors, ckpt = load_file(folder / "optimizer.safetensors"), load_checkpoint(folder)
+    size = ParameterLayout(ckpt["config"]).size
+    assert sorted(tensors) == sorted(QUANTIZED_MOMENTS) and isinstance(ckpt["adam_m"], Quantized)
+    assert tensors["m_codes"].dtype == tensors["v_codes"].dtype == np.uint8 and tensors["v_codes"].shape == (size,)
+    assert tensors["m_scales"].shape == tensors["v_scales"].shape == (-(-size // QUANT_BLOCK),)
+    loaded = moment_tensors(ckpt["adam_m"], ckpt["adam_v"])
+    assert all(np.array_equal(loaded[name], tensors[name]) for name in QUANTIZED_MOMENTS)
+    model = ReferenceModel(ckpt["config"], optimizer="adamw8bit")
+    model.set_state(ckpt["params"], ckpt["adam_m"], ckpt["adam_v"])
+    state = model.download_state()
+    assert all(np.array_equal(state[name], tensors[name]) for name in QUANTIZED_MOMENTS)
+    plain = ReferenceModel(ckpt["config"])  # an 8-bit checkpoint resumes plain AdamW with its dequantized moments
+    plain.set_state(ckpt["params"], ckpt["adam_m"], ckpt["adam_v"])
+    for mine, expected in zip(plain.get_optimizer_state(), fp32_moments(ckpt["adam_m"], ckpt["adam_v"])):
+        assert np.array_equal(mine, expected)
+    save_file(tensors | {"m_scales": tensors["m_scales"][:-1]}, folder / "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match=r"m_scales is F32 \[\d+\], expected F32 \[\d+\]$"):
+        load_checkpoint(folder)
 
 
-def test_8_bit_moments_are_dequantized_in_pieces_of_whole_blocks():
-    rng = np.random.default_rng(0)
-    codes = rng.integers(0, DYNAMIC_SIGNED.size, 5000).astype(np.uint8)
-    scales = rng.random(-(-5000 // QUANT_BLOCK), dtype=np.float32)
-    moment = Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=2 * QUANT_BLOCK)
-    pieces = list(moment.chunks())
-    assert len(pieces) == 10 and moment.nbytes == 20000 and moment.shape == (5000,)
-    assert np.array_equal(np.concatenate(pieces), dequantize_blocks(codes, scales, DYNAMIC_SIGNED))
-    with pytest.raises(ValueError, match="whole blocks"):
-        Dequantized(codes, scales, DYNAMIC_SIGNED, chunk=QUANT_BLOCK + 1)
+def test_an_8_bit_run_resumes_bit_exact_from_its_checkpoint_and_from_fp32_moments(corpus, tmp_path):
+    """Resuming adamw8bit on the CPU reproduces the run bit for bit (main.log, weights, codes and scales), from
+    its checkpoint and from the same checkpoint in the old format, fp32 moments, which quantize back to the
+    same codes."""
+    args = [*BASE, *corpus, "-x", "6", "-n", "3", "-nk", "0", "--optimizer", "adamw8bit"]
+    assert run(*args, "-o", "a") == 0
+    for name, old_format in (("b", False), ("c", True)):
+        (tmp_path / name).mkdir()
+        copy = shutil.copytree(tmp_path / "a" / "ckpt_00000003", tmp_path / name / "ckpt_00000003")
+        if old_format:
+            ckpt = load_checkpoint(copy)
+            m, v = fp32_moments(ckpt["adam_m"], ckpt["adam_v"])
+            save_file({"adam_m": m, "adam_v": v}, copy / "optimizer.safetensors")
+            assert isinstance(load_checkpoint(copy)["adam_m"], np.ndarray)
+        assert run(*args, "-o", name, "--resume") == 0
+        mine, ref = log_lines(tmp_path / name), log_lines(tmp_path / "a")
+        assert sorted(mine) == [3, 4, 5] and all(mine[s] == ref[s] for s in mine)
+        for file in ("model.safetensors", "optimizer.safetensors"):
+            final = (tmp_path / run_dir / "ckpt_00000006" / file for run_dir in (name, "a"))
+            assert next(final).read_bytes() == next(final).read_bytes(), (name, file)
 
 
 def test_huge_finite_weights_are_finite_and_one_infinity_or_nan_is_not():
