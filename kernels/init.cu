@@ -1,4 +1,4 @@
-// Random initialization of the parameters on the GPU, the twin of llama/params.py's standard_normals
+// Random initialization of the parameters on the GPU, the twin of llama/twins/init.py's standard_normals
 // (which documents the scheme): the value at flat offset g is a pure function of (seed, g), so that any
 // slice of the flat parameters (a tensor, a ZeRO shard, a chunk) is drawn on its own.
 //

@@ -1,6 +1,6 @@
 // Counter-based random numbers: Philox4x32-10 (Salmon et al., SC'11; the constants of Random123). Four
 // 32-bit words that are a pure function of a 128-bit counter and a 64-bit key, so that any thread can
-// draw the numbers of any position without a state. llama/params.py holds its numpy twin.
+// draw the numbers of any position without a state. llama/twins/init.py holds its numpy twin.
 #pragma once
 
 __device__ __forceinline__ uint4 philox4x32_10(uint4 counter, uint2 key) {

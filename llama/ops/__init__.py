@@ -25,7 +25,7 @@ fp8              --dtype fp8: float8 e4m3 casts with power-of-two scales per row
 gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch
 decode           the decoder's embedding, cache write, flash-decoding attention and step end
 sample           token sampling on the GPU (greedy, temperature, top-k, top-p; seeded)
-init             the parameters' random initialization on the GPU (Philox, llama/params.py's twin)
+init             the parameters' random initialization on the GPU (Philox; its twin llama/twins/init.py)
 """
 # flake8: noqa: F401  (the package re-exports every launcher)
 

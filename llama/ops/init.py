@@ -13,7 +13,7 @@ HOST_CHUNK = 1 << 26  # values drawn on the GPU per download when the host wants
 
 
 def init_normal(out: DeviceArray, start: int, seed: int, std: float) -> None:
-    """out (n,) fp32 = std * the standard normals of flat offsets start..start+n-1 (llama/params.py
+    """out (n,) fp32 = std * the standard normals of flat offsets start..start+n-1 (llama/twins/init.py
     standard_normals), each rounded once to fp32."""
     check("out", out, (out.size,), F32)
     if start < 0 or not 0 <= seed < 2 ** 64:

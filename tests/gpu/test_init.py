@@ -1,4 +1,4 @@
-"""The random initialization on the GPU (kernels/init.cu) against its numpy twin (llama/params.py):
+"""The random initialization on the GPU (kernels/init.cu) against its numpy twin (llama/twins/init.py):
 bit-equal values. Both compute Box-Muller in float64 from correctly rounded +, -, *, / and sqrt alone
 (polynomials instead of log and sincos, no fused multiply-adds), then round once to fp32, so there is no
 last-bit difference to allow for; a GPU model built without params holds exactly init_parameters."""
@@ -8,7 +8,8 @@ import pytest
 
 from llama.config import get_preset
 from llama.cuda import BF16, empty
-from llama.params import ParameterLayout, init_parameters, standard_normals
+from llama.params import ParameterLayout, init_parameters
+from llama.twins.init import standard_normals
 from tests.gpu_helpers import ERRORS
 
 pytestmark = pytest.mark.gpu

@@ -1,18 +1,18 @@
-"""The random initialization's host twin (llama/params.py): Philox4x32-10 against Random123's known
+"""The random initialization's host twin (llama/twins/init.py, scaled per tensor by llama/params.py): Philox4x32-10 against Random123's known
 answers, the float64 transform against libm, normals that depend only on (seed, offset), their
 distribution, and each tensor's rule (std, scaled output projections, norms of 1, tied embeddings)."""
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import llama.params as twin
+import llama.twins.init as twin
 from llama.config import get_preset
-from llama.params import (INIT_STD, ParameterLayout, _cos_sin_of_uniform, _log_of_uniform, init_parameters,
-                          philox4x32_10, standard_normals)
+from llama.kernel_build import kernel_dir
+from llama.params import INIT_STD, ParameterLayout, init_parameters
+from llama.twins.init import _cos_sin_of_uniform, _log_of_uniform, philox4x32_10, standard_normals
 
 M = 0xFFFFFFFF
 
@@ -101,7 +101,7 @@ def test_progress_counts_every_value():
 
 
 def test_kernel_has_the_twins_constants():
-    source = (Path(twin.__file__).parent.parent / "kernels" / "init.cu").read_text()
+    source = (kernel_dir() / "init.cu").read_text()
     for name in ("LOG_SERIES", "SIN_SERIES", "COS_SERIES"):
         body = re.search(rf"{name}\[\d+\] = \{{([^}}]*)\}}", source).group(1)
         assert tuple(float(x) for x in body.split(",")) == getattr(twin, name), name
