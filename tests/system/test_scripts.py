@@ -245,14 +245,14 @@ def test_gpu_check_without_transformers_says_how_to_install_it(tmp_path):
         "gpu_check.sh: python3 cannot import transformers: python3 -m pip install torch transformers\n")
 
 
-# packages that import (so that gpu_check.sh runs) but drive no GPU: the GPU tests skip, bench_gpu.py fails
+# packages that import (so that gpu_check.sh runs) but drive no GPU: the GPU tests skip, bench_gpu.py says so and fails
 STAND_INS = {"pycuda.__init__": "", "pycuda.driver": "", "torch.__init__": "", "transformers.__init__": ""}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pytest_args, skip_bench, pytest_says, expected", [
     (["tests/unit/test_config.py", "-k", "no_such_test"], "1", "deselected", 5),  # pytest's status: no test ran
-    (["tests/unit/test_config.py::test_d12_preset"], "0", "1 passed", 1),  # bench_gpu.py's traceback
+    (["tests/unit/test_config.py::test_d12_preset"], "0", "1 passed", 2),  # bench_gpu.py: no usable GPU, exit 2
 ])
 def test_gpu_check_passes_on_a_failing_step(tmp_path, pytest_args, skip_bench, pytest_says, expected):
     result = device_script(tmp_path, "gpu_check.sh", pytest_args, tools=("dirname", "basename", "mkdir", "tee"),
@@ -261,4 +261,4 @@ def test_gpu_check_passes_on_a_failing_step(tmp_path, pytest_args, skip_bench, p
     assert result.stdout.startswith("fake nvidia-smi\n")
     assert pytest_says in (tmp_path / "out" / "pytest.log").read_text()
     bench_log = tmp_path / "out" / "bench.log"
-    assert "Traceback" in bench_log.read_text() if skip_bench == "0" else not bench_log.exists()
+    assert "error: scripts/bench_gpu.py needs a CUDA GPU" in bench_log.read_text() if skip_bench == "0" else not bench_log.exists()
