@@ -14,7 +14,8 @@ from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
 from ..optim import (OPTIMIZER_STATES, QUANT_BLOCK, AdamW8bitState, AdamWConfig, clip_norm_estimate, clip_scale,
                      global_norm, squared_norm)
 from ..params import ParameterLayout, init_parameters
-from ..twins.attention import attention_backward, attention_forward
+from ..twins.attention import (attention_backward, attention_forward, document_attention_backward,
+                               document_attention_forward, document_ids)
 from ..twins.classifier import fused_classifier
 from ..twins.embedding import embedding_backward, embedding_forward
 from ..twins.fp8 import matmul_fp8_backward, matmul_fp8_forward
@@ -37,7 +38,8 @@ class ReferenceBlock:
     """The transformer block on the CPU, defined once for the model and its decoder: the layers' forward
     (_layer_forward), its attention step over the sequence (_attention, the decoder's over its KV cache), and
     a block's linear layers (exact, or the FP8 twins). Its users hold config, layout, params (flat), p (the
-    layout's views of params), dtype and fp8."""
+    layout's views of params), dtype and fp8; the model also doc_ids, which this _attention reads (the batch's
+    document ids (B, T), or None: attention spans the row; the decoder has its own _attention)."""
 
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
@@ -49,8 +51,11 @@ class ReferenceBlock:
         return matmul_fp8_forward(x, weight, self.fp8).astype(self.dtype)
 
     def _attention(self, i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Layer i's causal attention of the new positions' q, k, v (head-major): (att, lse)."""
-        return attention_forward(q, k, v)
+        """Layer i's causal attention of the new positions' q, k, v (head-major), document-masked with doc_ids:
+        (att, lse)."""
+        if self.doc_ids is None:
+            return attention_forward(q, k, v)
+        return document_attention_forward(q, k, v, self.doc_ids)
 
     def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:
         """Layer i on its input x (B, T, C): every activation its backward reads, and its output "out"."""
@@ -87,10 +92,15 @@ class ReferenceModel(ReferenceBlock, Model):
     gradient accumulation).
 
     fp8: None, or the scaling ("row" or "tensor") of the FP8 casts that the seven linear layers of each block
-    multiply (matmul_fp8_forward/backward), the twin of --dtype fp8; the head and everything else as without."""
+    multiply (matmul_fp8_forward/backward), the twin of --dtype fp8; the head and everything else as without.
+
+    doc_mask_bos: None, or the tokenizer's BOS id: each forward then derives document ids from its tokens
+    (twins.attention.document_ids) and every layer's attention, forward and backward, is document-masked
+    (a token sees the earlier tokens of its own document only); RoPE positions stay the row's."""
 
     def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
-                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False, fp8: str | None = None):
+                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False, fp8: str | None = None,
+                 doc_mask_bos: int | None = None):
         if recompute not in RECOMPUTE or optimizer not in OPTIMIZERS:
             raise ValueError(f"recompute {recompute!r}, optimizer {optimizer!r}: choose recompute from "
                              f"{', '.join(RECOMPUTE)} and the optimizer from {', '.join(OPTIMIZERS)}")
@@ -100,6 +110,8 @@ class ReferenceModel(ReferenceBlock, Model):
         self.dtype = np.dtype(dtype)
         self.recompute = recompute
         self.fp8 = fp8
+        self.doc_mask_bos = doc_mask_bos
+        self.doc_ids = None  # the last forward's document ids with doc_mask_bos
         self.layout = ParameterLayout(config)
         if params is None:
             params = init_parameters(config, seed)
@@ -150,6 +162,7 @@ class ReferenceModel(ReferenceBlock, Model):
         c, p, L = self.config, self.p, self.layout
         B, T = tokens.shape
         self.acts = None  # the last forward's activations go before this one's are made
+        self.doc_ids = None if self.doc_mask_bos is None else document_ids(tokens, self.doc_mask_bos)
         rope = rope_cos_sin(c, T)  # for this batch's length only: max_seq_len may be 2^31
         x = embedding_forward(tokens, p["tok_embeddings.weight"]).astype(self.dtype)
         layers = []
@@ -207,7 +220,7 @@ class ReferenceModel(ReferenceBlock, Model):
             dx = dx + dh
             datt, dw = self._linear_backward(dx, a["att"], p[pre + "attention.wo.weight"])
             grad(pre + "attention.wo.weight")[...] += dw
-            dq, dk, dv = attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"])
+            dq, dk, dv = self._attention_backward(datt, a)
             dqkv = rope_backward(dq, dk, dv, *acts["rope"])
             dln1, dw = self._linear_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
             grad(L.wqkv(i))[...] += dw
@@ -217,6 +230,12 @@ class ReferenceModel(ReferenceBlock, Model):
             self._gradients_final(self.groups[i + 1])
         grad("tok_embeddings.weight")[...] += embedding_backward(dx, tokens, c.vocab_size)
         self._gradients_final(self.groups[0])
+
+    def _attention_backward(self, datt: np.ndarray, a: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The backward of _attention on a layer's activations a: dq, dk, dv."""
+        if self.doc_ids is None:
+            return attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"])
+        return document_attention_backward(datt, a["q"], a["k"], a["v"], a["att"], a["lse"], self.doc_ids)
 
     def _grad(self, tensor) -> np.ndarray:
         """Where a tensor's gradient accumulates (a Tensor of the layout, or its name): its view of the flat

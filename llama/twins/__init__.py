@@ -22,7 +22,8 @@ rmsnorm          rmsnorm_forward/backward, rmsnorm_residual_forward/backward (th
 matmul           matmul_forward/backward (the linear layer, fp32 matmul and the bf16 GEMM)
 fp8              quantize_fp8/dequantize_fp8 (the FP8 casts) and matmul_fp8_forward/backward
 rope             rope_forward/backward, rotate_pairs, unpack_qkv/pack_qkv
-attention        attention_forward/backward, attention_probabilities
+attention        attention_forward/backward, attention_probabilities; document_attention_forward/backward
+                 and document_ids (the document-masked attention, reference only so far)
 flash_attention  flash_attention_forward/backward (on the packed projection, inverse RoPE fused)
 swiglu           swiglu_forward/backward
 classifier       fused_classifier (softmax cross-entropy and its gradient)
