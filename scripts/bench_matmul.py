@@ -6,13 +6,16 @@ layouts a training step runs (forward y = x @ W^T, dX = dY @ W, dW += dY^T @ x),
 it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, their ratios, the worst ratio and the
 geometric mean of the ratios per version. Timing: CUDA
 events, median of many batches after warm-up, on random data, rotating input buffers so that L2
-does not flatter small shapes. Our dW accumulates into fp32 (as training does); the others store bf16.
+does not flatter small shapes; with --graph, each side's launches are captured in a CUDA graph (ours through
+llama.cuda.Graph, cuBLAS's through torch.cuda.graph) and the replays timed, so that host launch overhead is out
+of both numbers (device time only). Our dW accumulates into fp32 (as training does); the others store bf16.
 FP8: every GEMM runs with both operands K-major (dX and dW on the transposed copies the casts write), e4m3
 with one fp32 scale per row of each operand; _scaled_mm's outputs are bf16 (what it takes with row-wise
 scales), our dW still accumulates into fp32.
 
     python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3 wgmma4 wgmma5 wgmma6 wgmma7 wgmma8]
     python3 scripts/bench_matmul.py --dtype fp8 [--versions wgmma5 wgmma6 auto]
+    python3 scripts/bench_matmul.py --graph --versions auto [--presets d12 llama3.2-1b llama3.1-8b]
 """
 
 import argparse
@@ -24,11 +27,12 @@ import numpy as np
 from llama import ops
 from llama.cli import require
 from llama.config import get_preset
-from llama.cuda import BF16, FP8, DeviceArray, runtime, time_ms
+from llama.cuda import BF16, FP8, DeviceArray, Graph, runtime, time_ms
 from llama.plan import gemm_chooser
 
 TOKENS = 16384
 L2_FLUSH_BYTES = 256 << 20  # rotate input sets until they span this much
+GRAPH_LAUNCHES = 16  # launches captured in one graph with --graph (the input sets rotate inside it)
 
 
 def projections(preset: str) -> list[tuple[str, int, int]]:
@@ -39,10 +43,10 @@ def projections(preset: str) -> list[tuple[str, int, int]]:
             ("down", c.dim, c.ffn_hidden_dim), ("head", c.vocab_size, c.dim)]
 
 
-def problems():
+def problems(presets=("d12", "llama3.2-1b")):
     """(label, layout, M, N, K) of every benchmarked GEMM."""
     rows = [("8192^3", "nt", 8192, 8192, 8192)]
-    for preset in ("d12", "llama3.2-1b"):
+    for preset in presets:
         dim = get_preset(preset).dim
         for name, out_f, in_f in projections(preset):
             rows.append((f"d{dim} {name} fwd", "nt", TOKENS, out_f, in_f))
@@ -51,13 +55,32 @@ def problems():
     return rows
 
 
+def device_ms(fn, graph: bool, torch_launches: bool = False) -> float:
+    """Device milliseconds of one fn() call: time_ms on eager calls, or with graph=True the replay of a CUDA
+    graph of GRAPH_LAUNCHES calls, captured by torch (torch_launches: cuBLAS) or by llama.cuda.Graph (ours)."""
+    if not graph:
+        return time_ms(fn)
+    import torch
+
+    fn()  # anything allocated on first use exists before the capture
+    torch.cuda.synchronize()
+    if torch_launches:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            for _ in range(GRAPH_LAUNCHES):
+                fn()
+    else:
+        captured = Graph(lambda: [fn() for _ in range(GRAPH_LAUNCHES)])
+    return time_ms(captured.replay, inner=1) / GRAPH_LAUNCHES
+
+
 def as_device(t) -> DeviceArray:
     """Our view of a torch tensor's memory (bf16, FP8 e4m3 or fp32), kept alive by the tensor."""
     dtype = {"torch.bfloat16": BF16, "torch.float8_e4m3fn": FP8}.get(str(t.dtype), np.dtype(np.float32))
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, t)
 
 
-def bench_fp8(layout, M, N, K, versions):
+def bench_fp8(layout, M, N, K, versions, graph=False):
     """bench's FP8 twin: the problem as the FP8 step runs it, (M, K) x (N, K) K-major, against _scaled_mm."""
     import torch
 
@@ -74,7 +97,7 @@ def bench_fp8(layout, M, N, K, versions):
         (a, sa), (b, sb) = inputs[next(counter) % sets]
         torch._scaled_mm(a, b.t(), scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
 
-    result = {"cublas": flops / time_ms(cublas) / 1e9}
+    result = {"cublas": flops / device_ms(cublas, graph, torch_launches=True) / 1e9}
     c_dev = as_device(torch.zeros((M, N), device="cuda", dtype=torch.float32 if layout == "tn" else torch.bfloat16))
     dev_inputs = [tuple(as_device(t) for t in (a, sa, b, sb)) for (a, sa), (b, sb) in inputs]
     for version in versions:
@@ -82,13 +105,13 @@ def bench_fp8(layout, M, N, K, versions):
             a, sa, b, sb = dev_inputs[next(counter) % sets]
             ops.gemm_fp8(c_dev, a, sa, b, sb, accumulate=layout == "tn",
                          version=gemm_chooser(fp8=True) if version == "auto" else version)
-        result[version] = flops / time_ms(ours) / 1e9
+        result[version] = flops / device_ms(ours, graph) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()
     return result
 
 
-def bench(layout, M, N, K, versions):
+def bench(layout, M, N, K, versions, graph=False):
     import torch  # here, so that --help works without torch
 
     a_shape = (K, M) if layout == "tn" else (M, K)
@@ -108,13 +131,13 @@ def bench(layout, M, N, K, versions):
         a, b = inputs[next(counter) % sets]
         torch.matmul(a.t() if trans_a else a, b.t() if trans_b else b)
 
-    result = {"cublas": flops / time_ms(cublas) / 1e9}
+    result = {"cublas": flops / device_ms(cublas, graph, torch_launches=True) / 1e9}
     for version in versions:
         def ours():
             a, b = dev_inputs[next(counter) % sets]
             ops.gemm(c_dev, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=layout == "tn",
                      version=gemm_chooser() if version == "auto" else version)
-        result[version] = flops / time_ms(ours) / 1e9
+        result[version] = flops / device_ms(ours, graph) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()
     return result
@@ -129,6 +152,10 @@ def main():
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                         help="operands: bf16 (against torch.matmul) or FP8 e4m3 with row-wise scales (sm_90, "
                              "against torch._scaled_mm)")
+    parser.add_argument("--graph", action="store_true",
+                        help="time each side's launches inside a captured CUDA graph (device time only)")
+    parser.add_argument("--presets", nargs="+", default=["d12", "llama3.2-1b"],
+                        help="models whose projections are benchmarked (llama3.1-8b adds d4096)")
     args = parser.parse_args()
     require("scripts/bench_matmul.py", ("torch",), gpu=True)
     hopper = runtime().device.compute_capability() == (9, 0)
@@ -139,15 +166,15 @@ def main():
     versions = args.versions or all_versions
     reference = "torch._scaled_mm" if args.dtype == "fp8" else "cuBLAS"
     print(f"device: {runtime().name}; TFLOP/s, {args.dtype} operands, fp32 accumulation; "
-          f"ratio = ours / {reference}")
+          f"ratio = ours / {reference}; {'inside CUDA graphs' if args.graph else 'eager launches'}")
     rows = []
-    for label, layout, M, N, K in problems():
+    for label, layout, M, N, K in problems(args.presets):
         if args.only and args.only not in label:
             continue
         if args.dtype == "fp8":  # every GEMM as (M, K) x (N, K): dX's M, N, K are the forward's tokens, in, out
-            r = bench_fp8(layout, M, N, K, versions)
+            r = bench_fp8(layout, M, N, K, versions, args.graph)
         else:
-            r = bench(layout, M, N, K, versions)
+            r = bench(layout, M, N, K, versions, args.graph)
         rows.append({"problem": label, "layout": layout, "M": M, "N": N, "K": K, **r})
         print(f"  measured {label}: " + ", ".join(f"{k} {v:.0f}" for k, v in r.items()), flush=True)
     header = f"{'problem':<22}{'M x N x K':>22}{reference[-8:]:>9}" + "".join(f"{v:>9}{'ratio':>7}" for v in versions)
