@@ -12,9 +12,10 @@ The fp32 master weights and the AdamW moments exist once over all ranks. A step:
    exact path);
 4. the shards are all-gathered: stages 1 and 2 into the full weights at the start of the next forward, bucket
    by bucket, each layer waiting only for its own bucket (the bf16 model; the fp32 model gathers them all
-   after its update, gather_weights); stage 3 into the homes, each layer's just before its forward (the next
-   layer's gather running meanwhile) and again before its backward, but for the two layers the forward leaves
-   in the slots.
+   after its update, gather_weights); stage 3 into the homes: the embedding's and head's once a step, at the
+   start of its first forward (they stay in their own homes until the weights change), each layer's just before
+   its forward (the next layer's gather running meanwhile) and again before its backward, but for the two layers
+   the forward leaves in the slots.
 The bf16 model's captured graphs keep every collective inside the forward and backward that waits for it
 (begin ... end), so that CUDA graph capture sees each fork joined.
 
@@ -171,8 +172,9 @@ class Zero:
     Stage 2: no full gradient buffer: each bucket's gradients live in its home (BucketHomes, home_slot) and
     every micro-batch's backward reduce-scatters them into the shard (adding from the second micro-batch on),
     after which the slot is free for the layer after next.
-    Stage 3: the weights too live in homes: each layer's bucket is all-gathered into its slot before the layer's
-    forward (the next layer's gather runs meanwhile), and again before its backward.
+    Stage 3: the weights too live in homes: the embedding's and head's buckets are all-gathered once after each
+    update (stale), each layer's bucket into its slot before the layer's forward (the next layer's gather runs
+    meanwhile), and again before its backward.
     At stages 1 and 2 the bf16 model's new weights are all-gathered at the start of the next forward, bucket by
     bucket, and each layer waits only for its own bucket (prefetch), instead of the whole gather after the update
     (which the fp32 model keeps: gather_weights).
@@ -234,7 +236,7 @@ class Zero:
             self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
         self.set_moments(None, None)
         self.decay_mask = to_device(layout.shard(decay_mask, self.rank))
-        self.stale = False  # the weights the forward reads are older than the master (stages 1-2: gather first)
+        self.stale = False  # the weights the forward reads are older than the master (gather them first)
         self._step_first = True
         self._start_region()
         if params is not None:  # None: the caller fills them with set_weights_on_device
@@ -263,7 +265,7 @@ class Zero:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
             self.weight_shard.upload(shard.astype(self.weight_shard.dtype))
-        self.stale = False
+        self.stale = self.weights is None  # stage 3: the embedding's and head's homes are gathered first
 
     def set_weights_on_device(self, fill) -> None:
         """One GPU: fill(master) writes the full fp32 params into the master on the device, and the weights
@@ -346,23 +348,24 @@ class Zero:
 
     def begin(self, gather: bool, first: bool | None = None) -> None:
         """Before a forward: gather: the weights changed since the last forward (stages 1-2: every bucket's
-        all-gather starts now, on the communication stream; stage 3 gathers the embedding and head now and
-        each layer's bucket as the forward reaches it, whatever `gather` says). first: the step's first
-        micro-batch (stages 2-3: its reductions write the shard, later ones add to it); None: whether no
-        reduction ran since zero_grad()."""
+        all-gather starts now, on the communication stream; stage 3: the embedding's and head's, which then
+        stay in their homes until the weights change again, also when stale says so; each layer's bucket is
+        gathered as the forward reaches it). first: the step's first micro-batch (stages 2-3: its reductions
+        write the shard, later ones add to it); None: whether no reduction ran since zero_grad().
+        The gathers start before the embedding's and head's gradient homes are zeroed, so as not to wait for
+        that memset."""
         if self.comm is None:
             return
         self._start_region()
         self._first = self._step_first if first is None else first
+        if gather or (self.stage == 3 and self.stale):
+            self._fork()
+            for k in (range(len(self.layout.buckets)) if self.stage < 3 else self.weight_homes.own):
+                self._gather(k)
+            self.stale = False
         if self.grad_homes is not None:
             for k in self.grad_homes.own:
                 self.grad_homes.own[k].fill_zero()
-        if not (gather or self.stage == 3):
-            return
-        self._fork()
-        for k in (range(len(self.layout.buckets)) if self.stage < 3 else self.weight_homes.own):
-            self._gather(k)
-        self.stale = False
 
     def _gather(self, k: int) -> None:
         """All-gather bucket k's weights into their place (stage 3: its slot, once the layer there is done)."""
@@ -394,7 +397,7 @@ class Zero:
         k = self.layout.bucket_of(offset)
         slot = home_slot(k, len(self.layout.buckets))
         self._issued.discard(("release", slot, k))  # in use again until released again
-        if self.stage == 3 and ("gather", k) not in self._issued:
+        if self.stage == 3 and slot is not None and ("gather", k) not in self._issued:
             self._fork()
             self._gather(k)
         if ("gather", k) in self._issued and ("gather", k) not in self._waited:
@@ -403,8 +406,10 @@ class Zero:
         if prefetch is not None and self.stage == 3:
             n = self.layout.bucket_of(prefetch)
             slot = home_slot(n, len(self.layout.buckets))
-            if ("gather", n) not in self._issued and (slot is None or self._weight_slots[slot] is None
-                                                      or self._slot_released(slot)):
+            if slot is not None and ("gather", n) not in self._issued and (self._weight_slots[slot] is None
+                                                                          or self._slot_released(slot)):
+                if not self._forked:  # a region whose begin gathered nothing (the embedding and head resident)
+                    self._fork()
                 self._gather(n)
 
     def _slot_released(self, slot: int) -> bool:
@@ -519,8 +524,11 @@ class Zero:
 
     def gather_weights(self) -> None:
         """Every rank's new weight_shard into the full weight buffer (stages 1-2) at once, in one NCCL group (the
-        fp32 path's eager step; stage 3 gathers as the forward goes)."""
-        if self.comm is None or self.weights is None:
+        fp32 path's eager step; stage 3 gathers as the forward goes, the embedding and head at its next begin)."""
+        if self.comm is None:
+            return
+        if self.weights is None:
+            self.stale = True
             return
         self.comm.fork()
         with self.comm.group():
