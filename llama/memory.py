@@ -35,7 +35,7 @@ from . import ops
 from .optim import QUANT_BLOCK, AdamW8bitState
 from .options import RECIPES, zero_stages
 from .params import ParameterLayout, count_parameters
-from .parallel.zero import ShardLayout, home_lengths
+from .parallel.zero import ShardLayout, flat_gather_length, home_lengths
 
 FLOAT32 = 4
 # cgroup v2, then v1: (limit, usage) as a container sees them
@@ -199,6 +199,17 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
         buffers["FP8 casts' scratch"] = sum(math.prod(shape) * np.dtype(kind).itemsize
                                             for shape, kind in fp8_shapes(config, B, T).values())
     return buffers
+
+
+def sampling_buffers(config: LlamaConfig, gpus: int) -> dict[str, int]:
+    """What a sample adds on each GPU of a run on several GPUs while the training buffers stay (bytes): the full
+    fp32 weights gathered from every rank (Zero.gather_flat) and the decoder's bf16 copy of them (one GPU's
+    decoder reads the training weights in place)."""
+    if gpus == 1:
+        return {}
+    layout = ParameterLayout(config)
+    shards = ShardLayout(layout.size, gpus, layout.layer_starts())
+    return {"a sample's gathered fp32 weights and their bf16 copy": FLOAT32 * flat_gather_length(shards) + 2 * layout.size}
 
 
 def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -> dict[str, int]:

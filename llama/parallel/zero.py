@@ -153,6 +153,11 @@ class BucketHomes:
         return self.home(k).view(offset - self.layout.spans[k][0], shape)
 
 
+def flat_gather_length(layout: ShardLayout) -> int:
+    """The values of Zero.gather_flat's buffer: the flat array and the padding its last gathers write past it."""
+    return max(flat_start + end - start for (start, end), (flat_start, _) in zip(layout.buckets, layout.spans))
+
+
 def intersect(ranges, start: int, end: int):
     """The parts of [start, end) inside each (lo, hi, shard offset) range: (flat start, flat end, shard offset)."""
     for lo, hi, offset in ranges:
@@ -542,19 +547,18 @@ class Zero:
 
     def gather_flat(self, shard: DeviceArray) -> DeviceArray:
         """The full flat array (`size` values) of a shard buffer, on every rank (a new buffer on several GPUs,
-        all ranks call it)."""
+        all ranks call it): each bucket gathered in place at its flat offset, one after the other on the
+        communication stream, so that the next bucket overwrites the padding the one before wrote past its
+        end (one buffer of flat_gather_length values, not a padded and a flat copy)."""
         if self.comm is None:
             return shard.prefix(self.layout.size)
-        full, flat = empty(self.layout.padded_size, shard.dtype), empty(self.layout.size, shard.dtype)
+        flat = empty(flat_gather_length(self.layout), shard.dtype)
         self.comm.fork()
-        with self.comm.group():
-            for k, (start, end) in enumerate(self.layout.buckets):
-                piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
-                self.comm.all_gather(full.view(start, (end - start,)), shard.view(at, (piece,)))
+        for k, ((start, end), (flat_start, _)) in enumerate(zip(self.layout.buckets, self.layout.spans)):
+            piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
+            self.comm.all_gather(flat.view(flat_start, (end - start,)), shard.view(at, (piece,)))
         self.comm.join()
-        for (start, end), (at, _) in zip(self.layout.spans, self.layout.buckets):
-            flat.view(start, (end - start,)).copy_from(full.view(at, (end - start,)))
-        return flat
+        return flat.prefix(self.layout.size)
 
     def gather(self, shard: DeviceArray) -> np.ndarray | None:
         """The full flat array (`size` values) of a shard buffer on rank 0, None on the other ranks (which take

@@ -7,7 +7,9 @@ import pytest
 from llama.config import get_preset
 from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm
 from llama.params import ParameterLayout
-from llama.parallel.zero import ALIGN, ShardLayout, home_lengths, home_slot, replica_copies
+from llama.parallel import zero as zero_module
+from llama.parallel.zero import (ALIGN, ShardLayout, Zero, flat_gather_length, home_lengths, home_slot,
+                                 replica_copies)
 
 LAYOUT = ParameterLayout(get_preset("tiny"))
 
@@ -89,6 +91,55 @@ def test_resharding_across_world_sizes(saved, loaded):
             bucket[:end - start] = moments[start:end]
             pieces.append(bucket[r * piece:(r + 1) * piece])
         assert np.array_equal(after.shard(full, r), np.concatenate(pieces))
+
+
+class HostArray:
+    """A host stand-in for a DeviceArray's views: [start, start + size) of a numpy buffer."""
+
+    def __init__(self, data: np.ndarray, start: int = 0, size: int | None = None):
+        self.data, self.start, self.dtype = data, start, data.dtype
+        self.size = data.size - start if size is None else size
+
+    def view(self, offset, shape):
+        assert offset + int(np.prod(shape)) <= self.size, "a view past the buffer's end"
+        return HostArray(self.data, self.start + offset, int(np.prod(shape)))
+
+    def prefix(self, *shape):
+        return self.view(0, shape)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.data[self.start:self.start + self.size]
+
+
+class GatheringCommunicator:
+    """All-gathers, in call order, from every rank's shard (host arrays) at the offset of this rank's piece."""
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    def fork(self):
+        pass
+
+    join = fork
+
+    def all_gather(self, out, x):
+        out.values[:] = np.concatenate([s[x.start:x.start + x.size] for s in self.shards])
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_gather_flat_gathers_each_bucket_in_place_into_one_buffer(monkeypatch, world):
+    """Zero.gather_flat: the buckets gathered one after the other at their flat offsets, each overwriting the
+    padding the one before wrote, give the flat array in a buffer of flat_gather_length values (< size plus a
+    bucket's padding), with no padded copy."""
+    flat = np.random.default_rng(world).standard_normal(LAYOUT.size).astype(np.float32)
+    shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
+    allocated = []
+    monkeypatch.setattr(zero_module, "empty", lambda n, dtype: allocated.append(n) or HostArray(np.full(n, np.nan, dtype)))
+    zero = type("Shards", (), {"layout": shards, "comm": GatheringCommunicator([shards.shard(flat, r) for r in range(world)])})
+    gathered = Zero.gather_flat(zero, HostArray(shards.shard(flat, 0)))
+    assert np.array_equal(gathered.values, flat)
+    assert allocated == [flat_gather_length(shards)] and LAYOUT.size <= allocated[0] < LAYOUT.size + world * ALIGN
 
 
 def test_bad_arguments():
