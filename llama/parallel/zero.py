@@ -358,9 +358,11 @@ class Zero:
         gathered as the forward reaches it). first: the step's first micro-batch (stages 2-3: its reductions
         write the shard, later ones add to it); None: whether no reduction ran since zero_grad().
         The gathers start before the embedding's and head's gradient homes are zeroed, so as not to wait for
-        that memset."""
+        that memset. A region left open (a forward with targets that no backward followed: the fp32 model's
+        evaluation) is joined first."""
         if self.comm is None:
             return
+        self._join()
         self._start_region()
         self._first = self._step_first if first is None else first
         if gather or (self.stage == 3 and self.stale):

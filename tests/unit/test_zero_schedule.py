@@ -256,3 +256,14 @@ def test_the_first_gathers_do_not_wait_for_the_gradient_homes_to_be_zeroed(recor
     zeroed = [a for a in recorder.accesses if a[6] == "zero"]
     assert gathers and len(zeroed) == 2
     assert not any(before(m, g) for m in zeroed for g in gathers)
+
+
+def test_a_region_left_open_is_joined_by_the_next_begin(recorder):
+    """The fp32 model's forward with targets leaves its region open for the backward; where none follows (an
+    evaluation), the next begin() makes the compute stream wait for the region's collectives first."""
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32, stage=3)
+    z.begin(gather=True)
+    z.use_weights(0, prefetch=LAYOUT.layer_starts()[0])  # the first layer's gather is still on its way
+    issued = recorder.communication.clock["communication"]
+    z.begin(gather=False)
+    assert recorder.compute.clock["communication"] >= issued
