@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from llama import trainer
 from llama.io.checkpoint import load_checkpoint
 from tests.gpu_helpers import gpu_count
 from tests.runs import BASE, REPO, log_lines, losses
@@ -178,6 +179,59 @@ def test_a_lost_rank_ends_the_job_with_a_clear_error(corpus, tmp_path, fault):
         assert "rank 1" in last and waited < 20
     else:
         assert "20" in last and waited < 60
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The process id of the launcher's child with RANK=rank (from /proc)."""
+    for pid in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return int(pid)
+    raise AssertionError(f"the launcher has no rank {rank}")
+
+
+def test_a_rank_killed_under_the_launcher_leaves_a_checkpoint_that_resumes_bit_for_bit(corpus, tmp_path):
+    """As a user runs it: kill -9 on rank 1 of `llama.launch --nproc-per-node 2` ends the job within seconds, with
+    at most one line from the launcher and one from rank 0, each naming rank 1, and no traceback; the newest
+    complete checkpoint loads, resumes on 2 GPUs with the bits of an uninterrupted run (the same steps and
+    weights, moments) and on 1 GPU to 1e-5. A constant learning rate makes the step count -x change nothing."""
+    args = [*BASE, "--device", "cuda", "--dtype", "fp32", "-k", "constant", "-nk", "0", *corpus]
+    train(1, *args, "-x", "1", "-o", "warm")  # the kernels are compiled: the steps are quick
+    out = tmp_path / "killed"
+    launcher = subprocess.Popen([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2",
+                                 str(REPO / "train_llama.py"), *args, "-x", "100000", "-n", "5", "-o", str(out)],
+                                env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_steps(out, 12, [launcher])
+        os.kill(rank_pid(launcher, 1), signal.SIGKILL)
+        killed = time.time()
+        _, err = launcher.communicate(timeout=120)
+        waited = time.time() - killed
+    finally:
+        launcher.kill()
+        launcher.wait()
+    reports = [line for line in err.splitlines() if line.startswith(("error:", "launch:"))]
+    print(f"\nkill -9 on rank 1: the job ended {waited:.1f} s later, exit code {launcher.returncode}:\n" + "\n".join(reports))
+    assert launcher.returncode not in (0, None) and waited < 20
+    assert "Traceback" not in err and 1 <= len(reports) <= 2 and all("rank 1" in line for line in reports), err[-3000:]
+    saved = trainer.find_resume_checkpoint(out)
+    assert saved is not None, "no complete checkpoint after the kill"
+    done = saved["state"]["step"]
+    assert done >= 5 and done % 5 == 0 and Path(saved["path"]).name == f"ckpt_{done:08d}"
+    steps = done + 5
+    train(2, *args, "-x", str(steps), "-n", "5", "-b", "4", "-o", "uninterrupted")
+    reference = log_lines(tmp_path / "uninterrupted")
+    killed_lines = log_lines(out)
+    assert all(killed_lines[s] == reference[s] for s in range(done))  # -x changed nothing before the kill
+    checkpoint = out / f"ckpt_{done:08d}"
+    for name, gpus, batch in (("two", 2, "4"), ("one", 1, "8")):
+        (tmp_path / name).mkdir()
+        os.symlink(checkpoint, tmp_path / name / checkpoint.name)
+        train(gpus, *args, "-x", str(steps), "-b", batch, "-o", name, "--resume")
+        resumed = log_lines(tmp_path / name)
+        assert sorted(resumed) == list(range(done, steps)), name
+    assert all(log_lines(tmp_path / "two")[s] == reference[s] for s in range(done, steps))
+    same_bits(tmp_path / "two" / f"ckpt_{steps:08d}", tmp_path / "uninterrupted" / f"ckpt_{steps:08d}")
+    assert relative(losses(tmp_path / "one"), losses(tmp_path / "uninterrupted")[done:]) < 1e-5
 
 
 def test_sigterm_to_the_launcher_checkpoints_on_every_gpu_count_and_resumes(corpus, tmp_path):
