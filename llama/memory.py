@@ -35,7 +35,7 @@ from . import ops
 from .optim import QUANT_BLOCK, AdamW8bitState
 from .options import RECIPES, zero_stages
 from .params import ParameterLayout, count_parameters
-from .parallel.zero import ShardLayout, home_lengths
+from .parallel.zero import flat_gather_length, home_lengths, model_shards
 
 FLOAT32 = 4
 # cgroup v2, then v1: (limit, usage) as a container sees them
@@ -139,13 +139,13 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
             "logits and their gradient": 2 * FLOAT32 * logits, "largest transient": max(update, backward)}
 
 
-def zero_buffers(config: LlamaConfig, gpus: int, zero: int,
-                 reduce_dtype: str = "fp32") -> tuple[int, int, int, int, int]:
+def zero_buffers(config: LlamaConfig, gpus: int, zero: int, reduce_dtype: str = "fp32",
+                 optimizer: str = "adamw") -> tuple[int, int, int, int, int]:
     """Values per GPU under ZeRO (llama/parallel/zero.py): the weights the forward reads, the gradients, a shard,
     the scratch of a later micro-batch's fp32 reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
-    gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots)."""
-    layout = ParameterLayout(config)
-    shards = ShardLayout(layout.size, gpus, layout.layer_starts())
+    gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots); 8-bit
+    moments pad the buckets to whole blocks (model_shards)."""
+    shards = model_shards(ParameterLayout(config), gpus, optimizer)
     full = shards.padded_size
     own, slots = home_lengths(shards) if zero > 1 else ({}, [])
     homes = sum(own.values()) + sum(slots)
@@ -164,7 +164,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     several GPUs, zero_buffers, and a bucket and a piece in bf16 to reduce in bf16); fp32: its weights, gradients, master shard, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
     top."""
     layout = ParameterLayout(config)
-    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, zero, reduce_dtype)
+    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, zero, reduce_dtype, optimizer)
     stage = f" (ZeRO-{zero})" if gpus > 1 else ""
     if dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
@@ -199,6 +199,17 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
         buffers["FP8 casts' scratch"] = sum(math.prod(shape) * np.dtype(kind).itemsize
                                             for shape, kind in fp8_shapes(config, B, T).values())
     return buffers
+
+
+def sampling_buffers(config: LlamaConfig, gpus: int) -> dict[str, int]:
+    """What a sample adds on each GPU of a run on several GPUs while the training buffers stay (bytes): the full
+    fp32 weights gathered from every rank (Zero.gather_flat) and the decoder's bf16 copy of them (one GPU's
+    decoder reads the training weights in place)."""
+    if gpus == 1:
+        return {}
+    layout = ParameterLayout(config)
+    shards = model_shards(layout, gpus)
+    return {"a sample's gathered fp32 weights and their bf16 copy": FLOAT32 * flat_gather_length(shards) + 2 * layout.size}
 
 
 def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -> dict[str, int]:
@@ -240,8 +251,8 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
                 + ["--optimizer-in-backward"] * (in_backward and not plan.in_backward))
 
     recomputes, optimizers, in_backwards = RECIPES[plan.path]
-    if plan.device == "cuda" and gpus > 1:  # 8-bit moments and the optimizer in the backward run on one GPU
-        optimizers, in_backwards = tuple(o for o in optimizers if o != "adamw8bit"), (False,)
+    if plan.device == "cuda" and gpus > 1:  # the optimizer in the backward runs on one GPU
+        in_backwards = (False,)
     now = (plan.recompute, plan.optimizer, plan.in_backward)
     if plan.device == "cuda" and gpus > 1:
         stage = next((z for z in zero_stages(plan.dtype) if z > plan.zero and fits(now, zero=z)), None)

@@ -17,7 +17,7 @@ ZERO_STAGES = (1, 2, 3)  # ZeRO: the optimizer state sharded; and the gradients;
 REDUCE_DTYPES = ("fp32", "bf16")  # several GPUs: the gradients' reduce-scatter
 
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
-# reference runs them all; the bf16 GPU model too (8-bit moments and the optimizer in the backward on one GPU),
+# reference runs them all; the bf16 GPU model too (the optimizer in the backward on one GPU),
 # and so its FP8 linear layers; the fp32 GPU model keeps everything, with fp32 moments updated after the backward
 RECIPES = {"cpu": (RECOMPUTE, OPTIMIZERS, (False, True)),
            "bf16": (("partial", "none", "full"), OPTIMIZERS, (False, True)),

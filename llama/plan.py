@@ -155,8 +155,6 @@ def choose_recipe(path: str, recompute: str | None, optimizer: str | None, in_ba
     (on gpus GPUs)."""
     recomputes, optimizers, in_backwards = RECIPES[path]
     where = "the numpy reference" if path == "cpu" else f"the {path} GPU model"
-    if optimizer == "adamw8bit" and gpus > 1:
-        raise PlanError("--optimizer adamw8bit runs on one GPU: on several, ZeRO divides the fp32 moments among them")
     if in_backward and gpus > 1:
         raise PlanError("--optimizer-in-backward runs on one GPU: on several, ZeRO reduce-scatters the gradients "
                         "as the backward goes")

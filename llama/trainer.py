@@ -33,7 +33,7 @@ from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
 from .io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
 from .io.run_dir import RunDir
 from .kernel_build import build, kernels_for
-from .memory import gpu_free, host_available, require, training_buffers, what_would_fit
+from .memory import gpu_free, host_available, require, sampling_buffers, training_buffers, what_would_fit
 from .model.gpu_bf16 import GPUModelBF16
 from .model.gpu_fp32 import GPUModelFP32
 from .model.reference import ReferenceModel
@@ -101,11 +101,14 @@ def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndar
     return GPUModelFP32(config, B, T, params=params, seed=seed, comm=comm, zero=plan.zero)
 
 
-def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, free_gpu: int | None = None) -> str:
+def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, free_gpu: int | None = None,
+                 sampling: bool = False) -> str:
     """One line: what a run needs of its device's memory and what is available (free_gpu: the GPU's free bytes,
-    None reads this one's), checked before anything large is allocated; NotEnoughMemory, naming what would fit,
-    when it does not (llama/memory.py)."""
+    None reads this one's; sampling: the run samples, on several GPUs from gathered weights), checked before
+    anything large is allocated; NotEnoughMemory, naming what would fit, when it does not (llama/memory.py)."""
     needed = sum(training_buffers(plan, config, B, T, gpus).values())
+    if sampling and plan.device == "cuda":
+        needed += sum(sampling_buffers(config, gpus).values())
     available, where = ((host_available(), "host") if plan.device == "cpu" else
                         (gpu_free() if free_gpu is None else free_gpu, "GPU"))
     advice = what_would_fit(plan, config, B, T, gpus, available) if available is not None and needed > available else ""
@@ -173,7 +176,7 @@ class Trainer:
             print(f"note: this run computes {self.flops_per_step / 1e12:,.1f} TFLOP a step, minutes a step on a CPU: "
                   "its model and batch are sized for a GPU (the CPU default: -e {model} -b {batch_size} -t {seq_len})"
                   .format(**DEVICE_DEFAULTS["cpu"]), file=sys.stderr)
-        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu))
+        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu, bool(args.sample_every)))
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}

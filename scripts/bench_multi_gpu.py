@@ -2,7 +2,8 @@
 efficiency, memory per GPU, and how much of the communication the step hides.
 
     python3 scripts/bench_multi_gpu.py [--gpus 1 2] [--zero 1 2 3] [--gemm static dynamic]
-                                       [--configs d12 llama3.2-1b] [--steps 12] [--json out.json] [--trace DIR]
+                                       [--configs d12 llama3.2-1b llama3.1-8b] [--steps 12] [--json out.json]
+                                       [--trace DIR]
 
 The driver starts one run per GPU count, stage and GEMM choice (this script with --worker, through llama.launch
 when N > 1) with the same batch per GPU, so tokens per step grow with N; scaling efficiency = tok/s on N GPUs /
@@ -20,6 +21,10 @@ when N > 1) with the same batch per GPU, so tokens per step grow with N; scaling
   reduce-scatter) / reduce-scatter alone), and the share of the step spent waiting (exposed / step). At
   stage 3 the step without collectives reads weight slots nobody gathered, and its time is not a fair
   baseline either (docs/multi-gpu.md): its exposed, hidden and waiting columns print as -.
+llama3.1-8b runs only on several GPUs at ZeRO-3, with the recipe that fits two 80 GB H100s (B1 x T8192 per GPU,
+everything recomputed, 8-bit moments: 62.5 GiB of buffers a GPU, scripts/memory_plan.py), and prints its tok/s per
+GPU (the target: torchtitan's 8B on 8 H100s, 6,667) and the collectives alone, not the steps without them (each
+would build the model again: minutes on the host).
 GEMMs: by default each GPU count runs the plan's versions (5 and 6 on one GPU; on several their twins 8 and 7,
 which claim their tiles from a counter: GemmChooser(dynamic=True)); --gemm static dynamic runs both pairs on
 every GPU count, a row each.
@@ -35,7 +40,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,18 +53,36 @@ from llama.config import get_preset  # noqa: E402
 from llama.optim import AdamWConfig  # noqa: E402
 from llama.options import RunOptions  # noqa: E402
 
-CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T) per GPU
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A config's run: (B, T) per GPU, the memory recipe, the GPU counts and ZeRO stages it runs at (None: those
+    asked for), and whether the steps without communication are timed too (breakdown)."""
+    B: int
+    T: int
+    recompute: str | None = None  # None: the plan's
+    optimizer: str | None = None
+    min_gpus: int = 1
+    stages: tuple | None = None
+    breakdown: bool = True
+
+
+CONFIGS = {"d12": Bench(16, 1024), "llama3.2-1b": Bench(8, 2048),
+           "llama3.1-8b": Bench(1, 8192, "full", "adamw8bit", min_gpus=2, stages=(3,), breakdown=False)}
 VOCAB = 128256
 
 
-def step_ms(config, B: int, T: int, steps: int, comm, zero: int, gemm: str) -> tuple[float, dict, object]:
+def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str) -> tuple[float, dict, object]:
     """Median ms of a captured training step at ZeRO stage `zero` with the GEMM choice `gemm` ('static' or
     'dynamic'), the memory it holds, and the model."""
     from llama.cuda import allocated_bytes, time_ms
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.plan import make_plan
+    B, T = bench.B, bench.T
     before = allocated_bytes()
-    plan = make_plan(config, RunOptions("cuda", "bf16", gpus=comm.world_size if comm else 1, zero=zero))
+    plan = make_plan(config, RunOptions("cuda", "bf16", bench.recompute, bench.optimizer,
+                                        gpus=comm.world_size if comm else 1, zero=zero))
     plan = replace(plan, gemm=replace(plan.gemm, dynamic=gemm == "dynamic"))
     model = GPUModelBF16(config, B, T, comm=comm, plan=plan)
     rng = np.random.default_rng(comm.rank if comm else 0)
@@ -77,7 +100,8 @@ def step_ms(config, B: int, T: int, steps: int, comm, zero: int, gemm: str) -> t
         step()
     ms = time_ms(step, warmup=0, repeats=steps, inner=1)
     z = model.zero
-    memory = {"total": allocated_bytes() - before, "optimizer": z.master.nbytes + z.m.nbytes + z.v.nbytes}
+    moments = (z.m_codes, z.v_codes, z.m_scales, z.v_scales) if z.optimizer == "adamw8bit" else (z.m, z.v)
+    memory = {"total": allocated_bytes() - before, "optimizer": z.master.nbytes + sum(x.nbytes for x in moments)}
     return ms, memory, model
 
 
@@ -104,10 +128,11 @@ def worker(args) -> None:
         from llama.parallel.nccl import Communicator
         select_device(env.local_rank)
         comm = Communicator(env, timeout=900)
-    B, T = CONFIGS[args.config]
+    bench = CONFIGS[args.config]
+    B, T = bench.B, bench.T
     config = get_preset(args.config).replace(vocab_size=VOCAB)
     zero, gemm = args.zero[0], args.gemm[0]  # a worker runs one stage and GEMM choice
-    ms, memory, model = step_ms(config, B, T, args.steps, comm, zero, gemm)
+    ms, memory, model = step_ms(config, bench, args.steps, comm, zero, gemm)
     result = {"gpus": env.world_size, "zero": zero, "gemm": gemm, "B": B, "T": T, "ms": ms, "memory": memory,
               "device": runtime().name}
     if args.trace:
@@ -122,16 +147,17 @@ def worker(args) -> None:
         z = model.zero
         result["reduce_scatter_ms"] = time_ms(z.reduce_all, warmup=1, repeats=args.steps, inner=1)
         result["all_gather_ms"] = time_ms(lambda: step_gathers(z, model.layout), warmup=1, repeats=args.steps, inner=1)
+    if comm is not None and bench.breakdown:
         del model, z
         gc.collect()
         skip = lambda *a, **k: None  # noqa: E731
         comm.reduce_scatter = skip  # the step without its reductions
-        result["no_reduce_ms"], _, model = step_ms(config, B, T, args.steps, comm, zero, gemm)
+        result["no_reduce_ms"], _, model = step_ms(config, bench, args.steps, comm, zero, gemm)
         del model
         gc.collect()
         for name in ("all_gather", "all_reduce"):  # the same work with no communication
             setattr(comm, name, skip)
-        result["no_comm_ms"], _, _ = step_ms(config, B, T, args.steps, comm, zero, gemm)
+        result["no_comm_ms"], _, _ = step_ms(config, bench, args.steps, comm, zero, gemm)
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
     if comm is not None:
@@ -150,10 +176,45 @@ def run(gpus: int, config: str, steps: int, zero: int, gemm: str, trace: str | N
         return json.loads(out.read_text())
 
 
+def print_table(results: dict) -> None:
+    """The runs' figures, a line each (and into each result: tok_s, and on several GPUs what the step hides)."""
+    first = next(r for by_run in results.values() for r in by_run.values())
+    print(f"\ndevice: {first['device']}; bf16, CUDA graphs, ZeRO over NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
+    print(f"{'config':<13}{'GPUs':>5}{'ZeRO':>5}{'GEMM':>8}{'B x T':>10}{'ms/step':>9}{'tok/s':>11}{'tok/s/GPU':>10}"
+          f"{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}"
+          f"{'hidden':>7}{'RS hidden':>10}{'comm share':>11}")
+    for name, by_run in results.items():
+        for r in by_run.values():
+            r["tok_s"] = r["gpus"] * r["B"] * r["T"] / r["ms"] * 1e3
+        base = by_run.get("1x1_static")  # the plan's one-GPU step
+        for r in by_run.values():
+            g, tok_s = r["gpus"], r["tok_s"]
+            eff = f"{tok_s / (g * base['tok_s']):.3f}" if base else "-"
+            line = (f"{name:<13}{g:>5}{r['zero']:>5}{r['gemm']:>8}{r['B']:>4} x{r['T']:>5}{r['ms']:>9.1f}{tok_s:>11,.0f}"
+                    f"{tok_s / g:>10,.0f}{eff:>11}{r['memory']['total'] / 1e9:>8.1f}{r['memory']['optimizer'] / 1e9:>9.2f}")
+            if g > 1:
+                line += f"{r['reduce_scatter_ms']:>7.2f}{r['all_gather_ms']:>7.2f}" + communication_columns(r)
+            print(line)
+
+
+def communication_columns(r: dict) -> str:
+    """The no-comm step, exposed ms, hidden shares and comm share of a run on several GPUs (- where not measured:
+    no breakdown, or the stage-3 step without collectives, which reads weight slots nobody gathered)."""
+    if "no_comm_ms" not in r:
+        return f"{'-':>11}{'-':>11}{'-':>7}{'-':>10}{'-':>11}"
+    r["reduce_hidden"] = 1 - (r["ms"] - r["no_reduce_ms"]) / r["reduce_scatter_ms"]
+    if r["zero"] == 3:
+        return f"{r['no_comm_ms']:>11.1f}{'-':>11}{'-':>7}{r['reduce_hidden']:>10.0%}{'-':>11}"
+    exposed = r["ms"] - r["no_comm_ms"]
+    r["exposed_ms"], r["hidden"] = exposed, 1 - exposed / (r["reduce_scatter_ms"] + r["all_gather_ms"])
+    return (f"{r['no_comm_ms']:>11.1f}{exposed:>11.2f}{r['hidden']:>7.0%}{r['reduce_hidden']:>10.0%}"
+            f"{exposed / r['ms']:>11.1%}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["d12", "llama3.2-1b"], choices=list(CONFIGS))
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--zero", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3],
                         help="the ZeRO stages to run on several GPUs (one GPU runs stage 1)")
@@ -170,33 +231,12 @@ def main():
     if args.worker:
         return worker(args)
     gemms = lambda g: args.gemm or (["static"] if g == 1 else ["dynamic"])  # noqa: E731
-    runs = [(g, z, m) for g in args.gpus for m in gemms(g) for z in ([1] if g == 1 else args.zero)]
+    stages = lambda name, g: [1] if g == 1 else CONFIGS[name].stages or args.zero  # noqa: E731
     trace = str(Path(args.trace).resolve()) if args.trace else None  # the workers run in the repository root
-    results = {name: {f"{g}x{z}_{m}": run(g, name, args.steps, z, m, trace) for g, z, m in runs}
+    results = {name: {f"{g}x{z}_{m}": run(g, name, args.steps, z, m, trace)
+                      for g in args.gpus if g >= CONFIGS[name].min_gpus for m in gemms(g) for z in stages(name, g)}
                for name in args.configs}
-    print(f"\ndevice: {next(iter(next(iter(results.values())).values()))['device']}; bf16, CUDA graphs, ZeRO over "
-          "NCCL (NCCL_NVLS_ENABLE=0); batch per GPU fixed")
-    print(f"{'config':<13}{'GPUs':>5}{'ZeRO':>5}{'GEMM':>8}{'ms/step':>9}{'tok/s':>11}{'efficiency':>11}{'GB/GPU':>8}{'optim GB':>9}"
-          f"{'RS ms':>7}{'AG ms':>7}{'no-comm ms':>11}{'exposed ms':>11}{'hidden':>7}{'RS hidden':>10}{'comm share':>11}")
-    for name, by_run in results.items():
-        for r in by_run.values():
-            r["tok_s"] = r["gpus"] * r["B"] * r["T"] / r["ms"] * 1e3
-        base = by_run.get("1x1_static")  # the plan's one-GPU step
-        for r in by_run.values():
-            g, tok_s = r["gpus"], r["tok_s"]
-            eff = f"{tok_s / (g * base['tok_s']):.3f}" if base else "-"
-            line = (f"{name:<13}{g:>5}{r['zero']:>5}{r['gemm']:>8}{r['ms']:>9.1f}{tok_s:>11,.0f}{eff:>11}"
-                    f"{r['memory']['total'] / 1e9:>8.1f}{r['memory']['optimizer'] / 1e9:>9.2f}")
-            if g > 1:
-                r["reduce_hidden"] = 1 - (r["ms"] - r["no_reduce_ms"]) / r["reduce_scatter_ms"]
-                line += f"{r['reduce_scatter_ms']:>7.2f}{r['all_gather_ms']:>7.2f}{r['no_comm_ms']:>11.1f}"
-                if r["zero"] < 3:
-                    exposed = r["ms"] - r["no_comm_ms"]
-                    r["exposed_ms"], r["hidden"] = exposed, 1 - exposed / (r["reduce_scatter_ms"] + r["all_gather_ms"])
-                    line += f"{exposed:>11.2f}{r['hidden']:>7.0%}{r['reduce_hidden']:>10.0%}{exposed / r['ms']:>11.1%}"
-                else:  # stage 3 without collectives reads weight slots nobody gathered: not a fair baseline
-                    line += f"{'-':>11}{'-':>7}{r['reduce_hidden']:>10.0%}{'-':>11}"
-            print(line)
+    print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

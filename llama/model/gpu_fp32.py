@@ -114,10 +114,10 @@ class GPUModelFP32(GPUModelBase):
         z.use_weights(L.output().offset)
         ops.rmsnorm_forward(s["lnf"], s["rstdf"], s["residual"], self.param("norm.weight"), c.norm_eps)
         ops.matmul_forward(s["logits"], s["lnf"], self.param(L.output()))
-        z.end(None)
         self.has_dlogits = targets is not None
         if targets is None:
-            return None
+            z.end(None)
+            return None  # with targets the ZeRO region stays open for backward(), which ends it
         ops.fused_classifier(s["logits"], s["losses"], self.targets.prefix(N), 1.0 / N)
         if not return_loss:
             return None
@@ -142,7 +142,8 @@ class GPUModelFP32(GPUModelBase):
 
     def backward(self, loss_scale: float = 1.0) -> None:
         """Add the gradient of loss_scale * (mean loss of the last forward) into the gradients (ZeRO-2 and 3:
-        reduce-scatter each bucket of them into the shard as soon as it is final)."""
+        reduce-scatter each bucket of them into the shard as soon as it is final), ending the forward's ZeRO
+        region."""
         if not self.has_dlogits:
             raise RuntimeError("backward() needs a forward() with targets first")
         c, L = self.config, self.layout
@@ -151,8 +152,7 @@ class GPUModelFP32(GPUModelBase):
         layers, s = self._views(b, t)
         grad, z, starts = self.grad, self.zero, L.layer_starts()
         dx = s["dresidual"]
-        z.begin(gather=False)
-        z.use_weights(starts[-1])
+        z.use_weights(starts[-1])  # in the forward's ZeRO region: stage 3 gathers only what the forward did not leave
         z.use_weights(L.output().offset)
         ops.matmul_backward(s["dln"], self.grad(L.output()), s["logits"], s["lnf"],
                             self.param(L.output()), alpha=loss_scale)

@@ -31,7 +31,8 @@ from .distributed import DistributedEnv, Rendezvous, Watchdog, abort
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
-NCCL_TYPES = {np.dtype(np.float32): 7, np.dtype(np.float64): 8, BF16: 9}  # ncclFloat32, ncclFloat64, ncclBfloat16
+NCCL_TYPES = {np.dtype(np.uint8): 1, np.dtype(np.float32): 7, np.dtype(np.float64): 8,
+              BF16: 9}  # ncclUint8 (8-bit moments' codes), ncclFloat32, ncclFloat64, ncclBfloat16
 NCCL_OPS = {"sum": 0, "max": 2, "min": 3, "avg": 4}  # ncclSum, ncclMax, ncclMin, ncclAvg
 NCCL_IN_PROGRESS = 7
 DESTROY_LIMIT = 30.0  # seconds

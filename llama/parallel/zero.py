@@ -12,15 +12,16 @@ The fp32 master weights and the AdamW moments exist once over all ranks. A step:
    exact path);
 4. the shards are all-gathered: stages 1 and 2 into the full weights at the start of the next forward, bucket
    by bucket, each layer waiting only for its own bucket (the bf16 model; the fp32 model gathers them all
-   after its update, gather_weights); stage 3 into the homes, each layer's just before its forward (the next
-   layer's gather running meanwhile) and again before its backward, but for the two layers the forward leaves
-   in the slots.
+   after its update, gather_weights); stage 3 into the homes: the embedding's and head's once a step, at the
+   start of its first forward (they stay in their own homes until the weights change), each layer's just before
+   its forward (the next layer's gather running meanwhile) and again before its backward, but for the two layers
+   the forward leaves in the slots.
 The bf16 model's captured graphs keep every collective inside the forward and backward that waits for it
 (begin ... end), so that CUDA graph capture sees each fork joined.
 
 ShardLayout is the arithmetic (pure numpy, also used to cut and reassemble checkpoints): the flat
 parameters are cut into buckets at layer boundaries, each padded on its own to a multiple of
-world_size * ALIGN in a padded buffer, and rank r owns the r-th of the world_size equal pieces of
+world_size * ALIGN (8-bit moments: QUANT_BLOCK, so that a piece is whole blocks) in a padded buffer, and rank r owns the r-th of the world_size equal pieces of
 every bucket. Its shard is the concatenation of its pieces, so one kernel launch updates it. With
 one rank there is one bucket, no padding, and the shard buffers are the full ones. Checkpoints hold the
 flat arrays, so they resume on any number of GPUs at any stage.
@@ -36,7 +37,8 @@ import numpy as np
 
 from .. import ops
 from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
-from ..optim import QUANT_BLOCK, ZERO_CODES, AdamW8bitState, Quantized, fp32_moments
+from ..optim import (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, ZERO_CODES, AdamW8bitState, Quantized,
+                     dequantize_blocks, fp32_moments, quantize_blocks)
 from ..options import OPTIMIZERS, ZERO_STAGES
 
 ALIGN = 16  # elements: pieces start 64-byte aligned in fp32, 32-byte in bf16
@@ -47,14 +49,15 @@ def round_up(x: int, unit: int) -> int:
 
 
 class ShardLayout:
-    def __init__(self, size: int, world_size: int, boundaries=()):
+    def __init__(self, size: int, world_size: int, boundaries=(), align: int = ALIGN):
         """size values split over world_size ranks; boundaries: offsets where a bucket starts (each layer's
         first parameter), ascending or not. With several ranks each bucket is padded to a multiple of
-        world_size * ALIGN on its own, so that a bucket is whole tensors and can live apart from the others."""
+        world_size * align on its own, so that a bucket is whole tensors and can live apart from the others,
+        and every piece is a multiple of align values."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.size, self.world_size = size, world_size
-        unit = 1 if world_size == 1 else world_size * ALIGN
+        unit = 1 if world_size == 1 else world_size * align
         starts = [0] if world_size == 1 else sorted({0} | {b for b in boundaries if 0 < b < size})
         self.spans = list(zip(starts, starts[1:] + [size]))  # each bucket's [start, end) in the flat parameters
         lengths = [round_up(end - start, unit) for start, end in self.spans]
@@ -114,6 +117,13 @@ class ShardLayout:
         return self.unpad(padded)
 
 
+def model_shards(layout, world_size: int, optimizer: str = "adamw") -> ShardLayout:
+    """The shard layout of a model's flat parameters (llama/params.py layout), bucketed at its layers; pieces of
+    whole QUANT_BLOCKs for 8-bit moments, whose blocks then never straddle two pieces."""
+    align = QUANT_BLOCK if optimizer == "adamw8bit" else ALIGN
+    return ShardLayout(layout.size, world_size, layout.layer_starts(), align)
+
+
 def home_slot(bucket: int, buckets: int) -> int | None:
     """Where a bucket lives under ZeRO-2 (its gradients) and ZeRO-3 (its weights): None for the first and the
     last (the embedding table; the final norm and the head, which the forward's classifier uses), which keep
@@ -152,6 +162,11 @@ class BucketHomes:
         return self.home(k).view(offset - self.layout.spans[k][0], shape)
 
 
+def flat_gather_length(layout: ShardLayout) -> int:
+    """The values of Zero.gather_flat's buffer: the flat array and the padding its last gathers write past it."""
+    return max(flat_start + end - start for (start, end), (flat_start, _) in zip(layout.buckets, layout.spans))
+
+
 def intersect(ranges, start: int, end: int):
     """The parts of [start, end) inside each (lo, hi, shard offset) range: (flat start, flat end, shard offset)."""
     for lo, hi, offset in ranges:
@@ -171,16 +186,18 @@ class Zero:
     Stage 2: no full gradient buffer: each bucket's gradients live in its home (BucketHomes, home_slot) and
     every micro-batch's backward reduce-scatters them into the shard (adding from the second micro-batch on),
     after which the slot is free for the layer after next.
-    Stage 3: the weights too live in homes: each layer's bucket is all-gathered into its slot before the layer's
-    forward (the next layer's gather runs meanwhile), and again before its backward.
+    Stage 3: the weights too live in homes: the embedding's and head's buckets are all-gathered once after each
+    update (stale), each layer's bucket into its slot before the layer's forward (the next layer's gather runs
+    meanwhile), and again before its backward.
     At stages 1 and 2 the bf16 model's new weights are all-gathered at the start of the next forward, bucket by
     bucket, and each layer waits only for its own bucket (prefetch), instead of the whole gather after the update
     (which the fp32 model keeps: gather_weights).
     reduce_dtype BF16: the gradients are reduce-scattered in bf16 (rounded before, widened into the fp32 shard
     after, on the communication stream): half the bytes, at the cost of their rounding.
     With comm None (one GPU; stage 1) the shard buffers are the full ones and nothing is communicated.
-    optimizer "adamw8bit" (one GPU): the moments in 8 bits as llama/optim.py's AdamW8bitState holds them,
-    m_codes, v_codes (uint8) and m_scales, v_scales (fp32, one per QUANT_BLOCK values), instead of m, v.
+    optimizer "adamw8bit": the moments in 8 bits as llama/optim.py's AdamW8bitState holds them,
+    m_codes, v_codes (uint8) and m_scales, v_scales (fp32, one per QUANT_BLOCK values), instead of m, v; on
+    several GPUs those of this rank's shard, whose pieces are whole blocks (model_shards).
     gradients False (one GPU, the optimizer in the backward): no full gradient buffer; the model keeps
     its gradients a group at a time.
     """
@@ -191,8 +208,9 @@ class Zero:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if stage not in ZERO_STAGES:
             raise ValueError(f"ZeRO stage {stage}: choose from {', '.join(map(str, ZERO_STAGES))}")
-        if optimizer == "adamw8bit" and comm is not None:
-            raise ValueError("8-bit moments run on one GPU: ZeRO's shards would cut their blocks")
+        if optimizer == "adamw8bit" and comm is not None and any(piece % QUANT_BLOCK for piece in layout.pieces):
+            raise ValueError(f"8-bit moments on several GPUs need pieces of whole {QUANT_BLOCK}-value blocks "
+                             "(model_shards)")
         if not gradients and comm is not None:
             raise ValueError("the gradients live outside ZeRO (the optimizer in the backward) on one GPU only")
         if stage > 1 and comm is None:
@@ -234,7 +252,7 @@ class Zero:
             self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
         self.set_moments(None, None)
         self.decay_mask = to_device(layout.shard(decay_mask, self.rank))
-        self.stale = False  # the weights the forward reads are older than the master (stages 1-2: gather first)
+        self.stale = False  # the weights the forward reads are older than the master (gather them first)
         self._step_first = True
         self._start_region()
         if params is not None:  # None: the caller fills them with set_weights_on_device
@@ -244,7 +262,7 @@ class Zero:
     def for_model(cls, layout, comm, params: np.ndarray, weight_dtype, optimizer: str = "adamw",
                   gradients: bool = True, stage: int = 1, reduce_dtype=np.float32) -> "Zero":
         """The state of a model's flat parameters (llama/params.py layout), bucketed at its layers."""
-        shards = ShardLayout(layout.size, comm.world_size if comm is not None else 1, layout.layer_starts())
+        shards = model_shards(layout, comm.world_size if comm is not None else 1, optimizer)
         return cls(shards, comm, params, layout.decay_mask(), weight_dtype, optimizer, gradients, stage, reduce_dtype)
 
     def set_weights(self, params: np.ndarray) -> None:
@@ -263,7 +281,7 @@ class Zero:
             self.master.upload(shard)
         if self.weight_shard is not self.weights and self.weight_shard is not self.master:
             self.weight_shard.upload(shard.astype(self.weight_shard.dtype))
-        self.stale = False
+        self.stale = self.weights is None  # stage 3: the embedding's and head's homes are gathered first
 
     def set_weights_on_device(self, fill) -> None:
         """One GPU: fill(master) writes the full fp32 params into the master on the device, and the weights
@@ -277,31 +295,43 @@ class Zero:
 
     def set_moments(self, m, v) -> None:
         """The full moments from a checkpoint (None: zeros): 8-bit ones (Quantized) uploaded as they are for
-        8 bits and dequantized for fp32, fp32 ones quantized on the host for 8 bits."""
-        if self.optimizer == "adamw8bit" and isinstance(m, Quantized) and isinstance(v, Quantized):
+        8 bits on one GPU and dequantized otherwise, fp32 ones quantized on the host for 8 bits (on several
+        GPUs this rank's shard, whose blocks are whole pieces' blocks)."""
+        if self.optimizer == "adamw8bit" and self.comm is None and isinstance(m, Quantized) and isinstance(v, Quantized):
             for buffer, host in ((self.m_codes, m.codes), (self.m_scales, m.scales), (self.v_codes, v.codes),
                                  (self.v_scales, v.scales)):
                 buffer.upload(host)
             return
         m, v = fp32_moments(m, v)
         if self.optimizer == "adamw8bit":
-            if m is None and v is None:  # every code that of zero, every scale 0
-                for codes, zero_code in ((self.m_codes, ZERO_CODES[0]), (self.v_codes, ZERO_CODES[1])):
-                    runtime().drv.memset_d8_async(codes.ptr, zero_code, codes.nbytes, runtime().stream)
-                self.m_scales.fill_zero()
-                self.v_scales.fill_zero()
-                return
-            state = AdamW8bitState(self.layout.size)
-            state.load(m, v)
-            for buffer, host in ((self.m_codes, state.m_codes), (self.v_codes, state.v_codes),
-                                 (self.m_scales, state.m_scales), (self.v_scales, state.v_scales)):
-                buffer.upload(host)
+            self._set_8bit_moments(m, v)
             return
         for buffer, host in ((self.m, m), (self.v, v)):
             if host is None:
                 buffer.fill_zero()
             else:
                 buffer.upload(self.layout.shard(host.astype(np.float32), self.rank))
+
+    def _set_8bit_moments(self, m: np.ndarray | None, v: np.ndarray | None) -> None:
+        """The 8-bit moments of the full fp32 ones (None: zeros), quantized on the host."""
+        if m is None and v is None:  # every code that of zero, every scale 0
+            for codes, zero_code in ((self.m_codes, ZERO_CODES[0]), (self.v_codes, ZERO_CODES[1])):
+                runtime().drv.memset_d8_async(codes.ptr, zero_code, codes.nbytes, runtime().stream)
+            self.m_scales.fill_zero()
+            self.v_scales.fill_zero()
+            return
+        if self.comm is None:
+            state = AdamW8bitState(self.layout.size)
+            state.load(m, v)
+            quantized = ((state.m_codes, state.m_scales), (state.v_codes, state.v_scales))
+        else:
+            zeros_or = lambda x: np.zeros(self.layout.size, np.float32) if x is None else x.astype(np.float32)  # noqa: E731
+            quantized = [quantize_blocks(self.layout.shard(zeros_or(x), self.rank), levels)
+                         for x, levels in ((m, DYNAMIC_SIGNED), (v, DYNAMIC_UNSIGNED))]
+        for (codes, scales), (codes_buffer, scales_buffer) in zip(quantized, ((self.m_codes, self.m_scales),
+                                                                             (self.v_codes, self.v_scales))):
+            codes_buffer.upload(codes)
+            scales_buffer.upload(scales)
 
     # ---- where a tensor's weights and gradients are
 
@@ -346,23 +376,26 @@ class Zero:
 
     def begin(self, gather: bool, first: bool | None = None) -> None:
         """Before a forward: gather: the weights changed since the last forward (stages 1-2: every bucket's
-        all-gather starts now, on the communication stream; stage 3 gathers the embedding and head now and
-        each layer's bucket as the forward reaches it, whatever `gather` says). first: the step's first
-        micro-batch (stages 2-3: its reductions write the shard, later ones add to it); None: whether no
-        reduction ran since zero_grad()."""
+        all-gather starts now, on the communication stream; stage 3: the embedding's and head's, which then
+        stay in their homes until the weights change again, also when stale says so; each layer's bucket is
+        gathered as the forward reaches it). first: the step's first micro-batch (stages 2-3: its reductions
+        write the shard, later ones add to it); None: whether no reduction ran since zero_grad().
+        The gathers start before the embedding's and head's gradient homes are zeroed, so as not to wait for
+        that memset. A region left open (a forward with targets that no backward followed: the fp32 model's
+        evaluation) is joined first."""
         if self.comm is None:
             return
+        self._join()
         self._start_region()
         self._first = self._step_first if first is None else first
+        if gather or (self.stage == 3 and self.stale):
+            self._fork()
+            for k in (range(len(self.layout.buckets)) if self.stage < 3 else self.weight_homes.own):
+                self._gather(k)
+            self.stale = False
         if self.grad_homes is not None:
             for k in self.grad_homes.own:
                 self.grad_homes.own[k].fill_zero()
-        if not (gather or self.stage == 3):
-            return
-        self._fork()
-        for k in (range(len(self.layout.buckets)) if self.stage < 3 else self.weight_homes.own):
-            self._gather(k)
-        self.stale = False
 
     def _gather(self, k: int) -> None:
         """All-gather bucket k's weights into their place (stage 3: its slot, once the layer there is done)."""
@@ -394,7 +427,7 @@ class Zero:
         k = self.layout.bucket_of(offset)
         slot = home_slot(k, len(self.layout.buckets))
         self._issued.discard(("release", slot, k))  # in use again until released again
-        if self.stage == 3 and ("gather", k) not in self._issued:
+        if self.stage == 3 and slot is not None and ("gather", k) not in self._issued:
             self._fork()
             self._gather(k)
         if ("gather", k) in self._issued and ("gather", k) not in self._waited:
@@ -403,8 +436,10 @@ class Zero:
         if prefetch is not None and self.stage == 3:
             n = self.layout.bucket_of(prefetch)
             slot = home_slot(n, len(self.layout.buckets))
-            if ("gather", n) not in self._issued and (slot is None or self._weight_slots[slot] is None
-                                                      or self._slot_released(slot)):
+            if slot is not None and ("gather", n) not in self._issued and (self._weight_slots[slot] is None
+                                                                          or self._slot_released(slot)):
+                if not self._forked:  # a region whose begin gathered nothing (the embedding and head resident)
+                    self._fork()
                 self._gather(n)
 
     def _slot_released(self, slot: int) -> bool:
@@ -519,8 +554,11 @@ class Zero:
 
     def gather_weights(self) -> None:
         """Every rank's new weight_shard into the full weight buffer (stages 1-2) at once, in one NCCL group (the
-        fp32 path's eager step; stage 3 gathers as the forward goes)."""
-        if self.comm is None or self.weights is None:
+        fp32 path's eager step; stage 3 gathers as the forward goes, the embedding and head at its next begin)."""
+        if self.comm is None:
+            return
+        if self.weights is None:
+            self.stale = True
             return
         self.comm.fork()
         with self.comm.group():
@@ -534,19 +572,18 @@ class Zero:
 
     def gather_flat(self, shard: DeviceArray) -> DeviceArray:
         """The full flat array (`size` values) of a shard buffer, on every rank (a new buffer on several GPUs,
-        all ranks call it)."""
+        all ranks call it): each bucket gathered in place at its flat offset, one after the other on the
+        communication stream, so that the next bucket overwrites the padding the one before wrote past its
+        end (one buffer of flat_gather_length values, not a padded and a flat copy)."""
         if self.comm is None:
             return shard.prefix(self.layout.size)
-        full, flat = empty(self.layout.padded_size, shard.dtype), empty(self.layout.size, shard.dtype)
+        flat = empty(flat_gather_length(self.layout), shard.dtype)
         self.comm.fork()
-        with self.comm.group():
-            for k, (start, end) in enumerate(self.layout.buckets):
-                piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
-                self.comm.all_gather(full.view(start, (end - start,)), shard.view(at, (piece,)))
+        for k, ((start, end), (flat_start, _)) in enumerate(zip(self.layout.buckets, self.layout.spans)):
+            piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
+            self.comm.all_gather(flat.view(flat_start, (end - start,)), shard.view(at, (piece,)))
         self.comm.join()
-        for (start, end), (at, _) in zip(self.layout.spans, self.layout.buckets):
-            flat.view(start, (end - start,)).copy_from(full.view(at, (end - start,)))
-        return flat
+        return flat.prefix(self.layout.size)
 
     def gather(self, shard: DeviceArray) -> np.ndarray | None:
         """The full flat array (`size` values) of a shard buffer on rank 0, None on the other ranks (which take
@@ -554,19 +591,40 @@ class Zero:
         if self.comm is None:
             return shard.download()[:self.layout.size]
         out = np.empty(self.layout.size, shard.dtype) if self.rank == 0 else None
-        bucket = empty(max(end - start for start, end in self.layout.buckets), shard.dtype)
-        for k, ((start, end), (flat_start, flat_end)) in enumerate(zip(self.layout.buckets, self.layout.spans)):
-            piece, at = self.layout.pieces[k], self.layout.shard_offsets[k]
-            self.comm.fork()
-            self.comm.all_gather(bucket.prefix(end - start), shard.view(at, (piece,)))
-            self.comm.join()
+        for (start, end), values in zip(self.layout.spans, self._gathered_buckets(shard)):
             if out is not None:
-                out[flat_start:flat_end] = bucket.prefix(end - start).download()[:flat_end - flat_start]
-        runtime().stream.synchronize()  # the all-gathers have run before `bucket` is freed
+                out[start:end] = values[:end - start]
+        return out
+
+    def _gathered_buckets(self, shard: DeviceArray, per: int = 1):
+        """Each bucket's padded values of a shard buffer in turn, all-gathered: a host array on rank 0, None on
+        the others. per: parameters a value stands for (QUANT_BLOCK for the 8-bit moments' block scales)."""
+        bucket = empty(max(end - start for start, end in self.layout.buckets) // per, shard.dtype)
+        try:
+            for k, (start, end) in enumerate(self.layout.buckets):
+                piece, at = self.layout.pieces[k] // per, self.layout.shard_offsets[k] // per
+                self.comm.fork()
+                self.comm.all_gather(bucket.prefix((end - start) // per), shard.view(at, (piece,)))
+                self.comm.join()
+                yield bucket.prefix((end - start) // per).download() if self.rank == 0 else None
+        finally:  # also when the caller stops early: the all-gathers have run before `bucket` is freed
+            runtime().stream.synchronize()
+
+    def _gather_dequantized(self, codes: DeviceArray, scales: DeviceArray, levels: np.ndarray) -> np.ndarray | None:
+        """The full fp32 values of an 8-bit moment's sharded codes and block scales on rank 0 (None on the others),
+        bucket by bucket (a piece is whole blocks)."""
+        out = np.empty(self.layout.size, np.float32) if self.rank == 0 else None
+        buckets = zip(self.layout.spans, self._gathered_buckets(codes), self._gathered_buckets(scales, QUANT_BLOCK))
+        for (start, end), bucket_codes, bucket_scales in buckets:
+            if out is not None:
+                out[start:end] = dequantize_blocks(bucket_codes, bucket_scales, levels)[:end - start]
         return out
 
     def moments(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The full fp32 moments (m, v) on rank 0 (dequantized for 8 bits), None on the other ranks."""
+        if self.optimizer == "adamw8bit" and self.comm is not None:
+            return (self._gather_dequantized(self.m_codes, self.m_scales, DYNAMIC_SIGNED),
+                    self._gather_dequantized(self.v_codes, self.v_scales, DYNAMIC_UNSIGNED))
         if self.optimizer == "adamw8bit":
             state = AdamW8bitState(self.layout.size)
             for host, buffer in ((state.m_codes, self.m_codes), (state.v_codes, self.v_codes),

@@ -85,6 +85,17 @@ def test_gpu_check_refuses_the_8b_model_on_80_gb_at_once(monkeypatch):
     assert line == "memory: the run needs at least 8.9 GiB of GPU memory, 79.0 GiB available"
 
 
+def test_a_sample_on_several_gpus_counts_its_gathered_weights(monkeypatch):
+    """Sampling on 2 GPUs gathers the full fp32 weights (Zero.gather_flat, one buffer) and rounds them to bf16 for
+    the decoder: 6 bytes a parameter (and a bucket's padding) more per GPU; one GPU reads its weights in place."""
+    monkeypatch.setattr(trainer, "gpu_free", lambda: 79 * GIB)
+    plan, config = Plan("cuda", "bf16", "GPU stand-in", recompute="partial", zero=2), get_preset("llama3.2-1b")
+    needed = lambda line: float(line.split("at least ")[1].split(" GiB")[0])  # noqa: E731
+    for gpus, more in ((1, 0.0), (2, 6 * count_parameters(config) / GIB)):
+        plain, sampling = (trainer.check_memory(plan, config, 8, 2048, gpus, sampling=s) for s in (False, True))
+        assert needed(sampling) - needed(plain) == pytest.approx(more, abs=0.06)
+
+
 @pytest.mark.parametrize("name, B, T, measured_gb", [("d12", 16, 1024, 9.6), ("llama3.2-1b", 8, 2048, 38.9)])
 def test_gpu_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_gb):
     """The bf16 model's buffers against the device memory its training step was measured to use on an H200

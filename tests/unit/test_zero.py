@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.optim import AdamWConfig, adamw_update, clip_scale, global_norm
+from llama.optim import (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, AdamWConfig, adamw_update, clip_scale,
+                         dequantize_blocks, global_norm, quantize_blocks)
 from llama.params import ParameterLayout
-from llama.parallel.zero import ALIGN, ShardLayout, home_lengths, home_slot, replica_copies
+from llama.parallel import zero as zero_module
+from llama.parallel.zero import (ALIGN, ShardLayout, Zero, flat_gather_length, home_lengths, home_slot,
+                                 model_shards, replica_copies)
 
 LAYOUT = ParameterLayout(get_preset("tiny"))
 
@@ -89,6 +92,91 @@ def test_resharding_across_world_sizes(saved, loaded):
             bucket[:end - start] = moments[start:end]
             pieces.append(bucket[r * piece:(r + 1) * piece])
         assert np.array_equal(after.shard(full, r), np.concatenate(pieces))
+
+
+class HostArray:
+    """A host stand-in for a DeviceArray's views: [start, start + size) of a numpy buffer."""
+
+    def __init__(self, data: np.ndarray, start: int = 0, size: int | None = None):
+        self.data, self.start, self.dtype = data, start, data.dtype
+        self.size = data.size - start if size is None else size
+
+    def view(self, offset, shape):
+        assert offset + int(np.prod(shape)) <= self.size, "a view past the buffer's end"
+        return HostArray(self.data, self.start + offset, int(np.prod(shape)))
+
+    def prefix(self, *shape):
+        return self.view(0, shape)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.data[self.start:self.start + self.size]
+
+    def download(self) -> np.ndarray:
+        return self.values.copy()
+
+    def upload(self, host) -> None:
+        self.values[:] = host
+
+
+class GatheringCommunicator:
+    """All-gathers, in call order, from every rank's buffer (host arrays: one list per buffer, in rank order, found
+    by rank 0's) at the offset of rank 0's piece."""
+
+    def __init__(self, *buffers):
+        self.buffers = {id(ranks[0]): ranks for ranks in buffers}
+
+    def fork(self):
+        pass
+
+    join = fork
+
+    def all_gather(self, out, x):
+        out.values[:] = np.concatenate([b[x.start:x.start + x.size] for b in self.buffers[id(x.data)]])
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_gather_flat_gathers_each_bucket_in_place_into_one_buffer(monkeypatch, world):
+    """Zero.gather_flat: the buckets gathered one after the other at their flat offsets, each overwriting the
+    padding the one before wrote, give the flat array in a buffer of flat_gather_length values (< size plus a
+    bucket's padding), with no padded copy."""
+    flat = np.random.default_rng(world).standard_normal(LAYOUT.size).astype(np.float32)
+    shards = ShardLayout(LAYOUT.size, world, LAYOUT.layer_starts())
+    allocated = []
+    monkeypatch.setattr(zero_module, "empty", lambda n, dtype: allocated.append(n) or HostArray(np.full(n, np.nan, dtype)))
+    pieces = [shards.shard(flat, r) for r in range(world)]
+    zero = type("Shards", (), {"layout": shards, "comm": GatheringCommunicator(pieces)})
+    gathered = Zero.gather_flat(zero, HostArray(pieces[0]))
+    assert np.array_equal(gathered.values, flat)
+    assert allocated == [flat_gather_length(shards)] and LAYOUT.size <= allocated[0] < LAYOUT.size + world * ALIGN
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_8bit_moments_shard_whole_blocks_and_gather_back_to_the_padded_buffers_blocks(monkeypatch, world):
+    """On several GPUs 8-bit moments are quantized per shard (Zero._set_8bit_moments): its pieces are whole blocks
+    (model_shards), so its blocks are those of the padded buffer, and gathering and dequantizing them (Zero.moments)
+    gives the flat array quantized in the padded buffer's blocks, bucket by bucket."""
+    shards = model_shards(LAYOUT, world, "adamw8bit")
+    assert all(piece % QUANT_BLOCK == 0 for piece in shards.pieces)
+    monkeypatch.setattr(zero_module, "empty", lambda n, dtype: HostArray(np.zeros(n, dtype)))
+    monkeypatch.setattr(zero_module, "runtime", lambda: type("Runtime", (), {"stream": type("S", (), {
+        "synchronize": staticmethod(lambda: None)})}))
+    rng = np.random.default_rng(world)
+    m, v = rng.standard_normal(LAYOUT.size).astype(np.float32), rng.random(LAYOUT.size).astype(np.float32)
+    ranks = []
+    for rank in range(world):
+        z = object.__new__(Zero)  # the 8-bit state alone: a shard's codes and block scales on the host
+        z.layout, z.rank, z.optimizer, z.comm = shards, rank, "adamw8bit", "several ranks"
+        z.m_codes, z.v_codes = (HostArray(np.zeros(shards.shard_size, np.uint8)) for _ in range(2))
+        z.m_scales, z.v_scales = (HostArray(np.zeros(shards.shard_size // QUANT_BLOCK, np.float32)) for _ in range(2))
+        z._set_8bit_moments(m, v)
+        ranks.append(z)
+    ranks[0].comm = GatheringCommunicator(*([getattr(z, name).data for z in ranks]
+                                            for name in ("m_codes", "m_scales", "v_codes", "v_scales")))
+    for got, flat, levels in zip(ranks[0].moments(), (m, v), (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED)):
+        expected = shards.unpad(dequantize_blocks(*quantize_blocks(shards.pad(flat), levels), levels))
+        assert np.array_equal(got, expected)
+        assert np.allclose(got, flat, rtol=0.1, atol=0.02 * np.abs(flat).max())
 
 
 def test_bad_arguments():

@@ -145,6 +145,7 @@ def step(z: Zero, recorder: Recorder, micro: int) -> None:
         micro_batch(z, recorder, m == 0, m == micro - 1)
     recorder.access(recorder.compute, "read", z.grad_shard, "optimizer")
     recorder.access(recorder.compute, "write", z.weight_shard, "optimizer")  # the new weights, gathered next
+    z.stale = True  # as the models mark it after their update
 
 
 def micro_batch(z: Zero, recorder: Recorder, first: bool, final: bool) -> None:
@@ -205,6 +206,8 @@ def test_the_schedule_has_no_races(recorder, stage, micro, reduce_dtype):
         assert sources, f"{read[6]} read before any gather"
         assert sources[-1][6] == f"gather {z.layout.shard_offsets[k]}", f"{read[6]} reads another bucket's gather"
         assert sources[-1][4] <= read[4] and sources[-1][5] >= read[5], f"{read[6]} reads past its gather"
+        updates = [a for a in accesses if a[6] == "optimizer" and a[2] == "write" and before(a, read)]
+        assert all(before(u, sources[-1]) for u in updates), f"{read[6]} reads weights older than the last update"
     reductions = [a for a in accesses if a[6] == "reduce" and a[2] == "read"]
     assert len(reductions) == len(z.layout.buckets) * (2 if stage == 1 else 2 * micro)
     optimizer = [a for a in accesses if a[6] == "optimizer"]
@@ -212,15 +215,17 @@ def test_the_schedule_has_no_races(recorder, stage, micro, reduce_dtype):
         assert all(before(r, read) for r in reductions if r[1]["compute"] <= read[1]["compute"])
 
 
-def test_stage_3_holds_two_layers_and_gathers_each_twice_a_micro_batch(recorder):
+@pytest.mark.parametrize("micro", [1, 3])
+def test_stage_3_gathers_each_layer_twice_a_micro_batch_and_the_embedding_and_head_once_a_step(recorder, micro):
     z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32, stage=3)
     recorder.accesses.clear()
-    step(z, recorder, 1)
+    for _ in range(2):
+        step(z, recorder, micro)
     slots = {id(s) for s in z.weight_homes.slots}
     gathers = [a for a in recorder.accesses if a[6].startswith("gather ")]
-    assert len(slots) == 2 and len([g for g in gathers if g[3] not in slots]) == 2  # the embedding and head
+    assert len(slots) == 2 and len([g for g in gathers if g[3] not in slots]) == 2 * 2  # the embedding and head
     # forward: every layer once; backward: all but the two the forward left in the slots
-    assert len([g for g in gathers if g[3] in slots]) == 2 * CONFIG.n_layers - 2
+    assert len([g for g in gathers if g[3] in slots]) == 2 * micro * (2 * CONFIG.n_layers - 2)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -238,3 +243,27 @@ def test_each_captured_micro_batch_forks_and_joins_inside_its_capture(recorder, 
         if communication.capturing:  # forked into the capture: joined again before its end
             assert compute.clock["communication"] >= communication.clock["communication"], "an unjoined fork"
         compute.capturing = communication.capturing = False
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_first_gathers_do_not_wait_for_the_gradient_homes_to_be_zeroed(recorder, stage):
+    """begin() forks the step's first all-gathers before it zeroes the embedding's and head's gradient homes on
+    the compute stream (the embedding's is the largest bucket)."""
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32, stage=stage)
+    recorder.accesses.clear()
+    z.begin(gather=True, first=True)
+    gathers = [a for a in recorder.accesses if a[6].startswith("gather ")]
+    zeroed = [a for a in recorder.accesses if a[6] == "zero"]
+    assert gathers and len(zeroed) == 2
+    assert not any(before(m, g) for m in zeroed for g in gathers)
+
+
+def test_a_region_left_open_is_joined_by_the_next_begin(recorder):
+    """The fp32 model's forward with targets leaves its region open for the backward; where none follows (an
+    evaluation), the next begin() makes the compute stream wait for the region's collectives first."""
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32, stage=3)
+    z.begin(gather=True)
+    z.use_weights(0, prefetch=LAYOUT.layer_starts()[0])  # the first layer's gather is still on its way
+    issued = recorder.communication.clock["communication"]
+    z.begin(gather=False)
+    assert recorder.compute.clock["communication"] >= issued
