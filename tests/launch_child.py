@@ -4,6 +4,8 @@ env:  write what the launcher set, and the arguments that reached us, to FOLDER/
 fail: write FOLDER/pid<RANK>; rank 1 exits 3 at once, rank 0 sleeps (ignoring SIGTERM if ARGS is "stubborn").
 term: on SIGTERM and SIGINT append the signal's name to FOLDER/term<RANK> and exit 128 + its number
       (on the second signal if ARGS is "twice"); FOLDER/ready<RANK> (holding the pid) says the handlers are in place.
+peer: write FOLDER/ready<RANK> (holding the pid); rank 0 exits 1 as soon as rank 1 is gone (as a rank whose peer's
+      connection closed does), rank 1 sleeps.
 """
 import os
 import signal
@@ -39,4 +41,14 @@ elif mode == "term":
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, on_signal)
     write(f"ready{rank}", str(os.getpid()))
+    time.sleep(60)
+elif mode == "peer":
+    write(f"ready{rank}", str(os.getpid()))
+    if rank == "0":
+        while not os.path.exists(os.path.join(folder, "ready1")):
+            time.sleep(0.01)
+        peer = int(open(os.path.join(folder, "ready1")).read())
+        while open(f"/proc/{peer}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # until rank 1 is dead
+            time.sleep(0.01)
+        sys.exit(1)
     time.sleep(60)

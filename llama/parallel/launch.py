@@ -180,10 +180,10 @@ class Ranks:
         exit_code = 0
         kill_at = None
         while True:
-            for i, proc in enumerate(self.procs):
-                code = proc.poll()
-                if code is None or i in ended:
-                    continue
+            finished = [(i, proc.poll()) for i, proc in enumerate(self.procs) if i not in ended]
+            finished = [(i, code) for i, code in finished if code is not None]
+            # a rank killed by a signal is the cause of the others' errors in the same poll: named first
+            for i, code in sorted(finished, key=lambda f: f[1] >= 0):
                 ended.add(i)
                 if code == 0 or exit_code:
                     continue

@@ -97,6 +97,24 @@ def test_a_rank_killed_by_a_signal_gives_128_plus_its_number(tmp_path):
     assert (tmp_path / "term0").read_text() == "SIGTERM\n"
 
 
+def test_a_killed_rank_is_named_before_the_rank_that_failed_because_of_it(tmp_path):
+    """Rank 1 killed, and rank 0 exiting on its peer's death, both before the launcher looks again (it is stopped
+    meanwhile): the one line names rank 1 and its signal, the cause, not rank 0's error."""
+    launcher = launch("--nproc-per-node", "2", CHILD, "peer", str(tmp_path))
+    try:
+        wait_for(lambda: (tmp_path / "ready0").exists() and (tmp_path / "ready1").exists(), timeout=15)
+        rank0 = int((tmp_path / "ready0").read_text())
+        os.kill(launcher.pid, signal.SIGSTOP)
+        os.kill(int((tmp_path / "ready1").read_text()), signal.SIGKILL)
+        wait_for(lambda: not is_alive(rank0), timeout=15)
+        os.kill(launcher.pid, signal.SIGCONT)
+        code, out, err = finish(launcher)
+    finally:
+        launcher.kill()
+    assert code == 128 + signal.SIGKILL
+    assert err == "launch: rank 1 was killed by SIGKILL\n"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_reaches_every_rank_once(tmp_path, signum):
     launcher = launch("--nproc-per-node", "2", CHILD, "term", str(tmp_path))
