@@ -18,6 +18,13 @@
 //   first, 4 warps of 32 rows; loops over 32-row kv tiles up to the diagonal, recomputing S and P:
 //   dQ += dS K. Deterministic. Both backward kernels hold P and dS as bf16 pairs (the precision of the
 //   products they feed).
+// Document mask (every entry point's last two parameters, doc_start and doc_end (B, T) int32 from
+//   kernels/document_mask.cu; null: plain causal, the same arithmetic): query q sees key k iff
+//   doc_start[b, q] <= k <= q. The forward and dQ kernels start their kv loop at the tile holding their first
+//   row's doc_start, the dK/dV kernel ends its query loop with the tile holding doc_end[b, its last key] - 1;
+//   warps skip tiles wholly before their rows' documents, and only tiles that cross a document start are masked
+//   elementwise. In the forward a row may see no key of its first tiles: its running max stays -inf and counts
+//   as 0 in the exponentials (no NaN).
 #include "flash_attention.cuh"
 #include "mma.cuh"
 
@@ -146,6 +153,33 @@ __device__ __forceinline__ void load_a_rows(uint32_t a[][4], uint32_t tile, int 
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(a[kk], tile, row0, kk * 16, lane);
 }
 
+// ---- the document mask: doc_start (B, T) int32 (kernels/document_mask.cu), each query's first visible key;
+// null: plain causal. Rows are nondecreasing in doc_start, so a run of rows sees no key before its first row's start.
+
+// A warp of the forward or dQ kernel holds the document starts of its 32 rows row0.. one per lane (registers are
+// short around the scores), lane i the start of row row0 + i (rows past T: row T-1's; they are never stored)
+__device__ __forceinline__ int lane_row_start(const int* doc_start, int row0, int T, int lane) {
+    return doc_start[min(row0 + lane, T - 1)];
+}
+
+// raw scores s of the warp's 32 rows (m-tile mt, lane: rows mt * 16 + g, +8) x keys kv0.. (n8 tile n, lane:
+// columns kv0 + n * 8 + 2t, +1): -inf where the key is before the row's document (row_start: lane_row_start's)
+template <int MT, int NT>
+__device__ __forceinline__ void mask_before_document(float (&s)[MT][NT][4], int row_start, int kv0, int lane) {
+    static_assert(MT * 16 == 32, "one row per lane");
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int start = __shfl_sync(0xffffffffu, row_start, mt * 16 + lane / 4 + 8 * half);
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e)
+                    if (kv0 + n * 8 + 2 * (lane % 4) + (e & 1) < start) s[mt][n][e] = -INFINITY;
+        }
+}
+
 // ---- forward
 
 namespace fwd {
@@ -157,7 +191,8 @@ __host__ __device__ constexpr int shared_bytes() { return tile_bytes<D>(BR + 4 *
 }  // namespace fwd
 
 template <int D>
-__device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV) {
+__device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV,
+                                              const int* doc_start) {
     using namespace fwd;
     constexpr bool Q_IN_REGISTERS = D == 64;  // at D = 128 registers hold O and S only: Q A-fragments reload
     constexpr int BC = kv_rows<D>(), KSTEPS = D / 16, NT_S = BC / 8, NT_O = D / 8, TILE_KV = tile_bytes<D>(BC);
@@ -170,21 +205,25 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
     const bf16* k_src = qkv + (long long)b * T * stride + (H + kv_head) * D;
     const bf16* v_src = k_src + KV * D;
     const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC;
+    const bool masked = doc_start != nullptr;
+    const int* row_doc_start = masked ? doc_start + (long long)b * T : nullptr;  // the batch row's
+    const int first_tile = masked ? row_doc_start[q0] / BC : 0;  // the tile of the smallest document start
     const float scale_log2 = LOG2E / sqrtf((float)D);
 
     load_tile<BR, D, THREADS>(sQ, q_src, q0, T, stride);
-    load_tile<BC, D, THREADS>(sK, k_src, 0, T, stride);
-    load_tile<BC, D, THREADS>(sV, v_src, 0, T, stride);
+    load_tile<BC, D, THREADS>(sK + (first_tile & 1) * TILE_KV, k_src, first_tile * BC, T, stride);  // tile j: buffer j & 1
+    load_tile<BC, D, THREADS>(sV + (first_tile & 1) * TILE_KV, v_src, first_tile * BC, T, stride);
     cp_async_commit();
 
     const int row_base = warp * M_TILES * 16;  // this warp's first row in the tile
+    const int row_start = masked ? lane_row_start(row_doc_start, q0 + row_base, T, lane) : 0;
     float o[M_TILES][NT_O][4] = {};
     float row_max[M_TILES][2], row_sum[M_TILES][2] = {};  // row_max in raw (unscaled) scores
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY;
     uint32_t q_frags[M_TILES][Q_IN_REGISTERS ? KSTEPS : 1][4];
 
-    for (int j = 0; j < n_tiles; ++j) {
+    for (int j = first_tile; j < n_tiles; ++j) {
         const int kv0 = j * BC, buf = j & 1;
         if (j + 1 < n_tiles) {  // prefetch the next K, V tiles into the other buffer
             load_tile<BC, D, THREADS>(sK + (buf ^ 1) * TILE_KV, k_src, kv0 + BC, T, stride);
@@ -196,12 +235,13 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
         }
         __syncthreads();
         const uint32_t k_tile = sK + buf * TILE_KV, v_tile = sV + buf * TILE_KV;
-        if (Q_IN_REGISTERS && j == 0) {
+        if (Q_IN_REGISTERS && j == first_tile) {
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) load_a_rows<D>(q_frags[mt], sQ, row_base + mt * 16, lane);
         }
 
-        if (kv0 <= q0 + row_base + M_TILES * 16 - 1) {  // else every key of the tile is after this warp's rows
+        // else every key of the tile is after this warp's rows, or before their documents
+        if (kv0 <= q0 + row_base + M_TILES * 16 - 1 && (!masked || kv0 + BC > __shfl_sync(0xffffffffu, row_start, 0))) {
             // S = Q K^T (raw scores), this warp's 32 rows x BC keys
             float s[M_TILES][NT_S][4] = {};
 #pragma unroll
@@ -228,6 +268,9 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
                 }
             }
 
+            // the tile crosses a document start of the warp's rows: mask keys before it
+            if (masked && kv0 < __shfl_sync(0xffffffffu, row_start, 31))
+                mask_before_document<M_TILES, NT_S>(s, row_start, kv0, lane);
             if (kv0 + BC - 1 > q0) {  // the tile crosses the diagonal: mask keys after the query
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
@@ -241,7 +284,9 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
                         }
             }
 
-            // online softmax: every row sees key 0 in tile 0, so row_max is finite from the first tile on
+            // online softmax. Causal: every row sees key 0 in tile 0, so row_max is finite from the first tile on.
+            // Masked: a row may see no key of its first tiles; while its max is -inf its exponentials and its
+            // rescale factor count as 0 (as FA2's), not exp(-inf - -inf) = NaN
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -251,7 +296,8 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
                     for (int n = 0; n < NT_S; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * half], s[mt][n][2 * half + 1]));
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 4 lanes of a row
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    const float alpha = exp2f((row_max[mt][half] - m) * scale_log2), m_scaled = m * scale_log2;
+                    const float m_safe = masked && m == -INFINITY ? 0.0f : m;  // exponentials of -inf: 0
+                    const float alpha = exp2f((row_max[mt][half] - m_safe) * scale_log2), m_scaled = m_safe * scale_log2;
                     row_max[mt][half] = m;
                     float sum = 0.0f;
 #pragma unroll
@@ -319,14 +365,19 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const bf16*
     }
 }
 
+// doc_start, doc_end (B, T): the document mask (the forward and dQ read doc_start, dK/dV both); null: plain causal.
+// One code path for both, branching on the pointer (warp-uniform): as two instantiations in one kernel, inlined or
+// not, ptxas spilled at D = 128 and moved the plain causal kernel's registers.
 extern "C" __global__ void __launch_bounds__(fwd::THREADS)
-    flash_attention_forward_d64(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV) {
-    flash_forward<64>(out, lse, qkv, T, H, KV);
+    flash_attention_forward_d64(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, const int* doc_start,
+                                const int* doc_end) {
+    flash_forward<64>(out, lse, qkv, T, H, KV, doc_start);
 }
 
 extern "C" __global__ void __launch_bounds__(fwd::THREADS)
-    flash_attention_forward_d128(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV) {
-    flash_forward<128>(out, lse, qkv, T, H, KV);
+    flash_attention_forward_d128(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, const int* doc_start,
+                                 const int* doc_end) {
+    flash_forward<128>(out, lse, qkv, T, H, KV, doc_start);
 }
 
 // ---- backward
@@ -338,8 +389,8 @@ template <int D>  // kv rows per warp / 16: two at D = 64; one at D = 128, where
 __host__ __device__ constexpr int kv_m_tiles() { return D == 64 ? 2 : 1; }
 template <int D>
 __host__ __device__ constexpr int kv_rows() { return KV_WARPS * kv_m_tiles<D>() * 16; }
-template <int D>  // K, V; Q, dO double-buffered; lse, delta double-buffered
-__host__ __device__ constexpr int dkdv_shared_bytes() { return tile_bytes<D>(2 * kv_rows<D>() + 4 * BQ) + 4 * BQ * 4; }
+template <int D>  // K, V; Q, dO double-buffered; lse, delta and the document starts double-buffered
+__host__ __device__ constexpr int dkdv_shared_bytes() { return tile_bytes<D>(2 * kv_rows<D>() + 4 * BQ) + 6 * BQ * 4; }
 // dq kernel: 4 warps of 32 query rows; 32-row K/V tiles
 constexpr int Q_WARPS = 4, Q_THREADS = Q_WARPS * 32, Q_M_TILES = 2, Q_ROWS = Q_WARPS * Q_M_TILES * 16, Q_BC = 32;
 template <int D>  // Q, dO; K, V double-buffered
@@ -358,7 +409,8 @@ __constant__ int flash_attention_config[2][9] = {
 template <int D>
 __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                                     const float* delta, const float* cos_table,
-                                                    const float* sin_table, int T, int H, int KV) {
+                                                    const float* sin_table, int T, int H, int KV,
+                                                    const int* doc_start, const int* doc_end) {
     using namespace bwd;
     constexpr int MT = kv_m_tiles<D>(), BC = kv_rows<D>(), NT_Q = BQ / 8, NT_D = D / 8, TILE_Q = tile_bytes<D>(BQ);
     extern __shared__ __align__(128) unsigned char shared[];
@@ -366,12 +418,17 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
                    sdO = sQ + 2 * TILE_Q;
     float* s_lse = reinterpret_cast<float*>(shared + tile_bytes<D>(2 * BC) + 4 * TILE_Q);  // [2][BQ], log2 units
     float* s_delta = s_lse + 2 * BQ;                                                   // [2][BQ]
+    int* s_doc_start = reinterpret_cast<int*>(s_delta + 2 * BQ);                       // [2][BQ], masked only
     const int kv_head = blockIdx.x, b = blockIdx.y, kv0 = blockIdx.z * BC, group = H / KV;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     const long long stride = (long long)(H + 2 * KV) * D, out_stride = (long long)H * D;
     const bf16* k_src = qkv + (long long)b * T * stride + (H + kv_head) * D;
     const bf16* v_src = k_src + KV * D;
-    const int first_q_tile = kv0 / BQ, n_q_tiles = (T + BQ - 1) / BQ - first_q_tile, steps = group * n_q_tiles;
+    // the queries after the last key's document see none of the tile's keys
+    const bool masked = doc_start != nullptr;
+    const long long row_doc = (long long)b * T;  // the batch row's doc_start, doc_end (read only when masked)
+    const int q_end = masked ? doc_end[row_doc + min(kv0 + BC, T) - 1] : T;
+    const int first_q_tile = kv0 / BQ, n_q_tiles = (q_end + BQ - 1) / BQ - first_q_tile, steps = group * n_q_tiles;
     const float scale_log2 = LOG2E / sqrtf((float)D);
 
     // step i: query head kv_head * group + i / n_q_tiles, query tile first_q_tile + i % n_q_tiles
@@ -392,16 +449,21 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
         if (threadIdx.x < BQ) return pos < T ? lse[at] * LOG2E : INFINITY;
         return pos < T ? delta[at] : 0.0f;
     };
-    auto store_row_stats = [&](float value, int buf) {
+    static_assert(3 * BQ <= KV_THREADS, "one thread per document start");
+    auto store_row_stats = [&](float value, int buf, int i) {  // threads 2BQ..3BQ-1: the document starts (0 past T)
         if (threadIdx.x < BQ) s_lse[buf * BQ + threadIdx.x] = value;
         else if (threadIdx.x < 2 * BQ) s_delta[buf * BQ + threadIdx.x - BQ] = value;
+        else if (masked && threadIdx.x < 3 * BQ) {
+            const int pos = q_start(i) + threadIdx.x - 2 * BQ;
+            s_doc_start[buf * BQ + threadIdx.x - 2 * BQ] = pos < T ? doc_start[row_doc + pos] : 0;
+        }
     };
 
     load_tile<BC, D, KV_THREADS>(sK, k_src, kv0, T, stride);
     load_tile<BC, D, KV_THREADS>(sV, v_src, kv0, T, stride);
     load_q_tiles(0, 0);
     cp_async_commit();
-    store_row_stats(fetch_row_stats(0), 0);
+    store_row_stats(fetch_row_stats(0), 0, 0);
 
     const int row_base = warp * MT * 16;  // this warp's first kv row in the tile; m-tile mt, lane: rows +mt*16+g, +8
     float dk[MT][NT_D][4] = {}, dv[MT][NT_D][4] = {};
@@ -411,7 +473,7 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
         if (i + 1 < steps) {  // buffer buf ^ 1 was last read before the previous step's closing barrier
             load_q_tiles(i + 1, buf ^ 1);
             cp_async_commit();
-            store_row_stats(fetch_row_stats(i + 1), buf ^ 1);
+            store_row_stats(fetch_row_stats(i + 1), buf ^ 1, i + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -420,13 +482,25 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
         const uint32_t q_tile = sQ + buf * TILE_Q, do_tile = sdO + buf * TILE_Q;
         const float* lse2 = s_lse + buf * BQ;
         const float* dlt = s_delta + buf * BQ;
+        const int* q_doc_start = s_doc_start + buf * BQ;
 
-        if (q0 + BQ - 1 >= kv0 + row_base) {  // else every query of the tile is before this warp's kv rows
+        // else every query of the tile is before this warp's kv rows, or its document starts after them
+        if (q0 + BQ - 1 >= kv0 + row_base && (!masked || q_doc_start[0] < kv0 + row_base + MT * 16)) {
             // S^T = K Q^T (MT * 16 kv rows x BQ queries), then P^T = exp(S^T - lse), zero where query < key
             // P^T is kept as bf16 pairs (the precision of the dV product), which also forms dS^T: registers for MT = 2
             float s[MT][NT_Q][4] = {};
             mma_abt_from_tile<D, MT, NT_Q>(s, sK, row_base, q_tile, lane);
             const bool crosses_diagonal = q0 < kv0 + row_base + MT * 16 - 1;
+            if (masked && q_doc_start[min(BQ, T - q0) - 1] > kv0 + row_base) {  // a query's document starts later
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int n = 0; n < NT_Q; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)  // P^T = 0 where the key is before the query's document
+                            if (kv0 + row_base + mt * 16 + g + 8 * (e >> 1) < q_doc_start[n * 8 + 2 * t4 + (e & 1)])
+                                s[mt][n][e] = -INFINITY;
+            }
             uint32_t p[MT][NT_Q][2];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -480,21 +554,21 @@ __device__ __forceinline__ void flash_backward_dkdv(bf16* dqkv, const bf16* dout
 extern "C" __global__ void __launch_bounds__(bwd::KV_THREADS, 2)
     flash_attention_backward_dkdv_d64(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                       const float* delta, const float* cos_table, const float* sin_table, int T,
-                                      int H, int KV) {
-    flash_backward_dkdv<64>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV);
+                                      int H, int KV, const int* doc_start, const int* doc_end) {
+    flash_backward_dkdv<64>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV, doc_start, doc_end);
 }
 
 extern "C" __global__ void __launch_bounds__(bwd::KV_THREADS, 2)
     flash_attention_backward_dkdv_d128(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                        const float* delta, const float* cos_table, const float* sin_table, int T,
-                                       int H, int KV) {
-    flash_backward_dkdv<128>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV);
+                                       int H, int KV, const int* doc_start, const int* doc_end) {
+    flash_backward_dkdv<128>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV, doc_start, doc_end);
 }
 
 template <int D>
 __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                                   const float* delta, const float* cos_table, const float* sin_table,
-                                                  int T, int H, int KV) {
+                                                  int T, int H, int KV, const int* doc_start) {
     using namespace bwd;
     constexpr bool A_IN_REGISTERS = D == 64;  // Q, dO A-fragments kept in registers, else reloaded
     constexpr int MT = Q_M_TILES, KSTEPS = D / 16, NT_K = Q_BC / 8, NT_D = D / 8, TILE_KV = tile_bytes<D>(Q_BC);
@@ -507,15 +581,19 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
     const bf16* k_src = qkv + (long long)b * T * stride + (H + kv_head) * D;
     const bf16* v_src = k_src + KV * D;
     const int n_tiles = (min(q0 + Q_ROWS, T) + Q_BC - 1) / Q_BC;
+    const bool masked = doc_start != nullptr;
+    const int* row_doc_start = masked ? doc_start + (long long)b * T : nullptr;  // the batch row's
+    const int first_tile = masked ? row_doc_start[q0] / Q_BC : 0;  // the tile of the smallest document start
     const float scale_log2 = LOG2E / sqrtf((float)D);
 
     load_tile<Q_ROWS, D, Q_THREADS>(sQ, qkv + (long long)b * T * stride + h * D, q0, T, stride);
     load_tile<Q_ROWS, D, Q_THREADS>(sdO, dout + (long long)b * T * out_stride + h * D, q0, T, out_stride);
-    load_tile<Q_BC, D, Q_THREADS>(sK, k_src, 0, T, stride);
-    load_tile<Q_BC, D, Q_THREADS>(sV, v_src, 0, T, stride);
+    load_tile<Q_BC, D, Q_THREADS>(sK + (first_tile & 1) * TILE_KV, k_src, first_tile * Q_BC, T, stride);  // buffer j & 1
+    load_tile<Q_BC, D, Q_THREADS>(sV + (first_tile & 1) * TILE_KV, v_src, first_tile * Q_BC, T, stride);
     cp_async_commit();
 
     const int row_base = warp * MT * 16, row = q0 + row_base + g;  // m-tile mt, lane: rows row + mt*16, +8
+    const int row_start = masked ? lane_row_start(row_doc_start, q0 + row_base, T, lane) : 0;
     float lse2[MT][2], dlt[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -529,7 +607,7 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
     float dq[MT][NT_D][4] = {};
     uint32_t q_frags[MT][A_IN_REGISTERS ? KSTEPS : 1][4], do_frags[MT][A_IN_REGISTERS ? KSTEPS : 1][4];
 
-    for (int j = 0; j < n_tiles; ++j) {
+    for (int j = first_tile; j < n_tiles; ++j) {
         const int kv0 = j * Q_BC, buf = j & 1;
         if (j + 1 < n_tiles) {
             load_tile<Q_BC, D, Q_THREADS>(sK + (buf ^ 1) * TILE_KV, k_src, kv0 + Q_BC, T, stride);
@@ -541,7 +619,7 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
         }
         __syncthreads();
         const uint32_t k_tile = sK + buf * TILE_KV, v_tile = sV + buf * TILE_KV;
-        if (A_IN_REGISTERS && j == 0) {
+        if (A_IN_REGISTERS && j == first_tile) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 load_a_rows<D>(q_frags[mt], sQ, row_base + mt * 16, lane);
@@ -549,13 +627,16 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
             }
         }
 
-        if (kv0 <= q0 + row_base + MT * 16 - 1) {  // else every key of the tile is after this warp's rows
-            // S = Q K^T, P = exp(S - lse), zero after the diagonal
+        // else every key of the tile is after this warp's rows, or before their documents
+        if (kv0 <= q0 + row_base + MT * 16 - 1 && (!masked || kv0 + Q_BC > __shfl_sync(0xffffffffu, row_start, 0))) {
+            // S = Q K^T, P = exp(S - lse), zero after the diagonal and before the document
             // P is kept as bf16 pairs (as in the dK/dV kernel, where it also feeds dV: the same dS in both)
             float s[MT][NT_K][4] = {};
             if constexpr (A_IN_REGISTERS) mma_abt<D, MT, NT_K, KSTEPS>(s, q_frags, k_tile, lane);
             else mma_abt_from_tile<D, MT, NT_K>(s, sQ, row_base, k_tile, lane);
             const bool crosses_diagonal = kv0 + Q_BC - 1 > q0 + row_base;
+            if (masked && kv0 < __shfl_sync(0xffffffffu, row_start, 31))
+                mask_before_document<MT, NT_K>(s, row_start, kv0, lane);
             uint32_t p[MT][NT_K][2];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -601,13 +682,13 @@ __device__ __forceinline__ void flash_backward_dq(bf16* dqkv, const bf16* dout, 
 extern "C" __global__ void __launch_bounds__(bwd::Q_THREADS, 2)
     flash_attention_backward_dq_d64(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                     const float* delta, const float* cos_table, const float* sin_table, int T, int H,
-                                    int KV) {
-    flash_backward_dq<64>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV);
+                                    int KV, const int* doc_start, const int* doc_end) {
+    flash_backward_dq<64>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV, doc_start);
 }
 
 extern "C" __global__ void __launch_bounds__(bwd::Q_THREADS, 2)
     flash_attention_backward_dq_d128(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                                      const float* delta, const float* cos_table, const float* sin_table, int T, int H,
-                                     int KV) {
-    flash_backward_dq<128>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV);
+                                     int KV, const int* doc_start, const int* doc_end) {
+    flash_backward_dq<128>(dqkv, dout, qkv, lse, delta, cos_table, sin_table, T, H, KV, doc_start);
 }

@@ -14,6 +14,7 @@ gemm_mma         GEMM version 1 (mma.sync, from sm_80) and the split-K reduce
 gemm_wgmma       GEMM versions 2 to 8 (Hopper: wgmma fed by TMA)
 rope             the fp32 path's RoPE with the split into heads (the bf16 path rotates in the GEMM's epilogue)
 attention        the fp32 path's attention (matmuls around a causal softmax)
+document_mask    the document mask's bounds from the BOS tokens, the form the attention launchers take it in
 flash_attention  bf16 causal GQA flash attention reading the packed qkv projection
 swiglu           SwiGLU (fp32, bf16)
 residual         the fp32 path's residual add
@@ -36,6 +37,7 @@ from .classifier import fused_classifier, fused_classifier_bf16, loss_accumulate
 from .convert import round_to_bf16, widen_bf16
 from .decode import (MAX_HEAD_DIM, advance, attention_scratch_size, cache_write, decode_attention,
                      embed_tokens, last_residual)
+from .document_mask import document_bounds
 from .embedding import (embedding_backward, embedding_backward_bf16, embedding_bf16_scratch_size, embedding_forward,
                         embedding_forward_bf16, sort_tokens, token_segments)
 from .flash_attention import (FlashSource, flash_attention_backward, flash_attention_forward,

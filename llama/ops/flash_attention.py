@@ -1,7 +1,7 @@
 """Launchers of the bf16 flash attention (kernels/flash_attention.cu on mma.sync, kernels/flash_attention_wgmma.cu
 on Hopper, or a rung of the dev/cuda ladder; twin llama/twins/flash_attention.py): causal grouped-query
-attention reading q, k, v from the packed projection, O(T) memory. The wgmma build reads its inputs through TMA
-maps, encoded here. The ladder's own launchers and its benchmark problem: dev/cuda/flash_attention_ladder.py."""
+attention reading q, k, v from the packed projection, O(T) memory, optionally document-masked (doc_start, doc_end
+from llama/ops/document_mask.py). The wgmma build reads its inputs through TMA maps, encoded here. The ladder's own launchers and its benchmark problem: dev/cuda/flash_attention_ladder.py."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import numpy as np
 
 from ..cuda import BF16, DeviceArray, runtime
 from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant
+from .document_mask import check_document_bounds
 from .gemm_wgmma import device_maps, tensor_map
 
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
 FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
 FIRST_FUSED_DQ_VERSION = 4  # ladder rungs from this one on form dQ inside the dK/dV kernel
+FIRST_DOCUMENT_MASK_VERSION = 2  # ladder rungs from this one on (the production builds) take doc_start, doc_end
 DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fused backward's fp32 dQ tiles' rows
 
 
@@ -26,17 +28,19 @@ DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fu
 class FlashSource:
     """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
     flash_attention_wgmma.cu (tma: its kernels take TMA maps first; fused_dq: its backward forms dQ in the
-    dK/dV kernel, through an fp32 buffer in the scratch), or a rung of the dev/cuda ladder."""
+    dK/dV kernel, through an fp32 buffer in the scratch), or a rung of the dev/cuda ladder (document_mask: its
+    kernels take doc_start, doc_end last, as the production builds')."""
     module: str = "flash_attention"
     directory: Path | None = None
     tma: bool = False
     fused_dq: bool = False
+    document_mask: bool = True
 
     @classmethod
     def ladder(cls, version: int, directory: Path) -> "FlashSource":
         """Rung `version` of the ladder, module flash_attention_v<version> in directory."""
         return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION,
-                   fused_dq=version >= FIRST_FUSED_DQ_VERSION)
+                   fused_dq=version >= FIRST_FUSED_DQ_VERSION, document_mask=version >= FIRST_DOCUMENT_MASK_VERSION)
 
 
 @dataclass(frozen=True)
@@ -86,19 +90,34 @@ def _tma_maps(qkv: DeviceArray, dout: DeviceArray | None = None) -> tuple:
     return (device_maps(maps).ptr,)
 
 
+def _document_mask(source: FlashSource, doc_start: DeviceArray | None, doc_end: DeviceArray | None, B: int,
+                   T: int) -> tuple[str, tuple]:
+    """The kernels' trailing document-mask parameters: their signature letters and values (null pointers: plain
+    causal); none for a ladder rung without them."""
+    pointers = check_document_bounds(doc_start, doc_end, B, T)
+    if source.document_mask:
+        return "PP", pointers
+    if doc_start is not None:
+        raise ValueError(f"doc_start: {source.module} has no document mask")
+    return "", ()
+
+
 def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int, *,
-                            source: FlashSource) -> None:
+                            source: FlashSource, doc_start: DeviceArray | None = None,
+                            doc_end: DeviceArray | None = None) -> None:
     """Causal grouped-query attention of the packed projection qkv (B, T, (H + 2KV) * D) bf16, q and k
-    already rotated: out (B, T, H * D) bf16 and the log-sum-exp of each row of scaled scores lse (B, H, T)."""
+    already rotated: out (B, T, H * D) bf16 and the log-sum-exp of each row of scaled scores lse (B, H, T).
+    With doc_start, doc_end (B, T) int32 (ops.document_bounds), query t sees only the keys doc_start[b, t] .. t."""
     B, T, H, KV, D = flash_shapes(qkv, n_heads, n_kv_heads)
     check("out", out, (B, T, H * D), BF16)
     check("lse", lse, (B, H, T))
     check_aligned(out=out, qkv=qkv)
+    mask_signature, mask = _document_mask(source, doc_start, doc_end, B, T)
     launch = flash_config(source, D, "forward")
     maps = _tma_maps(qkv) if source.tma else ()
-    kernel(source.module, f"flash_attention_forward_d{D}", "P" * len(maps) + "PPPiii", source.directory)(
-        (H, B, math.ceil(T / launch.rows)), launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H, KV,
-        shared=launch.shared)
+    kernel(source.module, f"flash_attention_forward_d{D}", "P" * len(maps) + "PPPiii" + mask_signature,
+           source.directory)((H, B, math.ceil(T / launch.rows)), launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H,
+                             KV, *mask, shared=launch.shared)
 
 
 def flash_attention_scratch_size(B: int, T: int, H: int, D: int, source: FlashSource) -> int:
@@ -118,12 +137,13 @@ def _dq_offset(delta: int) -> int:
 def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: DeviceArray, out: DeviceArray,
                              lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
                              cos: DeviceArray | None = None, sin: DeviceArray | None = None, *,
-                             source: FlashSource, deterministic: bool = True) -> None:
+                             source: FlashSource, deterministic: bool = True, doc_start: DeviceArray | None = None,
+                             doc_end: DeviceArray | None = None) -> None:
     """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
     lse; scratch, float32 (flash_attention_scratch_size,), holds delta and, fused, the fp32 dQ. With cos/sin
     (>= T, D/2) float32, dq and dk are rotated back by RoPE (dqkv is then the gradient of the projection before
-    RoPE). Deterministic; deterministic=False (fused-dQ builds only, opt-in, for measuring what the order
-    costs) adds the dQ partials in whatever order the CTAs reach them."""
+    RoPE). doc_start, doc_end: the forward's document mask. Deterministic; deterministic=False (fused-dQ builds
+    only, opt-in, for measuring what the order costs) adds the dQ partials in whatever order the CTAs reach them."""
     B, T, H, KV, D = flash_shapes(qkv, n_heads, n_kv_heads)
     check("dqkv", dqkv, qkv.shape, BF16)
     check("dout", dout, (B, T, H * D), BF16)
@@ -142,6 +162,7 @@ def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: Devi
         check("cos", cos, (rows, D // 2))
         check("sin", sin, (rows, D // 2))
     cos_ptr, sin_ptr = (0, 0) if cos is None else (cos.ptr, sin.ptr)
+    mask_signature, mask = _document_mask(source, doc_start, doc_end, B, T)
     kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
         blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, scratch.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
     maps = _tma_maps(qkv, dout) if source.tma else ()
@@ -153,14 +174,15 @@ def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: Devi
         counts = dq.ptr + B * H * math.ceil(T / DQ_TILE_ROWS) * DQ_TILE_ROWS * D * 4
         fused = flash_config(source, D, "fused")
         name = "fused" if deterministic else "fused_unordered"
-        kernel(source.module, f"flash_attention_backward_{name}_d{D}", signature + "PP", source.directory)(
-            (KV, B, math.ceil(T / fused.rows)), fused.threads, *args, dq.ptr, counts, shared=fused.shared)
+        kernel(source.module, f"flash_attention_backward_{name}_d{D}", signature + "PP" + mask_signature,
+               source.directory)((KV, B, math.ceil(T / fused.rows)), fused.threads, *args, dq.ptr, counts, *mask,
+                                 shared=fused.shared)
         kernel(source.module, f"flash_attention_backward_dq_store_d{D}", "PPPPiii", source.directory)(
             (H, B, math.ceil(T / DQ_TILE_ROWS)), 128, dqkv.ptr, dq.ptr, cos_ptr, sin_ptr, T, H, KV)
         return
     dkdv = flash_config(source, D, "dkdv")
-    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature, source.directory)(
-        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, shared=dkdv.shared)
+    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature + mask_signature, source.directory)(
+        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, *mask, shared=dkdv.shared)
     dq = flash_config(source, D, "dq")
-    kernel(source.module, f"flash_attention_backward_dq_d{D}", signature, source.directory)(
-        (H, B, math.ceil(T / dq.rows)), dq.threads, *args, shared=dq.shared)
+    kernel(source.module, f"flash_attention_backward_dq_d{D}", signature + mask_signature, source.directory)(
+        (H, B, math.ceil(T / dq.rows)), dq.threads, *args, *mask, shared=dq.shared)

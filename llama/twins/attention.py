@@ -1,6 +1,7 @@
 """Causal grouped-query attention's twins (kernels/attention.cu, llama/ops/attention.py), and the
-document-masked causal attention (reference only so far): each token attends to the earlier-or-same tokens
-of its own document, documents given by per-row ids (document_ids).
+document-masked causal attention: each token attends to the earlier-or-same tokens of its own document,
+documents given by per-row ids (document_ids), or, as the GPU kernels take them, by each token's document
+bounds (document_bounds).
 
 RoPE positions under the document mask stay the row's, 0 .. T-1, not restarted at each document: as
 torchtitan's Llama 3 (pytorch/torchtitan, torchtitan/models/llama3/model/model.py: `positions` defaults to
@@ -17,6 +18,19 @@ def document_ids(tokens: np.ndarray, bos_id: int) -> np.ndarray:
     before a row's first BOS (the end of a document that began in an earlier row) are a document of their own
     (id 0)."""
     return np.cumsum(np.asarray(tokens) == bos_id, axis=1, dtype=np.int32)
+
+
+def document_bounds(tokens: np.ndarray, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU kernels' form of the document mask (kernels/document_mask.cu): per token of rows (B, T), doc_start,
+    its document's first position (the last BOS at or before it, else 0), and doc_end, one past its last (the
+    first BOS after it, else T), both (B, T) int32. Query t sees key s iff doc_start[b, t] <= s <= t."""
+    is_bos = np.asarray(tokens) == bos_id
+    B, T = is_bos.shape
+    positions = np.arange(T, dtype=np.int32)
+    doc_start = np.maximum.accumulate(np.where(is_bos, positions, 0), axis=1)
+    later_bos = np.where(is_bos[:, 1:], positions[1:], T)  # the BOS positions after each t, T where none
+    doc_end = np.minimum.accumulate(np.concatenate([later_bos, np.full((B, 1), T)], axis=1)[:, ::-1], axis=1)[:, ::-1]
+    return doc_start.astype(np.int32), np.ascontiguousarray(doc_end, dtype=np.int32)
 
 
 def _causal_hidden(T: int) -> np.ndarray:

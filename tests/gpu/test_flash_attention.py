@@ -1,7 +1,9 @@
 """bf16 flash attention, every rung of the dev/cuda ladder (v1; v2 = kernels/flash_attention.cu; v3, v4 =
 kernels/flash_attention_wgmma.cu, Hopper only, v4 with the fused dQ) against the float64 reference of the same bf16-rounded inputs:
 O, LSE, dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, 8192, D = 64 and 128, B = 1 and 3;
-outputs NaN-poisoned first; determinism, the fused inverse RoPE, no allocation growing with T."""
+outputs NaN-poisoned first; determinism, the fused inverse RoPE, no allocation growing with T. The document mask on
+the production builds (v2, v3, v4): against the float64 document-masked reference, bit for bit the unmasked kernels
+with one document per row, and each packed document's results those of the unmasked kernels on it alone."""
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from dev.cuda.flash_attention_ladder import LADDER, flash_attention_backward_ato
 from llama.config import get_preset
 from llama.cuda import BF16
 from llama.model.base import rope_cos_sin
+from llama.twins.attention import document_bounds, document_ids
 from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward
 from tests.gpu_helpers import ERRORS, check, dev, poisoned
 
@@ -50,9 +53,10 @@ def to_bf16(x: np.ndarray):
     return to_device(x.astype(BF16))
 
 
-def run_forward(ops, qkv_d, B, T, H, KV, D, version=VERSIONS[-1]):
+def run_forward(ops, qkv_d, B, T, H, KV, D, version=VERSIONS[-1], **mask):
+    """out, lse of the flash forward; mask: doc_start=, doc_end= (device arrays) or nothing."""
     out, lse = poisoned((B, T, H * D), BF16), poisoned((B, H, T))
-    ops.flash_attention_forward(out, lse, qkv_d, H, KV, source=flash_source(ops, version))
+    ops.flash_attention_forward(out, lse, qkv_d, H, KV, source=flash_source(ops, version), **mask)
     return out, lse
 
 
@@ -62,11 +66,12 @@ def scratch(ops, qkv_shape, H, KV, source):
     return poisoned((ops.flash_attention_scratch_size(B, T, H, C // (H + 2 * KV), source),))
 
 
-def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None, version=VERSIONS[-1], deterministic=True):
+def run_backward(ops, dout_d, out, lse, qkv_d, H, KV, cos=None, sin=None, version=VERSIONS[-1], deterministic=True,
+                 **mask):
     source = flash_source(ops, version)
     dqkv = poisoned(qkv_d.shape, BF16)
     ops.flash_attention_backward(dqkv, scratch(ops, qkv_d.shape, H, KV, source), dout_d, out, lse, qkv_d, H, KV,
-                                 cos, sin, source=source, deterministic=deterministic)
+                                 cos, sin, source=source, deterministic=deterministic, **mask)
     return dqkv
 
 
@@ -185,3 +190,107 @@ def test_flash_attention_nondeterministic_variant(ops, D, version):
     ref_out, ref_lse = flash_attention_forward(qkv, H, KV)
     expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, cos, sin)
     check_dqkv(f"flash_attention_v{version}_backward_nondeterministic", dqkv, expected, H, KV, D, T)
+
+
+# ---- the document mask
+
+MASK_VERSIONS = [2, 3, 4]  # the production builds: flash_attention.cu, flash_attention_wgmma.cu (v4: fused dQ)
+BOS = 128000
+# documents of length 1, shorter than every tile, at and around the tile sizes (32, 64, 128), longer
+DOCUMENT_LENGTHS = [1, 1, 2, 7, 31, 64, 65, 127, 128, 129, 200, 1, 333]
+# (B, T, H, KV): T = 1, T not a multiple of any tile, GQA ratios 1, 2, 4, 8
+MASK_CASES = [(3, 1, 2, 1), (3, 77, 4, 4), (3, 1000, 4, 2), (3, 700, 8, 1), (1, 2048, 4, 1)]
+
+
+def document_rows(B: int, T: int) -> np.ndarray:
+    """Token rows (B, T) of three document layouts in turn: documents of DOCUMENT_LENGTHS (repeated) from a BOS at 0;
+    no BOS at all (one document fills the row); a row that starts mid-document, BOS at T // 7 and the next position
+    (a document of length 1), and at T // 2. Only where the BOS are matters."""
+    tokens = np.zeros((B, T), dtype=np.int32)
+    starts = np.cumsum([0] + DOCUMENT_LENGTHS * (T // sum(DOCUMENT_LENGTHS) + 1))
+    layouts = [starts, [], [T // 7, T // 7 + 1, T // 2]]
+    for b in range(B):
+        positions = np.asarray(layouts[b % 3], dtype=np.int64)
+        tokens[b, positions[positions < T]] = BOS
+    return tokens
+
+
+def device_mask(tokens: np.ndarray) -> dict:
+    """doc_start, doc_end of token rows on the device (the bounds kernel has its own test: the twin's here)."""
+    return dict(zip(("doc_start", "doc_end"), (dev(x) for x in document_bounds(tokens, BOS))))
+
+
+def masked_problem(ops, B, T, H, KV, D, version, tokens):
+    """The masked forward and backward of random inputs: (qkv, dout, out, lse, dqkv) with the kernels' results on
+    the device."""
+    qkv, dout = bf16_randn(B, T, (H + 2 * KV) * D), bf16_randn(B, T, H * D)
+    qkv_d, mask = to_bf16(qkv), device_mask(tokens)
+    out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version, **mask)
+    dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, version=version, **mask)
+    return qkv, dout, out, lse, dqkv
+
+
+@pytest.mark.parametrize("version", MASK_VERSIONS)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B, T, H, KV", MASK_CASES)
+def test_flash_attention_document_mask(ops, B, T, H, KV, D, version):
+    tokens = document_rows(B, T)
+    qkv, dout, out, lse, dqkv = masked_problem(ops, B, T, H, KV, D, version, tokens)
+    doc_ids = document_ids(tokens, BOS)
+    ref_out, ref_lse = flash_attention_forward(qkv, H, KV, doc_ids)
+    check(f"flash_attention_v{version}_document_out", out, ref_out, tol=TOL)
+    check(f"flash_attention_v{version}_document_lse", lse, ref_lse, tol=TOL)
+    expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV, doc_ids=doc_ids)
+    check_dqkv(f"flash_attention_v{version}_document_backward", dqkv, expected, H, KV, D, T)
+
+
+def bits(array) -> np.ndarray:
+    return array.download().view(np.uint16 if array.dtype == BF16 else np.uint32)
+
+
+@pytest.mark.parametrize("version", MASK_VERSIONS)
+@pytest.mark.parametrize("D", [64, 128])
+def test_one_document_per_row_is_the_unmasked_kernel(ops, D, version):
+    """Every row one document (from a BOS at 0, or no BOS): out, lse and dqkv bit for bit the plain causal ones."""
+    B, T, H, KV = 2, 1000, 4, 2
+    tokens = np.zeros((B, T), dtype=np.int32)
+    tokens[0, 0] = BOS
+    qkv_d, dout_d = to_bf16(bf16_randn(B, T, (H + 2 * KV) * D)), to_bf16(bf16_randn(B, T, H * D))
+    runs = []
+    for mask in ({}, device_mask(tokens)):
+        out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version, **mask)
+        dqkv = run_backward(ops, dout_d, out, lse, qkv_d, H, KV, version=version, **mask)
+        runs.append([bits(a) for a in (out, lse, dqkv)])
+    for name, plain, masked in zip(("out", "lse", "dqkv"), *runs):
+        assert np.array_equal(plain, masked), f"{name}: one document per row differs from the unmasked kernel"
+
+
+def documents(tokens: np.ndarray):
+    """(b, start, end) of every document of token rows."""
+    doc_ids = document_ids(tokens, BOS)
+    for b, row in enumerate(doc_ids):
+        for doc in np.unique(row):
+            positions = np.flatnonzero(row == doc)
+            yield b, int(positions[0]), int(positions[-1]) + 1
+
+
+@pytest.mark.parametrize("version", MASK_VERSIONS)
+@pytest.mark.parametrize("D", [64, 128])
+def test_packed_documents_are_each_document_alone(ops, D, version):
+    """The issue's check: the masked kernels' out, lse and dqkv on packed rows are the unmasked kernels' on each
+    document by itself (within the tolerance: the tiles split a document differently)."""
+    B, T, H, KV = 3, 1000, 4, 2
+    tokens = document_rows(B, T)
+    qkv, dout, out, lse, dqkv = masked_problem(ops, B, T, H, KV, D, version, tokens)
+    alone = {"out": np.zeros((B, T, H * D)), "lse": np.zeros((B, H, T)), "dqkv": np.zeros(qkv.shape)}
+    for b, start, end in documents(tokens):
+        doc = slice(start, end)
+        qkv_d = to_bf16(qkv[b:b + 1, doc])
+        doc_out, doc_lse = run_forward(ops, qkv_d, 1, end - start, H, KV, D, version)
+        doc_dqkv = run_backward(ops, to_bf16(dout[b:b + 1, doc]), doc_out, doc_lse, qkv_d, H, KV, version=version)
+        alone["out"][b, doc] = doc_out.download().astype(np.float64)[0]
+        alone["lse"][b, :, doc] = doc_lse.download()[0]
+        alone["dqkv"][b, doc] = doc_dqkv.download().astype(np.float64)[0]
+    check(f"flash_attention_v{version}_alone_out", out, alone["out"], tol=TOL)
+    check(f"flash_attention_v{version}_alone_lse", lse, alone["lse"], tol=TOL)
+    check_dqkv(f"flash_attention_v{version}_alone_backward", dqkv, alone["dqkv"], H, KV, D, T)

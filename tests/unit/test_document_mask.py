@@ -7,7 +7,8 @@ import pytest
 from llama.config import get_preset
 from llama.model.reference import ReferenceModel
 from llama.twins.attention import (attention_backward, attention_forward, document_attention_backward,
-                                   document_attention_forward, document_ids)
+                                   document_attention_forward, document_bounds, document_ids)
+from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward
 from tests.gradcheck import model_gradient_errors, numerical_grad, rel_error
 
 BOS = 1
@@ -26,6 +27,47 @@ def packed_tokens(lengths: list[int], starts_mid: bool, vocab: int, rng) -> np.n
 def test_document_ids():
     tokens = np.array([[5, BOS, 3, 4, BOS, BOS, 7], [BOS, 2, 2, 2, 2, 2, BOS]])
     np.testing.assert_array_equal(document_ids(tokens, BOS), [[0, 1, 1, 1, 2, 3, 3], [1, 1, 1, 1, 1, 1, 2]])
+
+
+def test_document_bounds():
+    tokens = np.array([[5, BOS, 3, 4, BOS, BOS, 7], [BOS, 2, 2, 2, 2, 2, BOS], [2, 2, 2, 2, 2, 2, 2]])
+    doc_start, doc_end = document_bounds(tokens, BOS)
+    np.testing.assert_array_equal(doc_start, [[0, 1, 1, 1, 4, 5, 5], [0, 0, 0, 0, 0, 0, 6], [0] * 7])
+    np.testing.assert_array_equal(doc_end, [[1, 4, 4, 4, 5, 7, 7], [6, 6, 6, 6, 6, 6, 7], [7] * 7])
+    assert doc_start.dtype == doc_end.dtype == np.int32
+    for row in ([[BOS]], [[3]]):
+        assert [x.tolist() for x in document_bounds(np.array(row), BOS)] == [[[0]], [[1]]]
+
+
+@pytest.mark.parametrize("T", [1, 2, 37, 300])
+def test_document_bounds_are_the_document_ids_mask(T):
+    """doc_start[q] <= k <= q is the document_ids mask, and [doc_start[t], doc_end[t]) is t's document."""
+    rng = np.random.default_rng(T)
+    tokens = rng.choice([BOS, 2, 3, 4], size=(3, T), p=[0.1, 0.3, 0.3, 0.3])
+    tokens[2] = 2  # a row without BOS
+    doc_start, doc_end = document_bounds(tokens, BOS)
+    ids = document_ids(tokens, BOS)
+    positions = np.arange(T)
+    visible = (doc_start[:, :, None] <= positions) & (positions <= positions[:, None])
+    same_document = (ids[:, :, None] == ids[:, None, :]) & (positions <= positions[:, None])
+    np.testing.assert_array_equal(visible, same_document)
+    in_document = (doc_start[:, :, None] <= positions) & (positions < doc_end[:, :, None])
+    np.testing.assert_array_equal(in_document, ids[:, :, None] == ids[:, None, :])
+
+
+def test_flash_twin_with_one_document_per_row_is_the_causal_twin():
+    rng = np.random.default_rng(6)
+    B, T = 2, 9
+    qkv, dout = rng.standard_normal((B, T, (H + 2 * KV) * D)), rng.standard_normal((B, T, H * D))
+    one_document = document_ids(np.stack([packed_tokens([T], False, 9, rng), packed_tokens([T], True, 9, rng)]), BOS)
+    out, lse = flash_attention_forward(qkv, H, KV)
+    masked_out, masked_lse = flash_attention_forward(qkv, H, KV, one_document)
+    np.testing.assert_array_equal(masked_out, out)
+    np.testing.assert_array_equal(masked_lse, lse)
+    np.testing.assert_array_equal(flash_attention_backward(dout, out, lse, qkv, H, KV, doc_ids=one_document),
+                                  flash_attention_backward(dout, out, lse, qkv, H, KV))
+    two_documents = document_ids(np.stack([packed_tokens([4, 5], False, 9, rng)] * 2), BOS)
+    assert not np.allclose(flash_attention_forward(qkv, H, KV, two_documents)[0], out)
 
 
 def test_document_attention_gradients():
