@@ -18,7 +18,7 @@
 //   warpgroup the next tile's S is issued with this tile's P V, and the next tile's softmax runs under P V.
 // flash_attention_backward_dkdv_d{64,128}: CTA per (kv head, batch, 128-row kv tile); K, V once; 64-row Q and
 //   dO tiles of every query head of the group, from the diagonal on, through a ring, with their lse and delta
-//   (copied in by the producer's second warp). S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse) (zero
+//   (and doc_start, masked; copied in by the producer's second warp). S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse) (zero
 //   where query < key), dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q. dK, dV sum in registers
 //   over the group: deterministic. The next step's S^T and dP^T are issued while this step's dK and dV run.
 // flash_attention_backward_dq_d{64,128}: CTA per (query head, batch, 128-row query tile), heaviest first; Q and
@@ -26,6 +26,17 @@
 //   P = exp(S - lse), dS = P (dP - delta), dQ += dS K. Deterministic (no atomics).
 // P and dS enter their products as bf16 (the precision wgmma reads); both backward kernels form dS from the
 // bf16 P, as the v2 kernels do.
+//
+// Document mask (optional, the entry points' last two arguments; both null: plain causal): doc_start, doc_end
+// (B, T) int32, the first position of t's document and one past its last; query q sees key k iff
+// doc_start[q] <= k <= q. Each kernel body is built twice, masked and plain, and the entry point picks one from
+// the pointer. Tiles wholly outside the documents are skipped, never loaded: the forward and dQ kernels start
+// their kv loop (the producer's loads and the consumers' steps alike) at the tile holding doc_start of the query
+// tile's first row (the smallest start); the dK/dV kernels stop their query loop after the tile holding
+// doc_end[last key of the kv tile] - 1 (every kv tile keeps its diagonal queries). In a tile whose first key lies
+// before the document start of a warpgroup's last row (dK/dV: before the largest start of the query tile, copied
+// into the ring with lse and delta), keys before each row's start are masked like those after the diagonal. A
+// forward row may see no key of its first tiles: its running max stays -inf and its P and rescale are 0 there.
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
@@ -45,9 +56,10 @@ template <int D>
 __host__ __device__ constexpr int forward_shared() {
     return 1024 + tile_bytes<D>(FWD_ROWS + 2 * FWD_STAGES * FWD_KV_ROWS) + 8 * (1 + 4 * FWD_STAGES);
 }
-// a dkdv stage: Q, dO, then lse and delta of its 64 rows, padded to 1 KB
+// a dkdv stage: Q, dO, then lse, delta and (masked) doc_start of its 64 rows, padded to 1 KB
 template <int D>
 __host__ __device__ constexpr int dkdv_stage_bytes() { return 2 * tile_bytes<D>(DKDV_Q_ROWS) + 1024; }
+static_assert(3 * DKDV_Q_ROWS * 4 <= 1024, "a dkdv stage's lse, delta and doc_start fit its 1 KB");
 // the fused backward's dQ: dS^T tiles (128 kv rows x 64 queries, bf16, two buffers) and the fp32 partial dQ of a
 // query tile staged for its bulk reduce-add (two buffers at D = 64, one at D = 128, where shared memory ends)
 constexpr int DS_BYTES = DKDV_KV_ROWS * DKDV_Q_ROWS * 2;
@@ -121,11 +133,20 @@ __device__ __forceinline__ void barriers_ready() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// the document starts (starts: doc_start's row of the batch) of a consumer thread's rows row and row + 8, and of its
+// warpgroup's last row, first_row + 63: the largest of the warpgroup's; rows past T read row T - 1's
+__device__ __forceinline__ void load_starts(int (&start)[2], int& last_start, const int* starts, int row, int first_row,
+                                            int T) {
+    start[0] = starts[min(row, T - 1)];
+    start[1] = starts[min(row + 8, T - 1)];
+    last_start = starts[min(first_row + fa3::CONSUMER_ROWS - 1, T - 1)];
+}
+
 // ---- forward
 
-template <int D>
-__device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16* out, float* lse, int T, int H,
-                                                    int KV) {
+template <int D, bool MASKED>
+__device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16* out, float* lse, int T, int H, int KV,
+                                                    const int* doc_start) {
     using namespace fa3;
     constexpr int BR = FWD_ROWS, BC = FWD_KV_ROWS, STAGES = FWD_STAGES, TILE = tile_bytes<D>(BC);
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -133,7 +154,10 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     const uint32_t q_full = sV + STAGES * TILE, k_full = q_full + 8, k_empty = k_full + 8 * STAGES,
                    v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
     const int h = blockIdx.x, b = blockIdx.y, q0 = (gridDim.z - 1 - blockIdx.z) * BR, kv_head = h / (H / KV);
-    const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC, warpgroup = threadIdx.x / 128;
+    const int warpgroup = threadIdx.x / 128;
+    // kv tiles first_tile .. the diagonal's: with a mask, from the one holding the first row's document start
+    const int first_tile = MASKED ? doc_start[(long long)b * T + q0] / BC : 0;
+    const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC - first_tile;
 
     if (threadIdx.x == 0) {
         mbarrier_init(q_full, 1);
@@ -156,10 +180,11 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
                 const int s = j % STAGES, phase = (j / STAGES) & 1;
                 mbarrier_wait(k_empty + 8 * s, phase ^ 1);
                 mbarrier_expect_tx(k_full + 8 * s, TILE);
-                load_tile<BC, D>(sK + s * TILE, map, (H + kv_head) * D, j * BC, b, k_full + 8 * s);
+                load_tile<BC, D>(sK + s * TILE, map, (H + kv_head) * D, (first_tile + j) * BC, b, k_full + 8 * s);
                 mbarrier_wait(v_empty + 8 * s, phase ^ 1);
                 mbarrier_expect_tx(v_full + 8 * s, TILE);
-                load_tile<BC, D>(sV + s * TILE, map, (H + KV + kv_head) * D, j * BC, b, v_full + 8 * s);
+                load_tile<BC, D>(sV + s * TILE, map, (H + KV + kv_head) * D, (first_tile + j) * BC, b,
+                                 v_full + 8 * s);
             }
         }
         return;
@@ -169,6 +194,8 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     const int c = warpgroup - 1, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
     const int first_row = q0 + CONSUMER_ROWS * c, row = first_row + 16 * warp + lane / 4;  // and row + 8
     const float scale_log2 = LOG2E / sqrtf((float)D);
+    int start[2], last_start;  // MASKED: the document starts of this thread's rows and of the warpgroup's last row
+    if constexpr (MASKED) load_starts(start, last_start, doc_start + (long long)b * T, row, first_row, T);
     float o[D / 2], s[BC / 2], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, alpha[2];
     uint32_t p[BC / 16][4];
     #pragma unroll
@@ -189,22 +216,30 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     auto softmax = [&](int j) {
         accumulator_fence(s);
         if (lane == 0) mbarrier_arrive(k_empty + 8 * (j % STAGES));
-        const int kv0 = j * BC;
+        const int kv0 = (first_tile + j) * BC;
         if (kv0 + BC - 1 > first_row) {  // the tile crosses the diagonal: keys after the query masked
             #pragma unroll
             for (int i = 0; i < BC / 2; i++)
                 if (kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) > row + 8 * ((i >> 1) & 1)) s[i] = -INFINITY;
         }
+        if (MASKED && kv0 < last_start) {  // the tile starts before a row's document: keys before it masked
+            #pragma unroll
+            for (int i = 0; i < BC / 2; i++)
+                if (kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) < start[(i >> 1) & 1]) s[i] = -INFINITY;
+        }
         #pragma unroll
-        for (int half = 0; half < 2; half++) {  // every row sees key 0 in tile 0: the max is finite from then on
+        for (int half = 0; half < 2; half++) {
             float m = row_max[half];
             #pragma unroll
             for (int n = 0; n < BC / 8; n++) m = fmaxf(m, fmaxf(s[4 * n + 2 * half], s[4 * n + 2 * half + 1]));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            alpha[half] = exp2f((row_max[half] - m) * scale_log2);
+            // Unmasked, every row sees key 0 in tile 0 and its max is finite from then on. Masked, a row may see
+            // no key of its first tiles: its max stays -inf, and exp2 of -inf - 0 makes its P and alpha 0
+            const float m_finite = MASKED && m == -INFINITY ? 0.0f : m;
+            alpha[half] = exp2f((row_max[half] - m_finite) * scale_log2);
             row_max[half] = m;
-            const float m_scaled = m * scale_log2;
+            const float m_scaled = m_finite * scale_log2;
             float sum = 0.0f;
             #pragma unroll
             for (int n = 0; n < BC / 8; n++)
@@ -293,11 +328,12 @@ __device__ __forceinline__ void release_increment(int* counter) {
 }
 }  // namespace fa3
 
-template <int D, DqMode MODE>
+template <int D, DqMode MODE, bool MASKED>
 __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* maps, bf16* dqkv, const float* lse,
                                                           const float* delta, const float* cos_table,
                                                           const float* sin_table, int T, int H, int KV,
-                                                          float* dq_accum, int* dq_counts) {
+                                                          float* dq_accum, int* dq_counts, const int* doc_start,
+                                                          const int* doc_end) {
     using namespace fa3;
     constexpr bool FUSED = MODE != DqMode::SEPARATE;
     constexpr int BC = DKDV_KV_ROWS, BQ = DKDV_Q_ROWS, STAGES = dkdv_stages<D>(), STAGE = dkdv_stage_bytes<D>();
@@ -332,13 +368,18 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
     const int kv_tile = CLAIMED ? gridDim.z - 1 - claimed / (gridDim.x * gridDim.y) : blockIdx.z;
     const int kv_head = CLAIMED ? claimed % gridDim.x : blockIdx.x, b = CLAIMED ? claimed / gridDim.x % gridDim.y : blockIdx.y;
     const int kv0 = kv_tile * BC, group = H / KV;
-    const int q_tiles = (T + BQ - 1) / BQ, first_q_tile = kv0 / BQ, n_q_tiles = q_tiles - first_q_tile;
+    // query tiles from the diagonal's to the one holding the last query that sees a key of this tile: T - 1, or
+    // with a mask the last of the document of the tile's last key
+    const int q_end = MASKED ? doc_end[(long long)b * T + min(kv0 + BC, T) - 1] : T;
+    const int q_tiles = (T + BQ - 1) / BQ, first_q_tile = kv0 / BQ, n_q_tiles = (q_end + BQ - 1) / BQ - first_q_tile;
     const int steps = group * n_q_tiles, warpgroup = threadIdx.x / 128;
     // step i: query head kv_head * group + i / n_q_tiles, query tile first_q_tile + i % n_q_tiles
     auto q_head = [&](int i) { return kv_head * group + i / n_q_tiles; };
     auto q_start = [&](int i) { return (first_q_tile + i % n_q_tiles) * BQ; };
-    // a stage's lse (log2 units, +inf past T: P = 0 there) and delta (0 past T), BQ floats each after Q and dO
+    // a stage's lse (log2 units, +inf past T: P = 0 there), delta (0 past T) and, masked, doc_start (rows past T:
+    // row T - 1's, so that the last is the largest), BQ floats or ints each after Q and dO
     auto stage_lse = [&](int s) { return ring_generic + (s * STAGE + 2 * QTILE) / 4; };
+    auto stage_starts = [&](int s) { return reinterpret_cast<int*>(stage_lse(s) + 2 * BQ); };
 
 
     if (warpgroup == 0) {
@@ -365,6 +406,7 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
                 for (int r = lane; r < BQ; r += 32) {
                     stats[r] = q0 + r < T ? lse[at + r] * LOG2E : INFINITY;
                     stats[BQ + r] = q0 + r < T ? delta[at + r] : 0.0f;
+                    if constexpr (MASKED) stage_starts(s)[r] = doc_start[(long long)b * T + min(q0 + r, T - 1)];
                 }
                 mbarrier_arrive(full + 8 * s);
             }
@@ -440,8 +482,11 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
         accumulator_fence(st);
         if (i > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((i - 1) % STAGES));
 
-        // P^T = exp(S^T - lse), zero where the query comes before the key
+        // P^T = exp(S^T - lse), zero where the query comes before the key or (masked) the key before the query's
+        // document
+        const int* starts = stage_starts(s);
         const bool crosses_diagonal = q0 < first_kv + CONSUMER_ROWS - 1;
+        const bool crosses_start = MASKED && starts[BQ - 1] > first_kv;
         #pragma unroll
         for (int n = 0; n < BQ / 8; n++) {
             const float2 l2 = *reinterpret_cast<const float2*>(stats + 8 * n + 2 * (lane % 4));
@@ -451,6 +496,15 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
                 float v = exp2f(fmaf(st[4 * n + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
                 if (crosses_diagonal && q0 + col < kv_row + 8 * (e >> 1)) v = 0.0f;
                 st[4 * n + e] = v;
+            }
+        }
+        if (crosses_start) {
+            #pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const int2 start = *reinterpret_cast<const int2*>(starts + 8 * n + 2 * (lane % 4));
+                #pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (kv_row + 8 * (e >> 1) < ((e & 1) ? start.y : start.x)) st[4 * n + e] = 0.0f;
             }
         }
         pack_a<BQ / 2>(pt, st);
@@ -537,17 +591,21 @@ __device__ __forceinline__ void flash_backward_dq_store(bf16* dqkv, const float*
 
 // ---- backward: dQ
 
-template <int D>
+template <int D, bool MASKED>
 __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps, bf16* dqkv, const float* lse,
                                                         const float* delta, const float* cos_table,
-                                                        const float* sin_table, int T, int H, int KV) {
+                                                        const float* sin_table, int T, int H, int KV,
+                                                        const int* doc_start) {
     using namespace fa3;
     constexpr int BR = DQ_ROWS, BC = dq_kv_rows<D>(), STAGES = DQ_STAGES, TILE = tile_bytes<D>(BC);
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t sQ = (smem_address(smem_raw) + 1023) & ~1023u, sdO = sQ + tile_bytes<D>(BR), ring = sdO + tile_bytes<D>(BR);
     const uint32_t qo_full = ring + 2 * STAGES * TILE, full = qo_full + 8, empty = full + 8 * STAGES;
     const int h = blockIdx.x, b = blockIdx.y, q0 = (gridDim.z - 1 - blockIdx.z) * BR, kv_head = h / (H / KV);
-    const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC, warpgroup = threadIdx.x / 128;
+    const int warpgroup = threadIdx.x / 128;
+    // kv tiles first_tile .. the diagonal's: with a mask, from the one holding the first row's document start
+    const int first_tile = MASKED ? doc_start[(long long)b * T + q0] / BC : 0;
+    const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC - first_tile;
 
     if (threadIdx.x == 0) {
         mbarrier_init(qo_full, 1);
@@ -569,8 +627,9 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
                 const int s = j % STAGES;
                 mbarrier_wait(empty + 8 * s, ((j / STAGES) & 1) ^ 1);
                 mbarrier_expect_tx(full + 8 * s, 2 * TILE);
-                load_tile<BC, D>(ring + 2 * s * TILE, maps, (H + kv_head) * D, j * BC, b, full + 8 * s);
-                load_tile<BC, D>(ring + (2 * s + 1) * TILE, maps, (H + KV + kv_head) * D, j * BC, b, full + 8 * s);
+                const int kv0 = (first_tile + j) * BC;
+                load_tile<BC, D>(ring + 2 * s * TILE, maps, (H + kv_head) * D, kv0, b, full + 8 * s);
+                load_tile<BC, D>(ring + (2 * s + 1) * TILE, maps, (H + KV + kv_head) * D, kv0, b, full + 8 * s);
             }
         }
         return;
@@ -588,6 +647,8 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
         lse2[half] = pos < T ? lse[at] * LOG2E : 0.0f;
         dlt[half] = pos < T ? delta[at] : 0.0f;
     }
+    int start[2], last_start;  // MASKED: the document starts of this thread's rows and of the warpgroup's last row
+    if constexpr (MASKED) load_starts(start, last_start, doc_start + (long long)b * T, row, first_row, T);
     float dq[D / 2], s_acc[BC / 2], dp[BC / 2];
     uint32_t ds[BC / 16][4];
     #pragma unroll
@@ -596,7 +657,7 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
 
     mbarrier_wait(qo_full, 0);
     for (int j = 0; j < n_tiles; j++) {
-        const int s = j % STAGES, kv0 = j * BC;
+        const int s = j % STAGES, kv0 = (first_tile + j) * BC;
         const uint32_t sK = ring + 2 * s * TILE, sV = sK + TILE;
         mbarrier_wait(full + 8 * s, (j / STAGES) & 1);
         wgmma_fence();
@@ -612,12 +673,14 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
         accumulator_fence(s_acc);
         if (j > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((j - 1) % STAGES));
 
-        // P = exp(S - lse), zero after the diagonal, rounded to bf16 (as the dK/dV kernel's)
-        const bool crosses_diagonal = kv0 + BC - 1 > first_row;
+        // P = exp(S - lse), zero after the diagonal and (masked) before the row's document, rounded to bf16 (as
+        // the dK/dV kernel's)
+        const bool crosses_diagonal = kv0 + BC - 1 > first_row, crosses_start = MASKED && kv0 < last_start;
         #pragma unroll
         for (int i = 0; i < BC / 2; i++) {
             float v = exp2f(fmaf(s_acc[i], scale_log2, -lse2[(i >> 1) & 1]));
             if (crosses_diagonal && kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) > row + 8 * ((i >> 1) & 1)) v = 0.0f;
+            if (crosses_start && kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) < start[(i >> 1) & 1]) v = 0.0f;
             s_acc[i] = v;
         }
         wgmma_wait<0>();  // dP
@@ -642,33 +705,52 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
                   rsqrtf((float)D), first_row + 16 * warp, T, cos_table, sin_table, lane);
 }
 
+// The document mask: each body but dq_store's is built twice, MASKED and plain causal, and the entry point picks one
+// per launch from doc_start (null: plain causal), so that the plain path has no test of the mask in its loops
+template <bool B>
+struct Masked {
+    static constexpr bool value = B;
+};
+template <typename Body>
+__device__ __forceinline__ void masked_or_causal(const int* doc_start, Body body) {
+    if (doc_start != nullptr) body(Masked<true>{});
+    else body(Masked<false>{});
+}
+
 #define FLASH_BODY(call) call;
 #else
 #define FLASH_BODY(call)
 #endif  // WGMMA_ENABLED
+// an entry point's body `call`, which names MASKED, in its two builds
+#define FLASH_MASKED_BODY(call) \
+    FLASH_BODY(masked_or_causal(doc_start, [&](auto masked) { constexpr bool MASKED = decltype(masked)::value; call; }))
 
 // Entry points: the maps first, then flash_attention.cu's arguments (its qkv, dout, qkv pointers are unused here:
 // the maps carry them), so that one launcher drives both builds; the fused backward adds the dQ buffer and its
-// per-tile counts (ORDERED; zeroed, with the buffer, before each launch). On anything but sm_90a they compile to
+// per-tile counts (ORDERED; zeroed, with the buffer, before each launch); all but dq_store end with the document
+// mask's doc_start, doc_end (flash_attention.cuh; both null: plain causal). On anything but sm_90a they compile to
 // nothing and the plan never selects this build.
 #define FLASH_FORWARD_ENTRY(D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_forward_d##D(                  \
-        const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV) {                   \
-        FLASH_BODY(flash_forward_wgmma<D>(maps, out, lse, T, H, KV))                                              \
+        const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, const int* doc_start, \
+        const int* doc_end) {                                                                                     \
+        FLASH_MASKED_BODY((flash_forward_wgmma<D, MASKED>(maps, out, lse, T, H, KV, doc_start)))                  \
     }
 #define FLASH_BACKWARD_ENTRY(name, D, call)                                                                       \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \
         const CUtensorMap* maps, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,                 \
-        const float* delta, const float* cos_table, const float* sin_table, int T, int H, int KV) {               \
-        FLASH_BODY(call)                                                                                          \
+        const float* delta, const float* cos_table, const float* sin_table, int T, int H, int KV,                 \
+        const int* doc_start, const int* doc_end) {                                                               \
+        FLASH_MASKED_BODY(call)                                                                                   \
     }
 #define FLASH_FUSED_ENTRY(name, D, MODE)                                                                          \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \
         const CUtensorMap* maps, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,                 \
         const float* delta, const float* cos_table, const float* sin_table, int T, int H, int KV,                 \
-        float* dq_accum, int* dq_counts) {                                                                        \
-        FLASH_BODY((flash_backward_dkdv_wgmma<D, MODE>(maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV,    \
-                                                       dq_accum, dq_counts)))                                     \
+        float* dq_accum, int* dq_counts, const int* doc_start, const int* doc_end) {                              \
+        FLASH_MASKED_BODY((flash_backward_dkdv_wgmma<D, MODE, MASKED>(maps, dqkv, lse, delta, cos_table, sin_table, \
+                                                                      T, H, KV, dq_accum, dq_counts, doc_start,   \
+                                                                      doc_end)))                                  \
     }
 #define FLASH_DQ_STORE_ENTRY(D)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128) flash_attention_backward_dq_store_d##D(                    \
@@ -677,9 +759,11 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
     }
 #define FLASH_ENTRIES(D)                                                                                          \
     FLASH_FORWARD_ENTRY(D)                                                                                        \
-    FLASH_BACKWARD_ENTRY(dkdv, D, (flash_backward_dkdv_wgmma<D, DqMode::SEPARATE>(                                \
-                                      maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV, nullptr, nullptr))) \
-    FLASH_BACKWARD_ENTRY(dq, D, flash_backward_dq_wgmma<D>(maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV)) \
+    FLASH_BACKWARD_ENTRY(dkdv, D, (flash_backward_dkdv_wgmma<D, DqMode::SEPARATE, MASKED>(                        \
+                                      maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV, nullptr, nullptr,   \
+                                      doc_start, doc_end)))                                                       \
+    FLASH_BACKWARD_ENTRY(dq, D, (flash_backward_dq_wgmma<D, MASKED>(maps, dqkv, lse, delta, cos_table, sin_table, \
+                                                                    T, H, KV, doc_start)))                        \
     FLASH_FUSED_ENTRY(fused, D, DqMode::ORDERED)                                                                  \
     FLASH_FUSED_ENTRY(fused_unordered, D, DqMode::UNORDERED)                                                      \
     FLASH_DQ_STORE_ENTRY(D)
