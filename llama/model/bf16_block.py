@@ -39,10 +39,17 @@ class BF16Block:
         else:
             ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], h, branch, weight, eps)
 
+    def _document_mask(self) -> dict:
+        """The flash attention launchers' doc_start and doc_end keywords for the batch in flight: none here, the
+        attention spans the row (the training model's document mask overrides this)."""
+        return {}
+
     def _attention(self, i: int, a: dict) -> None:
-        """Layer i's causal attention of the packed a["qkv"] into a["att"], a["lse"]."""
+        """Layer i's causal attention of the packed a["qkv"] into a["att"], a["lse"] (document-masked where
+        _document_mask says)."""
         c = self.config
-        ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention)
+        ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention,
+                                    **self._document_mask())
 
     def _layer_forward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
         """Layer i's forward after its first norm (a["ln1"] of a["x"]): attention, the residual and the

@@ -17,14 +17,16 @@ from .. import ops
 from ..config import LlamaConfig
 from ..cuda import DeviceArray, empty
 from ..optim import AdamWConfig
-from .base import check_batch
+from .base import check_batch, counted_targets, mean_counted_loss
 from .gpu_base import GPUModelBase
 
 
 class GPUModelFP32(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 comm=None, zero: int = 1):
-        """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py)."""
+                 comm=None, zero: int = 1, doc_mask_bos: int | None = None):
+        """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py). doc_mask_bos: None, or the BOS id: each
+        forward computes its batch's document bounds on the GPU and every layer's attention is document-masked."""
+        self.doc_mask_bos = doc_mask_bos
         self._setup(config, B, T, params, seed, comm, np.float32, stage=zero)
         self._allocate_activations()
         self.has_dlogits = False
@@ -55,12 +57,21 @@ class GPUModelFP32(GPUModelBase):
         self.tokens, self.targets = empty(N, np.int32), empty(N, np.int32)
         self.token_order, self.token_starts, self.token_unique = empty(N, np.int32), empty(N + 1, np.int32), empty(N, np.int32)
         self.num_unique = 0
+        if self.doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
+            self.doc_start, self.doc_end = empty((self.B, self.T), np.int32), empty((self.B, self.T), np.int32)
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
         layer, shared = self._shapes(b, t)
         layers = [{name: buffers[name].prefix(*shape) for name, shape in layer.items()} for buffers in self.layer_buffers]
         return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shared.items()}
+
+    def _document_mask(self) -> dict:
+        """The attention launchers' doc_start and doc_end keywords of the batch in flight (none without the mask)."""
+        if self.doc_mask_bos is None:
+            return {}
+        b, t = self.shape
+        return {"doc_start": self.doc_start.prefix(b, t), "doc_end": self.doc_end.prefix(b, t)}
 
     def param(self, tensor) -> DeviceArray:
         """A weight (a Tensor of the layout or its name)."""
@@ -72,8 +83,8 @@ class GPUModelFP32(GPUModelBase):
 
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, return_loss: bool = True) -> float | None:
         """Run the model on (b, t) tokens. With targets, the fused classifier turns the logits into
-        dlogits for backward() and the mean loss is returned (reading it is the step's one sync;
-        return_loss=False skips it). Without targets the logits are kept (read_logits)."""
+        dlogits for backward() and the mean loss over the counted targets (>= 0) is returned (reading it is the
+        step's one sync; return_loss=False skips it). Without targets the logits are kept (read_logits)."""
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         c, L = self.config, self.layout
         b, t = tokens.shape
@@ -92,6 +103,8 @@ class GPUModelFP32(GPUModelBase):
         tokens_d = self.tokens.prefix(N).reshape(b, t)
         z, starts = self.zero, L.layer_starts()  # each layer's first offset, the final norm's (ZeRO's buckets)
 
+        if self.doc_mask_bos is not None:
+            ops.document_bounds(self.doc_start.prefix(b, t), self.doc_end.prefix(b, t), tokens_d, self.doc_mask_bos)
         z.begin(gather=False)  # (stage 3 gathers each layer's weights as the forward reaches it)
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward(layers[0]["x"], tokens_d, self.param("tok_embeddings.weight"))
@@ -102,7 +115,7 @@ class GPUModelFP32(GPUModelBase):
                 ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
                 ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self.param(L.wqkv(i)))
                 ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
-                ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
+                ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"], **self._document_mask())
                 ops.matmul_forward(a["h"], a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
                 ops.residual_forward(a["h"], a["x"], a["h"])
                 ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
@@ -118,10 +131,11 @@ class GPUModelFP32(GPUModelBase):
         self.has_dlogits = targets is not None
         if targets is None:
             return None
-        ops.fused_classifier(s["logits"], s["losses"], self.targets.prefix(N), 1.0 / N)
+        counted = counted_targets(targets)
+        ops.fused_classifier(s["logits"], s["losses"], self.targets.prefix(N), 1.0 / max(counted, 1))
         if not return_loss:
             return None
-        return float(np.mean(s["losses"].download(), dtype=np.float64))
+        return mean_counted_loss(s["losses"].download(), counted)
 
     def token_losses(self) -> np.ndarray:
         """(b, t) cross-entropy of each target of the last forward with targets."""
@@ -173,7 +187,7 @@ class GPUModelFP32(GPUModelBase):
                 ops.matmul_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
                                     a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
                 ops.attention_backward(s["dq"], s["dk"], s["dv"], s["dprobs"], s["dheads"], s["datt"], a["q"], a["k"],
-                                       a["v"], a["probs"])
+                                       a["v"], a["probs"], **self._document_mask())
                 ops.rope_backward(s["dqkv"], s["dq"], s["dk"], s["dv"], self.rope_cos, self.rope_sin)
                 ops.matmul_backward(s["dln"], self.grad(L.wqkv(i)), s["dqkv"].reshape(N, -1),
                                     a["ln1"], self.param(L.wqkv(i)))
