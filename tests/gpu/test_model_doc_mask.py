@@ -1,7 +1,8 @@
 """The GPU models with the document mask and --sft's loss mask (issue 44) against the float64 reference with
 the same masks: the bf16 model (each recompute recipe, FP8 linear layers, the optimizer in the backward) and the
 fp32 model, their loss and every gradient; an --sft step normalised by the step's counted targets; and the
-captured graphs, which must compute the document bounds and read the loss scale of each new batch.
+captured graphs, which must compute the document bounds and read the loss scale of each new batch; and an
+--sft run of the trainer, resumed bit for bit.
 
 Rows pack documents that open with BOS: documents of length 1, shorter than a 64-wide attention tile, crossing
 tiles, a row that starts mid-document, and one document filling a row."""
@@ -17,6 +18,8 @@ from tests.gradcheck import rel_error
 from tests.gpu.test_model_bf16 import CONFIG, bf16_params
 from tests.gpu.test_model_fp8 import FP8_TWIN_BOUND
 from tests.gpu_helpers import ERRORS
+from tests.runs import check_resume_is_exact
+from tests.unit.test_sft import chat_shards, sft_data  # noqa: F401 (chat_shards is a fixture)
 
 pytestmark = pytest.mark.gpu
 BOS = 1
@@ -153,3 +156,11 @@ def test_a_step_without_counted_targets_is_finite():
     loss, norm = gpu.train_step([(tokens, np.full_like(targets, -1))], 1e-3, 1, OPT, counted=0.0)
     assert (loss, norm) == (0.0, 0.0)
     assert np.isfinite(gpu.get_params()).all()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_an_sft_run_on_the_gpu_resumes_bit_for_bit(tmp_path, chat_shards, monkeypatch, dtype):
+    """train_llama.py --sft on chat shards (the document mask on, two micro-batches a step): a run resumed from
+    its step-4 checkpoint repeats steps 4-7 bit for bit."""
+    monkeypatch.chdir(tmp_path)
+    check_resume_is_exact(tmp_path, sft_data(chat_shards), "cuda", "-d", "256", "--dtype", dtype)

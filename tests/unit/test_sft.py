@@ -20,7 +20,7 @@ from llama.options import RunOptions
 from llama.plan import PlanError, make_plan
 from llama.twins.classifier import fused_classifier
 from tests.gradcheck import model_gradient_errors
-from tests.runs import losses
+from tests.runs import check_resume_is_exact, losses
 from tests.sample_files import ranks_file_bytes
 
 BOS = 1
@@ -172,15 +172,25 @@ def chat_shards(tmp_path):
 
 
 def test_a_tiny_sft_run_trains_on_the_assistant_tokens(tmp_path, chat_shards, capsys, monkeypatch):
-    tokenizer, data = chat_shards
     monkeypatch.chdir(tmp_path)
     args = ["-e", "tiny", "-b", "2", "-t", "64", "-d", "256", "-l", "1e-2", "-x", "12", "-s", "0", "-v", "6",
-            "-m", "1", "--tokenizer", str(tokenizer), "-i", str(data / "chat_train_*.bin"),
-            "-j", str(data / "chat_val_*.bin"), "--sft", "-o", "run", "--device", "cpu"]
+            "-m", "1", *sft_data(chat_shards), "-o", "run", "--device", "cpu"]
     assert train_llama.main(args) == 0
     assert "document mask | SFT loss mask" in capsys.readouterr().out
     trained = losses(tmp_path / "run")
     assert len(trained) == 12 and all(np.isfinite(trained)) and trained[-1] < trained[0]
+
+
+def sft_data(chat_shards) -> list[str]:
+    """The arguments of an --sft run on the chat shards."""
+    tokenizer, data = chat_shards
+    return ["--tokenizer", str(tokenizer), "-i", str(data / "chat_train_*.bin"), "-j", str(data / "chat_val_*.bin"),
+            "--sft"]
+
+
+def test_an_sft_run_resumes_bit_for_bit(tmp_path, chat_shards, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    check_resume_is_exact(tmp_path, sft_data(chat_shards), "cpu", "-d", "256")
 
 
 def test_sft_on_shards_without_loss_masks_names_the_shard(tmp_path, chat_shards, capsys):
