@@ -369,11 +369,20 @@ class Trainer:
         return batches, counted / self.world
 
     def evaluate(self) -> float:
-        """The mean loss over the first --val-batches batches of the validation data."""
+        """The mean loss over the first --val-batches batches of the validation data (with --sft over their
+        counted targets, on all ranks; 0 when none is counted)."""
         loader = self.val_loader
         loader.reset()
         n = min(self.args.val_batches, loader.batches_per_epoch)
-        return mean_over_ranks(self.comm, sum(self.model.forward(*self._read(loader)) for _ in range(n)) / n)[0]
+        if not self.plan.sft:
+            return mean_over_ranks(self.comm, sum(self.model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
+        losses, counted = 0.0, 0
+        for _ in range(n):
+            inputs, targets = self._read(loader)
+            losses += self.model.forward(inputs, targets) * counted_targets(targets)
+            counted += counted_targets(targets)
+        losses, counted = mean_over_ranks(self.comm, losses, counted)
+        return losses / counted if counted else 0.0
 
     def run_evaluation(self, step: int) -> None:
         """--eval on every rank's share of the items: llm.c's s:<step> hella:<acc> line (with acc_norm) in main.log."""

@@ -24,8 +24,9 @@ from .base import check_batch
 CAPTURE = "capturing the step's CUDA graphs"  # a progress phase (llama/progress.py)
 
 class CapturedStep:
-    """Its user holds config, B, T, zero, norm_weights, the device's norm_squared, norm_scratch, adam_scalars
-    and loss_total, graphs ({} at first), and the launches _forward and _backward; PinnedInputs' methods."""
+    """Its user holds config, plan, B, T, zero, norm_weights, the device's norm_squared, norm_scratch,
+    adam_scalars and loss_total, graphs ({} at first), and the launches _forward and _backward; PinnedInputs'
+    methods (and its loss_scale, which the classifier reads with the plan's sft)."""
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1), updating the bf16 copy."""

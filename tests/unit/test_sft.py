@@ -16,6 +16,7 @@ from llama.data.shards import ShardError, mask_path, write_shard
 from llama.data.tokenizer import Llama3Tokenizer
 from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
+from llama.params import init_parameters
 from llama.options import RunOptions
 from llama.plan import PlanError, make_plan
 from llama.twins.classifier import fused_classifier
@@ -174,11 +175,22 @@ def chat_shards(tmp_path):
 def test_a_tiny_sft_run_trains_on_the_assistant_tokens(tmp_path, chat_shards, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["-e", "tiny", "-b", "2", "-t", "64", "-d", "256", "-l", "1e-2", "-x", "12", "-s", "0", "-v", "6",
-            "-m", "1", *sft_data(chat_shards), "-o", "run", "--device", "cpu"]
+            "-m", "2", *sft_data(chat_shards), "-o", "run", "--device", "cpu"]
     assert train_llama.main(args) == 0
     assert "document mask | SFT loss mask" in capsys.readouterr().out
     trained = losses(tmp_path / "run")
     assert len(trained) == 12 and all(np.isfinite(trained)) and trained[-1] < trained[0]
+    # step 0's validation: the initial weights' mean loss over the counted targets of both batches, masked
+    tokenizer = Llama3Tokenizer(chat_shards[0])
+    config = get_preset("tiny").replace(vocab_size=tokenizer.vocab_size)
+    model = ReferenceModel(config, params=init_parameters(config, 0), doc_mask_bos=tokenizer.bos_id)
+    loader = DataLoader(str(chat_shards[1] / "chat_val_*.bin"), 2, 64, shuffle=False)
+    batches = [loader.next_batch(with_mask=True) for _ in range(2)]
+    token_losses = []
+    for inputs, targets, mask in batches:
+        model.forward(inputs, targets)
+        token_losses.append(model.token_losses()[mask == 1])
+    assert losses(tmp_path / "run", "tel")[0] == pytest.approx(np.mean(np.concatenate(token_losses)), abs=2e-6)
 
 
 def sft_data(chat_shards) -> list[str]:
