@@ -3,6 +3,7 @@ line and the plan, the loss mask in the reference (targets < 0 not counted), the
 counted targets (the same update whatever the accumulation), and a tiny --sft run on shards that
 llama/data/prepare.py wrote from conversations."""
 
+import base64
 import json
 
 import numpy as np
@@ -159,13 +160,17 @@ def test_a_step_without_counted_targets_changes_nothing_and_divides_by_nothing()
 
 CONVERSATIONS = [{"messages": [{"role": "user", "content": f"what is {i} and {i + 1}?"},
                                {"role": "assistant", "content": f"{i} and {i + 1} make {2 * i + 1}."}]}
-                 for i in range(60)]
+                 for i in range(120)]
 
 
 @pytest.fixture
 def chat_shards(tmp_path):
+    """(tokenizer.model, the folder of the chat shards): the tests' Llama 3 format tokenizer with three more merges,
+    264 ranks and 256 special tokens, a vocab of 520 (bf16 rows of whole 16-byte vectors on the GPU)."""
+    merges = [b"er", b"on", b"an"]
     tokenizer_path = tmp_path / "tokenizer.model"
-    tokenizer_path.write_bytes(ranks_file_bytes())
+    tokenizer_path.write_bytes(ranks_file_bytes() + b"".join(base64.b64encode(token) + b" %d\n" % (261 + i)
+                                                             for i, token in enumerate(merges)))
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
     prepare_dataset([str(tmp_path / "chat.jsonl")], Llama3Tokenizer(tokenizer_path),
                     PrepareOptions(name="chat", out_dir=tmp_path / "data", val_every=10))
