@@ -19,7 +19,7 @@ from tests.gpu.test_model_bf16 import CONFIG, bf16_params
 from tests.gpu.test_model_fp8 import FP8_TWIN_BOUND
 from tests.gpu_helpers import ERRORS
 from tests.runs import check_resume_is_exact
-from tests.unit.test_sft import chat_shards, sft_data  # noqa: F401 (chat_shards is a fixture)
+from tests.unit.test_sft import sft_data, write_chat_shards
 
 pytestmark = pytest.mark.gpu
 BOS = 1
@@ -160,8 +160,8 @@ def test_a_step_without_counted_targets_is_finite():
 
 @pytest.mark.parametrize("model", [["--dtype", "bf16", "-e", "d6", "-t", "64", "-d", "512"],  # head_dim 64
                                    ["--dtype", "fp32", "-d", "256"]])  # tiny
-def test_an_sft_run_on_the_gpu_resumes_bit_for_bit(tmp_path, chat_shards, monkeypatch, model):
+def test_an_sft_run_on_the_gpu_resumes_bit_for_bit(tmp_path, monkeypatch, model):
     """train_llama.py --sft on chat shards (the document mask on, two micro-batches a step): a run resumed from
     its step-4 checkpoint repeats steps 4-7 bit for bit."""
     monkeypatch.chdir(tmp_path)
-    check_resume_is_exact(tmp_path, sft_data(chat_shards), "cuda", *model)
+    check_resume_is_exact(tmp_path, sft_data(write_chat_shards(tmp_path)), "cuda", *model)

@@ -163,10 +163,9 @@ CONVERSATIONS = [{"messages": [{"role": "user", "content": f"what is {i} and {i 
                  for i in range(120)]
 
 
-@pytest.fixture
-def chat_shards(tmp_path):
-    """(tokenizer.model, the folder of the chat shards): the tests' Llama 3 format tokenizer with three more merges,
-    264 ranks and 256 special tokens, a vocab of 520 (bf16 rows of whole 16-byte vectors on the GPU)."""
+def write_chat_shards(tmp_path) -> tuple:
+    """(tokenizer.model, the folder of the chat shards) in tmp_path: the tests' Llama 3 format tokenizer with three
+    more merges, 264 ranks and 256 special tokens, a vocab of 520 (bf16 rows of whole 16-byte vectors on the GPU)."""
     merges = [b"er", b"on", b"an"]
     tokenizer_path = tmp_path / "tokenizer.model"
     tokenizer_path.write_bytes(ranks_file_bytes() + b"".join(base64.b64encode(token) + b" %d\n" % (261 + i)
@@ -175,6 +174,11 @@ def chat_shards(tmp_path):
     prepare_dataset([str(tmp_path / "chat.jsonl")], Llama3Tokenizer(tokenizer_path),
                     PrepareOptions(name="chat", out_dir=tmp_path / "data", val_every=10))
     return tokenizer_path, tmp_path / "data"
+
+
+@pytest.fixture
+def chat_shards(tmp_path):
+    return write_chat_shards(tmp_path)
 
 
 def test_a_tiny_sft_run_trains_on_the_assistant_tokens(tmp_path, chat_shards, capsys, monkeypatch):
