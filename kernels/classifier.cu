@@ -9,8 +9,8 @@
 // fused_classifier_bf16: the same for bf16 logits (n, V) of a chunk of n tokens, any V; losses (n,) fp32,
 //   dlogits written over the logits in bf16; dloss_scale, if not null, multiplies dloss (a device scalar written
 //   per step, which a captured graph reads at replay: --sft's 1 / counted targets). A row whose target is < 0 is
-//   read and refilled as the others, its loss 0 and its gradient written as 0. Persistent: one 1024-thread block per multiprocessor
-//   (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte vectors
+//   read and refilled as the others, its loss 0 and its gradient written as 0.
+//   Persistent: one 1024-thread block per multiprocessor (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte vectors
 //   (the elements before its first 16-byte boundary and after its last one, fewer than 8 each, one per
 //   thread); thread t owns vectors t + k * blockDim.x. Its first `smem_slots` ones stay in dynamic
 //   shared memory between the passes (smem_slots * blockDim.x * 16 bytes; slot k of thread t at

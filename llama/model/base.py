@@ -73,7 +73,7 @@ def check_batch(tokens: np.ndarray, targets: np.ndarray | None, vocab_size: int,
         if ids.shape != tokens.shape:
             raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
         if ids.size and (ids.max() >= vocab_size or (name == "tokens" and ids.min() < 0)):
-            allowed = f"[0, {vocab_size})" if name == "tokens" else f"(-inf, {vocab_size}) (a target < 0 is not counted)"
+            allowed = f"[0, {vocab_size})" if name == "tokens" else f"(-inf, {vocab_size}) (< 0: not counted)"
             raise ValueError(f"{name} hold ids outside {allowed}")
 
 

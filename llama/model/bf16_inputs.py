@@ -1,7 +1,8 @@
 """The bf16 model's per-step inputs from the host, staged in pinned memory and copied in asynchronously in
 stream order, so that a captured step reads them from fixed device buffers: the batch (tokens, targets, and
 the token segments of the embedding's backward), in two pinned sets used in turn, the optimizer's lr and
-bias corrections, and --sft's loss scale (1 / the step's counted targets). While a step runs, the host may stage the next step's first micro-batch (_prepare)."""
+bias corrections, and --sft's loss scale (1 / the step's counted targets). While a step runs, the host may
+stage the next step's first micro-batch (_prepare)."""
 
 from __future__ import annotations
 
