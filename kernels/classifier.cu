@@ -1,24 +1,23 @@
 // Fused softmax cross-entropy (llm.c's fused classifier): one block per row of logits (N, V).
 // losses (N,) = logsumexp(row) - row[target]; the row is then overwritten by its gradient
 // (softmax(row) - onehot(target)) * dloss, so the probabilities never exist in memory.
-// A target < 0 is not counted: its row's loss and gradient are 0 (--sft's prompt tokens; the row is not read).
+// A target < 0 is not counted: its row's loss and gradient are 0 (--sft's prompt tokens; row[target] is not read).
 // Two passes over the row: an online max/sum, then the gradient. The sum of exponentials is kept in
 // double, and the loss (log(sum) - (target - max)) and the target's gradient are formed in double,
 // so that both stay accurate when the loss is near zero.
 //
-// fused_classifier_bf16: the same for bf16 logits (n, V) of a chunk of n tokens, any V; losses (n,) fp32,
-//   dlogits written over the logits in bf16; dloss_scale, if not null, multiplies dloss (a device scalar written
-//   per step, which a captured graph reads at replay: --sft's 1 / counted targets). A row whose target is < 0 is
-//   read and refilled as the others, its loss 0 and its gradient written as 0.
-//   Persistent: one 1024-thread block per multiprocessor (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte vectors
-//   (the elements before its first 16-byte boundary and after its last one, fewer than 8 each, one per
-//   thread); thread t owns vectors t + k * blockDim.x. Its first `smem_slots` ones stay in dynamic
-//   shared memory between the passes (smem_slots * blockDim.x * 16 bytes; slot k of thread t at
-//   k * blockDim.x + t, read back only by t), the next CLASSIFIER_REG_VECTORS in registers, and any
-//   beyond those (V above ~131k on Hopper) are read again in the gradient pass. The gradient pass of
-//   row r refills each slot, once it has been read, with row r + gridDim.x (cp.async into shared
-//   memory in two commit groups, plain loads into registers), so reading the next row overlaps writing
-//   this one and the max/sum pass reads on-chip memory only.
+// fused_classifier_bf16: the same for bf16 logits (n, V) of a chunk of n tokens, any V; losses (n,) fp32, dlogits
+//   written over the logits in bf16; dloss_scale, if not null, multiplies dloss (a device scalar written per
+//   step, which a captured graph reads at replay: --sft's 1 / counted targets). A row whose target is < 0 is read
+//   and refilled as the others, its loss 0 and its gradient written as 0. Persistent: one 1024-thread block per
+//   multiprocessor (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte
+//   vectors (the elements before its first 16-byte boundary and after its last one, fewer than 8 each, one per
+//   thread); thread t owns vectors t + k * blockDim.x. Its first `smem_slots` ones stay in dynamic shared memory
+//   between the passes (smem_slots * blockDim.x * 16 bytes; slot k of thread t at k * blockDim.x + t, read back
+//   only by t), the next CLASSIFIER_REG_VECTORS in registers, and any beyond those (V above ~131k on Hopper) are
+//   read again in the gradient pass. The gradient pass of row r refills each slot, once it has been read, with
+//   row r + gridDim.x (cp.async into shared memory in two commit groups, plain loads into registers), so reading
+//   the next row overlaps writing this one and the max/sum pass reads on-chip memory only.
 //   Each thread keeps an online max m and `rest`, the sum of exp(x - m) over its elements except the
 //   one at m (whose term is the implicit 1), in fp32. The block adds the threads' terms in double without
 //   the implicit 1 of the row's maximum, so rest_total = sum - 1 stays accurate when the model is
