@@ -41,7 +41,8 @@ from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, describe_contents
 from llama.kernel_build import KernelBuildError
 from llama.memory import NotEnoughMemory
-from llama.options import DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES, ZERO_STAGES
+from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES,
+                           ZERO_STAGES)
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import RECIPES, PlanError
 from llama.signals import StopNow
