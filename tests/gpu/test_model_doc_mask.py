@@ -1,8 +1,8 @@
 """The GPU models with the document mask and --sft's loss mask (issue 44) against the float64 reference with
 the same masks: the bf16 model (each recompute recipe, FP8 linear layers, the optimizer in the backward) and the
 fp32 model, their loss and every gradient; an --sft step normalised by the step's counted targets; and the
-captured graphs, which must compute the document bounds and read the loss scale of each new batch; and an
---sft run of the trainer, resumed bit for bit.
+captured graphs, which must compute the document bounds and read the loss scale of each new batch; an --sft run
+of the trainer, resumed bit for bit; and on 2 GPUs (device kind nvidia-h200-x2) an --sft run equal to one GPU's.
 
 Rows pack documents that open with BOS: documents of length 1, shorter than a 64-wide attention tile, crossing
 tiles, a row that starts mid-document, and one document filling a row."""
@@ -17,8 +17,9 @@ from llama.optim import AdamWConfig
 from tests.gradcheck import rel_error
 from tests.gpu.test_model_bf16 import CONFIG, bf16_params
 from tests.gpu.test_model_fp8 import FP8_TWIN_BOUND
-from tests.gpu_helpers import ERRORS
-from tests.runs import check_resume_is_exact
+from tests.gpu.test_multi_gpu import relative, train
+from tests.gpu_helpers import ERRORS, gpu_count
+from tests.runs import BASE, check_resume_is_exact, losses
 from tests.unit.test_sft import sft_data, write_chat_shards
 
 pytestmark = pytest.mark.gpu
@@ -165,3 +166,16 @@ def test_an_sft_run_on_the_gpu_resumes_bit_for_bit(tmp_path, monkeypatch, model)
     its step-4 checkpoint repeats steps 4-7 bit for bit."""
     monkeypatch.chdir(tmp_path)
     check_resume_is_exact(tmp_path, sft_data(write_chat_shards(tmp_path)), "cuda", *model)
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_normalise_an_sft_step_as_one(tmp_path):
+    """--sft on 2 GPUs with B=4 each against 1 GPU with B=8 (the same rows a step, counted unequally by the two
+    ranks): the loss over the step's counted targets, and so the run, is the same up to rounding."""
+    data = sft_data(write_chat_shards(tmp_path))
+    args = [*BASE, *data, "-x", "10", "-n", "0", "--dtype", "fp32", "--device", "cuda"]  # tiny, fp32
+    train(1, *args, "-b", "8", "-o", str(tmp_path / "one"))
+    train(2, *args, "-b", "4", "-o", str(tmp_path / "two"))
+    for kind in ("trl", "tel"):
+        one, two = losses(tmp_path / "one", kind), losses(tmp_path / "two", kind)
+        assert len(one) == len(two) > 0 and relative(two, one) < 1e-5, (kind, one, two)
