@@ -61,11 +61,10 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         the BOS id: each forward computes its batch's document bounds on the GPU from the uploaded tokens (inside
         the captured graphs) and every layer's attention, forward and backward, is document-masked."""
         self.plan = plan or make_plan(config, RunOptions("cuda", "bf16"))
-        self.doc_mask_bos = doc_mask_bos
         self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
         self.fp8 = self.plan.dtype == "fp8"
         params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward,
-                             self.plan.zero, BF16 if self.plan.reduce_dtype == "bf16" else np.float32)
+                             self.plan.zero, BF16 if self.plan.reduce_dtype == "bf16" else np.float32, doc_mask_bos)
         self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         if self.in_backward:
@@ -96,8 +95,6 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         self.norm_squared, self.loss_total = zeros(1), zeros(1)
         self.adam_scalars = zeros(ops.ADAMW_SCALARS)
         self._allocate_inputs(N)
-        if self.doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
-            self.doc_start, self.doc_end = empty((self.B, self.T), np.int32), empty((self.B, self.T), np.int32)
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
@@ -159,9 +156,7 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
 
         if self.fp8:
             self._cast_weights()
-        if self.doc_mask_bos is not None:
-            ops.document_bounds(self.doc_start.prefix(b, t), self.doc_end.prefix(b, t), tokens.reshape(b, t),
-                                self.doc_mask_bos)
+        self._document_bounds(tokens.reshape(b, t))
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
@@ -256,13 +251,6 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], self.weight(L.wqkv(i)))
         ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
                                   self.master(pre + "attention_norm.weight"), a["rstd1"])
-
-    def _document_mask(self) -> dict:
-        """BF16Block's: with doc_mask_bos, the document bounds of the batch in flight (computed by _forward)."""
-        if self.doc_mask_bos is None:
-            return {}
-        b, t = self.shape
-        return {"doc_start": self.doc_start.prefix(b, t), "doc_end": self.doc_end.prefix(b, t)}
 
     def token_losses(self) -> np.ndarray:
         """(b, t) fp32 cross-entropy of each target of the last forward() with targets (of its bf16 logits)."""

@@ -26,8 +26,7 @@ class GPUModelFP32(GPUModelBase):
                  comm=None, zero: int = 1, doc_mask_bos: int | None = None):
         """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py). doc_mask_bos: None, or the BOS id: each
         forward computes its batch's document bounds on the GPU and every layer's attention is document-masked."""
-        self.doc_mask_bos = doc_mask_bos
-        self._setup(config, B, T, params, seed, comm, np.float32, stage=zero)
+        self._setup(config, B, T, params, seed, comm, np.float32, stage=zero, doc_mask_bos=doc_mask_bos)
         self._allocate_activations()
         self.has_dlogits = False
 
@@ -57,21 +56,12 @@ class GPUModelFP32(GPUModelBase):
         self.tokens, self.targets = empty(N, np.int32), empty(N, np.int32)
         self.token_order, self.token_starts, self.token_unique = empty(N, np.int32), empty(N + 1, np.int32), empty(N, np.int32)
         self.num_unique = 0
-        if self.doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
-            self.doc_start, self.doc_end = empty((self.B, self.T), np.int32), empty((self.B, self.T), np.int32)
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
         layer, shared = self._shapes(b, t)
         layers = [{name: buffers[name].prefix(*shape) for name, shape in layer.items()} for buffers in self.layer_buffers]
         return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shared.items()}
-
-    def _document_mask(self) -> dict:
-        """The attention launchers' doc_start and doc_end keywords of the batch in flight (none without the mask)."""
-        if self.doc_mask_bos is None:
-            return {}
-        b, t = self.shape
-        return {"doc_start": self.doc_start.prefix(b, t), "doc_end": self.doc_end.prefix(b, t)}
 
     def param(self, tensor) -> DeviceArray:
         """A weight (a Tensor of the layout or its name)."""
@@ -103,8 +93,7 @@ class GPUModelFP32(GPUModelBase):
         tokens_d = self.tokens.prefix(N).reshape(b, t)
         z, starts = self.zero, L.layer_starts()  # each layer's first offset, the final norm's (ZeRO's buckets)
 
-        if self.doc_mask_bos is not None:
-            ops.document_bounds(self.doc_start.prefix(b, t), self.doc_end.prefix(b, t), tokens_d, self.doc_mask_bos)
+        self._document_bounds(tokens_d)
         z.begin(gather=False)  # (stage 3 gathers each layer's weights as the forward reaches it)
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward(layers[0]["x"], tokens_d, self.param("tok_embeddings.weight"))
