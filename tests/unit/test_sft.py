@@ -71,6 +71,7 @@ def test_ignored_targets_have_no_loss_and_no_gradient():
     assert not losses[~counted].any() and not dlogits[~counted].any()
 
 
+@pytest.mark.slow
 def test_reference_loss_mask_is_the_mean_over_counted_targets():
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, V, (2, 9))
@@ -181,6 +182,7 @@ def chat_shards(tmp_path):
     return write_chat_shards(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_tiny_sft_run_trains_on_the_assistant_tokens(tmp_path, chat_shards, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["-e", "tiny", "-b", "2", "-t", "64", "-d", "256", "-l", "1e-2", "-x", "12", "-s", "0", "-v", "6",
@@ -209,6 +211,7 @@ def sft_data(chat_shards) -> list[str]:
             "--sft"]
 
 
+@pytest.mark.slow
 def test_an_sft_run_resumes_bit_for_bit(tmp_path, chat_shards, monkeypatch):
     monkeypatch.chdir(tmp_path)
     check_resume_is_exact(tmp_path, sft_data(chat_shards), "cpu", "-d", "256")
