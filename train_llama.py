@@ -41,7 +41,8 @@ from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, describe_contents
 from llama.kernel_build import KernelBuildError
 from llama.memory import NotEnoughMemory
-from llama.options import DEVICES, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES, ZERO_STAGES
+from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES,
+                           ZERO_STAGES)
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import RECIPES, PlanError
 from llama.signals import StopNow
@@ -94,6 +95,13 @@ def add_model_and_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model or tokenizer.json (default: "
                    "tokenizer/tokenizer.model in the per-user cache, fetched on first use; byte-level tokens when "
                    "offline)")
+    g.add_argument("--sft", action="store_true",
+                   help="chat fine-tuning on shards that scripts/prepare_data.py wrote from conversations: only the "
+                        "tokens their .mask.bin marks (the assistant's replies) count in the loss, averaged over the "
+                        "counted tokens of the whole step; implies --doc-mask on")
+    g.add_argument("--doc-mask", choices=DOC_MASKS, default="auto",
+                   help="attention within each document only (a document starts at each BOS token; RoPE positions "
+                        "stay the row's); auto: on with --sft, else off (plain causal attention)")
 
 
 def add_batch(p: argparse.ArgumentParser) -> None:

@@ -1,21 +1,23 @@
 // Fused softmax cross-entropy (llm.c's fused classifier): one block per row of logits (N, V).
 // losses (N,) = logsumexp(row) - row[target]; the row is then overwritten by its gradient
 // (softmax(row) - onehot(target)) * dloss, so the probabilities never exist in memory.
+// A target < 0 is not counted: its row's loss and gradient are 0 (--sft's prompt tokens; row[target] is not read).
 // Two passes over the row: an online max/sum, then the gradient. The sum of exponentials is kept in
 // double, and the loss (log(sum) - (target - max)) and the target's gradient are formed in double,
 // so that both stay accurate when the loss is near zero.
 //
-// fused_classifier_bf16: the same for bf16 logits (n, V) of a chunk of n tokens, any V; losses (n,) fp32,
-//   dlogits written over the logits in bf16. Persistent: one 1024-thread block per multiprocessor
-//   (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte vectors
-//   (the elements before its first 16-byte boundary and after its last one, fewer than 8 each, one per
-//   thread); thread t owns vectors t + k * blockDim.x. Its first `smem_slots` ones stay in dynamic
-//   shared memory between the passes (smem_slots * blockDim.x * 16 bytes; slot k of thread t at
-//   k * blockDim.x + t, read back only by t), the next CLASSIFIER_REG_VECTORS in registers, and any
-//   beyond those (V above ~131k on Hopper) are read again in the gradient pass. The gradient pass of
-//   row r refills each slot, once it has been read, with row r + gridDim.x (cp.async into shared
-//   memory in two commit groups, plain loads into registers), so reading the next row overlaps writing
-//   this one and the max/sum pass reads on-chip memory only.
+// fused_classifier_bf16: the same for bf16 logits (n, V) of a chunk of n tokens, any V; losses (n,) fp32, dlogits
+//   written over the logits in bf16; dloss_scale, if not null, multiplies dloss (a device scalar written per
+//   step, which a captured graph reads at replay: --sft's 1 / counted targets). A row whose target is < 0 is read
+//   and refilled as the others, its loss 0 and its gradient written as 0. Persistent: one 1024-thread block per
+//   multiprocessor (grid <= n) takes rows blockIdx.x, blockIdx.x + gridDim.x, ... A row is read in 16-byte
+//   vectors (the elements before its first 16-byte boundary and after its last one, fewer than 8 each, one per
+//   thread); thread t owns vectors t + k * blockDim.x. Its first `smem_slots` ones stay in dynamic shared memory
+//   between the passes (smem_slots * blockDim.x * 16 bytes; slot k of thread t at k * blockDim.x + t, read back
+//   only by t), the next CLASSIFIER_REG_VECTORS in registers, and any beyond those (V above ~131k on Hopper) are
+//   read again in the gradient pass. The gradient pass of row r refills each slot, once it has been read, with
+//   row r + gridDim.x (cp.async into shared memory in two commit groups, plain loads into registers), so reading
+//   the next row overlaps writing this one and the max/sum pass reads on-chip memory only.
 //   Each thread keeps an online max m and `rest`, the sum of exp(x - m) over its elements except the
 //   one at m (whose term is the implicit 1), in fp32. The block adds the threads' terms in double without
 //   the implicit 1 of the row's maximum, so rest_total = sum - 1 stays accurate when the model is
@@ -24,7 +26,8 @@
 //   are ex2.approx of fmaf(x, log2 e, -m log2 e) (relative error ~1e-6 over the logits' range), which
 //   keeps the kernel memory-bound; a vector that raises a thread's max takes the exact path, which
 //   finds the implicit 1.
-// loss_accumulate_bf16: total (1,) += scale * sum(losses (n,)), one block, in a fixed order.
+// loss_accumulate_bf16: total (1,) += scale * sum(losses (n,)), one block, in a fixed order; scale_at, if not
+//   null, multiplies scale (the classifier's dloss_scale).
 #include "bf16.cuh"
 #include "mma.cuh"
 
@@ -34,6 +37,11 @@
 extern "C" __global__ void fused_classifier(float* logits, float* losses, const int* targets, int V, float dloss) {
     float* x = logits + (long long)blockIdx.x * V;
     const int target = targets[blockIdx.x];
+    if (target < 0) {  // not counted
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.0f;
+        return;
+    }
     const float target_logit = x[target];
     float m = -INFINITY;  // this thread's running max
     double s = 0.0;       // and sum of exp(x - m)
@@ -164,13 +172,15 @@ __device__ __forceinline__ void write_slots(uint4* cached, const LogitsRow& row,
 
 extern "C" __global__ void __launch_bounds__(1024, 1) fused_classifier_bf16(bf16* logits, float* losses,
                                                                             const int* targets, int n, int V,
-                                                                            float dloss, int smem_slots) {
+                                                                            float dloss, int smem_slots,
+                                                                            const float* dloss_scale) {
     extern __shared__ uint4 cached[];  // (smem_slots, blockDim.x): each thread reads back only its own slots
     const int stride = blockDim.x, half = smem_slots / 2;
     const int held_first = smem_slots * stride, rest_first = held_first + CLASSIFIER_REG_VECTORS * stride;
     uint4 held[CLASSIFIER_REG_VECTORS] = {};  // this thread's vectors held_first + j * stride + threadIdx.x
 
     if (blockIdx.x >= n) return;
+    if (dloss_scale != nullptr) dloss *= *dloss_scale;
     LogitsRow row(logits, blockIdx.x, V);
     fetch_slots(cached, row, 0, half);
     fetch_slots(cached, row, half, smem_slots);
@@ -182,7 +192,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) fused_classifier_bf16(bf16
 
     for (int r = blockIdx.x; r < n; r += gridDim.x) {
         const int target = targets[r];
-        const float target_logit = __bfloat162float(row.x[target]);
+        const float target_logit = target >= 0 ? __bfloat162float(row.x[target]) : 0.0f;  // < 0: not counted
+        const float row_dloss = target >= 0 ? dloss : 0.0f;
         const int scalar = row.scalar(V);
         const float scalar_logit = scalar >= 0 ? __bfloat162float(row.x[scalar]) : 0.0f;
 
@@ -221,22 +232,23 @@ extern "C" __global__ void __launch_bounds__(1024, 1) fused_classifier_bf16(bf16
             (ones - 1);
         const double sum = 1.0 + rest_total;
         const double target_shift = (double)target_logit - row_max;
-        if (threadIdx.x == 0) losses[r] = (float)(log1p(rest_total) - target_shift);
+        if (threadIdx.x == 0) losses[r] = target >= 0 ? (float)(log1p(rest_total) - target_shift) : 0.0f;
         const float lse_log2 = (row_max + (float)log(sum)) * LOG2E;
-        const float dtarget = (float)((expm1(target_shift) - rest_total) / sum) * dloss;
+        const float dtarget = (float)((expm1(target_shift) - rest_total) / sum) * row_dloss;
 
         // pass 2: the gradient, refilling shared memory and registers with the next row
         const bool has_next = r + gridDim.x < n;
         const LogitsRow next(logits, has_next ? r + gridDim.x : r, V);
         const int next_vectors = has_next ? next.vectors : 0;
-        write_slots(cached, row, next.vectors_at, next_vectors, 0, half, lse_log2, dloss, target, dtarget);
-        write_slots(cached, row, next.vectors_at, next_vectors, half, smem_slots, lse_log2, dloss, target, dtarget);
+        write_slots(cached, row, next.vectors_at, next_vectors, 0, half, lse_log2, row_dloss, target, dtarget);
+        write_slots(cached, row, next.vectors_at, next_vectors, half, smem_slots, lse_log2, row_dloss, target,
+                    dtarget);
 #pragma unroll
         for (int j = 0; j < CLASSIFIER_REG_VECTORS; j++) {
             const int vec = held_first + j * stride + threadIdx.x;
             if (vec < row.vectors)
                 __stcs(row.vectors_at + vec,
-                       softmax_gradient8(held[j], lse_log2, dloss, target - row.head - vec * 8, dtarget));
+                       softmax_gradient8(held[j], lse_log2, row_dloss, target - row.head - vec * 8, dtarget));
             if (vec < next_vectors) held[j] = __ldcs(next.vectors_at + vec);
         }
         for (int i = rest_first + threadIdx.x; i < row.vectors; i += CLASSIFIER_UNROLL * stride) {
@@ -249,17 +261,19 @@ extern "C" __global__ void __launch_bounds__(1024, 1) fused_classifier_bf16(bf16
                 const int vec = i + u * stride;
                 if (vec < row.vectors)
                     __stcs(row.vectors_at + vec,
-                           softmax_gradient8(raw[u], lse_log2, dloss, target - row.head - vec * 8, dtarget));
+                           softmax_gradient8(raw[u], lse_log2, row_dloss, target - row.head - vec * 8, dtarget));
             }
         }
         if (scalar >= 0)
             row.x[scalar] = __float2bfloat16_rn(
-                scalar == target ? dtarget : fast_exp2(fmaf(scalar_logit, LOG2E, -lse_log2)) * dloss);
+                scalar == target ? dtarget : fast_exp2(fmaf(scalar_logit, LOG2E, -lse_log2)) * row_dloss);
         row = next;
     }
 }
 
-extern "C" __global__ void loss_accumulate_bf16(float* total, const float* losses, int n, float scale) {
+extern "C" __global__ void loss_accumulate_bf16(float* total, const float* losses, int n, float scale,
+                                                const float* scale_at) {
+    if (scale_at != nullptr) scale *= *scale_at;
     double sum = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum += losses[i];
     sum = block_sum(sum);

@@ -15,6 +15,8 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")  # the learning-rate schedul
 FP8_SCALINGS = ("row", "tensor")  # --dtype fp8: one scale per slice along K, or one per tensor
 ZERO_STAGES = (1, 2, 3)  # ZeRO: the optimizer state sharded; and the gradients; and the weights
 REDUCE_DTYPES = ("fp32", "bf16")  # several GPUs: the gradients' reduce-scatter
+# --doc-mask: attention within each document (documents start at BOS); auto is on with --sft, else off
+DOC_MASKS = ("auto", "on", "off")
 
 # the memory recipes each path runs, defaults first: (recompute, optimizer, optimizer-in-backward). The numpy
 # reference runs them all; the bf16 GPU model too (the optimizer in the backward on one GPU),
@@ -44,9 +46,11 @@ class RunOptions:
     reduce_dtype: str | None = None  # REDUCE_DTYPES
     gpus: int = 1
     batch: tuple[int, int] | None = None
+    doc_mask: str | None = None  # DOC_MASKS; None is auto
+    sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count
 
     @classmethod
     def from_args(cls, args, gpus: int = 1, batch: tuple[int, int] | None = None) -> "RunOptions":
         """The options of train_llama.py's parsed command line."""
         return cls(args.device, args.dtype, args.recompute, args.optimizer, args.optimizer_in_backward,
-                   args.fp8_scaling, args.zero, args.reduce_dtype, gpus, batch)
+                   args.fp8_scaling, args.zero, args.reduce_dtype, gpus, batch, args.doc_mask, args.sft)

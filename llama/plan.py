@@ -16,7 +16,7 @@ from .cuda import cuda_unavailable, runtime
 from .memory import choose_zero, gpu_free
 from .model.shapes import HOPPER_ATTENTION
 from .optim import QUANT_BLOCK
-from .options import FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
+from .options import DOC_MASKS, FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
 from .ops.common import VECTOR
 from .ops.flash_attention import HEAD_DIMS, FlashSource
 
@@ -89,6 +89,8 @@ class Plan:
     zero: int = 1  # the ZeRO stage on several GPUs (llama/parallel/zero.py): 1 shards the optimizer state, 2 the
     # gradients too, 3 the weights too
     reduce_dtype: str = "fp32"  # several GPUs: the gradients' reduce-scatter in fp32, or bf16 (half the bytes)
+    doc_mask: bool = False  # each token attends within its own document only (documents start at BOS)
+    sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count in the loss
 
     @property
     def path(self) -> str:
@@ -109,6 +111,7 @@ class Plan:
         return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer}"
                 + (" in the backward" if self.in_backward else "") + (f" | ZeRO-{self.zero}" if self.zero > 1 else "")
                 + (" | bf16 reduce-scatter" if self.reduce_dtype == "bf16" else "")
+                + (" | document mask" if self.doc_mask else "") + (" | SFT loss mask" if self.sft else "")
                 + (f"; {self.note}" if self.note else ""))
 
 
@@ -187,14 +190,27 @@ def check_reduce_dtype(reduce_dtype: str | None, gpus: int, dtype: str | None) -
                         "fp32 or bf16, and in fp32 on the exact path")
 
 
+def choose_doc_mask(doc_mask: str | None, sft: bool) -> bool:
+    """Whether attention is document-masked: --doc-mask on or off, auto (None) on with --sft only; PlanError for
+    --sft with the mask off (packed conversations must not see each other)."""
+    if doc_mask is not None and doc_mask not in DOC_MASKS:
+        raise PlanError(f"--doc-mask {doc_mask}: choose from {', '.join(DOC_MASKS)}")
+    if sft and doc_mask == "off":
+        raise PlanError("--sft with --doc-mask off: conversations packed into one row would attend to each other; "
+                        "--sft takes the document mask (leave --doc-mask at auto or on)")
+    return doc_mask == "on" or (doc_mask in (None, "auto") and sft)
+
+
 def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | None = None) -> Plan:
     """The plan of a run of this model with these options (llama/options.py RunOptions): device None picks the
     GPU where one is usable; dtype None picks bf16 wherever its kernels take the model, else the exact fp32
     path; recompute, optimizer and in_backward None take the path's defaults (RECIPES); fp8_scaling None is
     row-wise; zero None on several GPUs is the lowest ZeRO stage whose buffers for the options' (B, T) batches
     fit in free_memory bytes (None: this GPU's free memory; the trainer passes the least over the ranks, so that
-    they all take the same stage; stage 1 without a batch); reduce_dtype None reduces the gradients in fp32."""
+    they all take the same stage; stage 1 without a batch); reduce_dtype None reduces the gradients in fp32;
+    doc_mask and sft as choose_doc_mask says."""
     o = options
+    masks = {"doc_mask": choose_doc_mask(o.doc_mask, o.sft), "sft": o.sft}
     if o.fp8_scaling is not None and o.dtype != "fp8":
         raise PlanError(f"--fp8-scaling {o.fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
                         f"{o.dtype or 'not fp8'}")
@@ -209,7 +225,7 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 (or fp8's casts)")
         return Plan("cpu", o.dtype or "fp32", "CPU",
                     note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
-                    **choose_recipe("cpu", o.recompute, o.optimizer, o.in_backward), fp8_scaling=fp8_scaling)
+                    **choose_recipe("cpu", o.recompute, o.optimizer, o.in_backward), fp8_scaling=fp8_scaling, **masks)
     why_not_bf16 = bf16_unsupported(config)
     if o.dtype in ("bf16", "fp8") and why_not_bf16:
         raise PlanError(f"--dtype {o.dtype}: {why_not_bf16}")
@@ -233,7 +249,7 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,
                 fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None,
-                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32")
+                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32", **masks)
     if o.zero is None and o.gpus > 1 and o.batch is not None:
         available = gpu_free() if free_memory is None else free_memory
         plan = replace(plan, zero=choose_zero(plan, config, *o.batch, o.gpus, available))

@@ -36,6 +36,7 @@ from .kernel_build import build, kernels_for
 from .memory import gpu_free, host_available, require, sampling_buffers, training_buffers, what_would_fit
 from .model.gpu_bf16 import GPUModelBF16
 from .model.gpu_fp32 import GPUModelFP32
+from .model.base import counted_targets
 from .model.reference import ReferenceModel
 from .model.sampling import Sampling
 from .optim import AdamWConfig, learning_rate
@@ -89,16 +90,18 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     return 6 * weights + 6 * config.n_layers * config.dim * T
 
 
-def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, comm=None, seed: int = 0):
+def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, comm=None, seed: int = 0,
+                bos_id: int | None = None):
     """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32; params None:
-    drawn from seed (on the device on one GPU)."""
+    drawn from seed (on the device on one GPU); with the plan's document mask, documents start at bos_id."""
+    doc_mask_bos = bos_id if plan.doc_mask else None
     if plan.device == "cpu":
         return ReferenceModel(config, params=params, seed=seed, optimizer=plan.optimizer, recompute=plan.recompute,
                               in_backward=plan.in_backward,
-                              fp8=plan.fp8_scaling if plan.dtype == "fp8" else None)
+                              fp8=plan.fp8_scaling if plan.dtype == "fp8" else None, doc_mask_bos=doc_mask_bos)
     if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
-        return GPUModelBF16(config, B, T, params=params, seed=seed, comm=comm, plan=plan)
-    return GPUModelFP32(config, B, T, params=params, seed=seed, comm=comm, zero=plan.zero)
+        return GPUModelBF16(config, B, T, params=params, seed=seed, comm=comm, plan=plan, doc_mask_bos=doc_mask_bos)
+    return GPUModelFP32(config, B, T, params=params, seed=seed, comm=comm, zero=plan.zero, doc_mask_bos=doc_mask_bos)
 
 
 def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, free_gpu: int | None = None,
@@ -183,14 +186,14 @@ class Trainer:
         on_device = self.plan.device != "cpu" and self.world == 1  # fresh or HF weights go straight to the GPU
         params = (checkpoint["params"] if checkpoint is not None else None if on_device
                   else self._load_hf(hf_folder) if hf_folder else self._initialize())
-        self.model = build_model(self.plan, self.config, self.B, self.T, params, comm, args.seed)
+        self.model = build_model(self.plan, self.config, self.B, self.T, params, comm, args.seed, self.tokenizer.bos_id)
         if hf_folder and on_device:
             self._load_hf_to_device(hf_folder)
         self.sample_rng = np.random.default_rng(args.seed)
         # each checkpoint's weights are checked on this fixed batch before they are saved (io/guard.py)
         probe_loader = DataLoader(self.val_pattern or self.train_pattern, self.B, self.T, shuffle=False,
                                   vocab_size=self.config.vocab_size)
-        self.probe_batch = probe_loader.next_batch()
+        self.probe_batch = self._read(probe_loader)
         self.start, self.log_bytes = 0, 0
         if resume is not None:
             self._restore(resume)
@@ -284,7 +287,10 @@ class Trainer:
                                        seed=args.seed, vocab_size=V)
         self.val_loader = (DataLoader(self.val_pattern, B, T, self.rank, self.world, shuffle=False, vocab_size=V)
                            if self.val_pattern else None)
-        self.upcoming = None  # the next step's micro-batches, read while this step's were on the GPU
+        if self.plan.sft:  # every shard's loss mask, before the run starts
+            for loader in filter(None, (self.train_loader, self.val_loader)):
+                loader.check_masks()
+        self.upcoming = None  # the next step's (micro-batches, loss divisor), read while this step's were on the GPU
         if args.steps is not None and args.steps != -1:
             self.steps = args.steps
         elif args.epochs is not None or args.steps == -1:  # -x -1 is one epoch, as in llm.c
@@ -337,23 +343,49 @@ class Trainer:
         handed to the model, which prepares it while this step runs; a checkpoint keeps the loader's
         position from before that read."""
         lr = learning_rate(step, self.steps, self.lr, self.args.warmup, self.args.schedule, self.args.final_lr_frac)
-        batches = self.upcoming or self._next_batches()
+        batches, counted = self.upcoming or self._next_batches()
         self.loader_state = self.train_loader.state_dict()
         self.upcoming = self._next_batches() if step + 1 < self.steps else None
-        loss, norm = self.model.train_step(batches, lr, step + 1, self.opt, self.upcoming[0] if self.upcoming else None)
+        loss, norm = self.model.train_step(batches, lr, step + 1, self.opt,
+                                           self.upcoming[0][0] if self.upcoming else None, counted)
         return loss, norm, lr
 
-    def _next_batches(self) -> list:
-        """The loader's next batch as the step's micro-batches [(tokens, targets), ...]."""
-        inputs, targets = self.train_loader.next_batch()
-        return list(zip(np.split(inputs, self.grad_accum), np.split(targets, self.grad_accum)))
+    def _read(self, loader: DataLoader) -> tuple[np.ndarray, np.ndarray]:
+        """The loader's next (inputs, targets); with --sft the targets its loss mask leaves out are -1 (not
+        counted)."""
+        if not self.plan.sft:
+            return loader.next_batch()
+        inputs, targets, mask = loader.next_batch(with_mask=True)
+        return inputs, np.where(mask == 1, targets, -1).astype(np.int32)
+
+    def _next_batches(self) -> tuple[list, float | None]:
+        """The loader's next batch as the step's micro-batches [(tokens, targets), ...], and with --sft the
+        step's loss divisor on this rank (Model.train_step's counted): the counted targets of the step over all
+        ranks, which one tiny all-reduce of the ranks' counts gives, divided by the number of ranks."""
+        inputs, targets = self._read(self.train_loader)
+        batches = list(zip(np.split(inputs, self.grad_accum), np.split(targets, self.grad_accum)))
+        if not self.plan.sft:
+            return batches, None
+        counted = float(counted_targets(targets))
+        if self.comm is not None:
+            counted = float(self.comm.host_reduce([counted])[0])
+        return batches, counted / self.world
 
     def evaluate(self) -> float:
-        """The mean loss over the first --val-batches batches of the validation data."""
+        """The mean loss over the first --val-batches batches of the validation data (with --sft over their
+        counted targets, on all ranks; 0 when none is counted)."""
         loader = self.val_loader
         loader.reset()
         n = min(self.args.val_batches, loader.batches_per_epoch)
-        return mean_over_ranks(self.comm, sum(self.model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
+        if not self.plan.sft:
+            return mean_over_ranks(self.comm, sum(self.model.forward(*loader.next_batch()) for _ in range(n)) / n)[0]
+        losses, counted = 0.0, 0
+        for _ in range(n):
+            inputs, targets = self._read(loader)
+            losses += self.model.forward(inputs, targets) * counted_targets(targets)
+            counted += counted_targets(targets)
+        losses, counted = mean_over_ranks(self.comm, losses, counted)
+        return losses / counted if counted else 0.0
 
     def run_evaluation(self, step: int) -> None:
         """--eval on every rank's share of the items: llm.c's s:<step> hella:<acc> line (with acc_norm) in main.log."""

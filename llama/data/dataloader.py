@@ -89,11 +89,22 @@ class DataLoader:
         return windows[:, :-1], windows[:, 1:], masks
 
     def _open_mask(self, shard: int, num_tokens: int) -> np.ndarray:
-        path = mask_path(self.files[shard])
+        return open_mask(self._mask_of(self.files[shard]), num_tokens)
+
+    @staticmethod
+    def _mask_of(shard: str) -> Path:
+        """The loss-mask sidecar of a shard, which must exist (else a ShardError naming the shard)."""
+        path = mask_path(shard)
         if not path.exists():
-            raise ShardError(f"{self.files[shard]} has no loss mask ({path.name}); chat data written by "
+            raise ShardError(f"{shard} has no loss mask ({path.name}); chat data written by "
                              "scripts/prepare_data.py has one")
-        return open_mask(path, num_tokens)
+        return path
+
+    def check_masks(self) -> None:
+        """Every shard has its loss-mask sidecar (with_mask reads them): else a ShardError naming the first one
+        without, before anything is read."""
+        for shard in self.files:
+            self._mask_of(shard)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "shard_pos": self.shard_pos, "batch_pos": self.batch_pos, "seed": self.seed,

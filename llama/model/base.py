@@ -2,11 +2,12 @@
 interface the trainer drives, with the training step driven here, once, for every model.
 
 A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
-  forward(tokens, targets=None)   the mean loss with targets; keeps what read_logits() needs without
+  forward(tokens, targets=None)   the mean loss with targets (over the counted ones: a target < 0 is not
+                                  counted, its loss and gradient 0); keeps what read_logits() needs without
   read_logits(position=None)      (b, t, V) logits of the last forward, or (b, V) at one position
   token_losses()                  (b, t) float32 cross-entropy of each target of the last forward with
                                   targets (what the mean loss averages; the evaluation's log-probs)
-  train_step(batches, lr, step, opt) -> (mean loss, grad norm), below
+  train_step(batches, lr, step, opt, counted=None) -> (mean loss, grad norm), below
   get_params(), get_optimizer_state() -> (m, v), set_state(params, m, v): the state a checkpoint holds
   (full flat fp32 arrays; None on the ranks other than 0 of a multi-GPU run; set_state also takes 8-bit
   moments, llama/optim.py's Quantized, and params None, keeping the weights)
@@ -61,7 +62,8 @@ def rope_cos_sin(config: LlamaConfig, seq_len: int) -> tuple[np.ndarray, np.ndar
 
 def check_batch(tokens: np.ndarray, targets: np.ndarray | None, vocab_size: int, max_b: int | None,
                 max_t: int) -> None:
-    """A (b, t) batch of ids that fits the model (both backends check inputs with this)."""
+    """A (b, t) batch of ids that fits the model (both backends check inputs with this); a target may be < 0,
+    not counted in the loss."""
     if tokens.ndim != 2 or (max_b is not None and tokens.shape[0] > max_b) or tokens.shape[1] > max_t:
         limit = f"b <= {max_b}, t <= {max_t}" if max_b is not None else f"t <= max_seq_len {max_t}"
         raise ValueError(f"tokens must be (b, t) with {limit}; got shape {tokens.shape}")
@@ -70,8 +72,26 @@ def check_batch(tokens: np.ndarray, targets: np.ndarray | None, vocab_size: int,
             continue
         if ids.shape != tokens.shape:
             raise ValueError(f"{name} shape {ids.shape} differs from tokens shape {tokens.shape}")
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise ValueError(f"{name} hold ids outside [0, {vocab_size})")
+        if ids.size and (ids.max() >= vocab_size or (name == "tokens" and ids.min() < 0)):
+            allowed = f"[0, {vocab_size})" if name == "tokens" else f"(-inf, {vocab_size}) (< 0: not counted)"
+            raise ValueError(f"{name} hold ids outside {allowed}")
+
+
+def counted_targets(targets: np.ndarray) -> int:
+    """How many targets count in the loss: those >= 0."""
+    return int(np.count_nonzero(targets >= 0))
+
+
+def mean_counted_loss(losses: np.ndarray, counted: int) -> float:
+    """The mean of per-target losses (0 where a target is not counted) over the counted targets; 0 when none is
+    (when all are: np.mean's bits)."""
+    return float(np.mean(losses, dtype=np.float64)) * (losses.size / counted) if counted else 0.0
+
+
+def step_share(targets: np.ndarray, counted: float) -> float:
+    """A micro-batch's weight in a step whose loss is divided by `counted`: its counted targets / counted (0 when
+    the step counts none), so that its mean loss times this adds sum(its losses) / counted."""
+    return counted_targets(targets) / counted if counted else 0.0
 
 
 
@@ -83,12 +103,19 @@ class Model:
     micro-batch, then clip, AdamW and read the loss and norm. The three parts below run eagerly (the
     reference and the fp32 GPU model); the bf16 GPU model replays them as captured CUDA graphs."""
     group_norms_squared: list[float] | None = None
+    counted: float | None = None  # the loss divisor of the step being taken (train_step)
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
-                   upcoming: tuple | None = None) -> tuple[float, float]:
+                   upcoming: tuple | None = None, counted: float | None = None) -> tuple[float, float]:
         """One optimizer step over the micro-batches [(tokens, targets), ...] (step counts from 1):
         (mean loss, grad norm). upcoming: the next step's first micro-batch, if known: the bf16 GPU model
-        does its host work while this step runs, and skips it when the same arrays (unchanged) come back."""
+        does its host work while this step runs, and skips it when the same arrays (unchanged) come back.
+        counted None: the loss is the mean of the micro-batches' mean losses. Else (--sft, targets < 0 not
+        counted) the loss divisor on this rank: the counted targets of the whole step over all ranks divided by
+        the number of ranks (whose gradients are averaged); this rank's loss is the sum of its counted losses
+        / counted, and the mean over ranks the mean over every counted target of the step, whatever the
+        accumulation and the number of GPUs (0 when none is counted)."""
+        self.counted = counted
         self.start_step(batches, opt)
         for i, (tokens, targets) in enumerate(batches):
             self.micro_step(tokens, targets, len(batches), last=i == len(batches) - 1)
@@ -99,9 +126,15 @@ class Model:
         self.step_loss = 0.0
 
     def micro_step(self, tokens: np.ndarray, targets: np.ndarray, micro: int, last: bool) -> None:
-        """Forward and backward of one of `micro` micro-batches, each weighted 1 / micro."""
-        self.step_loss += self.forward(tokens, targets) / micro
-        self.backward(loss_scale=1.0 / micro)
+        """Forward and backward of one of `micro` micro-batches, each weighted 1 / micro (with counted, by its
+        share of the step's counted targets)."""
+        if self.counted is None:
+            self.step_loss += self.forward(tokens, targets) / micro
+            self.backward(loss_scale=1.0 / micro)
+            return
+        share = step_share(targets, self.counted)
+        self.step_loss += self.forward(tokens, targets) * share
+        self.backward(loss_scale=share)
 
     def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray] | None:
         """A checkpoint's snapshot of the training state in host memory (page-locked on one GPU), the moments as

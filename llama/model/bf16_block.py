@@ -5,8 +5,9 @@ A layer runs _attention_norm (its first RMSNorm, fused with the residual add of 
 _layer_forward: the QKV GEMM with RoPE in its epilogue, _attention (flash attention over the batch; the
 decoder's writes its KV cache first), the wo GEMM, the residual fused with the second RMSNorm, the w1/w3 GEMM,
 SwiGLU and the w2 GEMM, whose branch the next layer's first norm (or the final norm) adds to h.
-Its users hold config, layout and plan (llama/plan.py: which GEMM and attention builds run), and weight(tensor)
-(a matrix's bf16 copy, as the GEMMs read it) and master(name) (a norm's fp32 weights)."""
+Its users hold config, layout and plan (llama/plan.py: which GEMM and attention builds run), weight(tensor)
+(a matrix's bf16 copy, as the GEMMs read it), master(name) (a norm's fp32 weights) and _document_mask() (the flash
+attention launchers' doc_start and doc_end keywords of the batch in flight; none: the attention spans the row)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ class BF16Block:
             ops.rmsnorm_residual_forward_bf16(a["x"], a["ln1"], a["rstd1"], h, branch, weight, eps)
 
     def _attention(self, i: int, a: dict) -> None:
-        """Layer i's causal attention of the packed a["qkv"] into a["att"], a["lse"]."""
+        """Layer i's causal attention of the packed a["qkv"] into a["att"], a["lse"], document-masked as
+        _document_mask() says."""
         c = self.config
-        ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention)
+        ops.flash_attention_forward(a["att"], a["lse"], a["qkv"], c.n_heads, c.n_kv_heads, source=self.plan.attention,
+                                    **self._document_mask())
 
     def _layer_forward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
         """Layer i's forward after its first norm (a["ln1"] of a["x"]): attention, the residual and the

@@ -67,13 +67,14 @@ class OptimizerInBackward(CapturedStep):
             self.group_grads.prefix(self.groups[g - 1][1] - self.groups[g - 1][0]).fill_zero()
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
-                   upcoming: tuple | None = None) -> tuple[float, float]:
+                   upcoming: tuple | None = None, counted: float | None = None) -> tuple[float, float]:
         """Model.train_step; with the optimizer in the backward one forward and a backward that updates
         each group of weights as soon as its gradients are final. The first step of a shape runs eagerly
         and captures."""
         if not self.in_backward:
-            return super().train_step(batches, lr, step, opt, upcoming)
+            return super().train_step(batches, lr, step, opt, upcoming, counted)
         tokens, targets = self._one_batch(batches)
+        self._step_loss_scale(counted)
         self._set_scalars(lr, step, opt)
         self._upload(tokens, targets)
         self.shape, key = tokens.shape, (*tokens.shape, "in backward", opt)
@@ -89,11 +90,13 @@ class OptimizerInBackward(CapturedStep):
                 self.graphs[key] = Graph(lambda: self._step_in_backward(opt))
         return loss, norm
 
-    def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+    def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
+                   counted: float | None = None) -> tuple[float, float]:
         """CapturedStep.eager_step; with the optimizer in the backward train_step's launches, uncaptured."""
         if not self.in_backward:
-            return super().eager_step(batches, lr, step, opt)
+            return super().eager_step(batches, lr, step, opt, counted)
         tokens, targets = self._one_batch(batches)
+        self._step_loss_scale(counted)
         self._set_scalars(lr, step, opt)
         self._upload(tokens, targets)
         self.shape, self.has_targets = tokens.shape, True

@@ -1,29 +1,33 @@
 """The bf16 model's per-step inputs from the host, staged in pinned memory and copied in asynchronously in
 stream order, so that a captured step reads them from fixed device buffers: the batch (tokens, targets, and
-the token segments of the embedding's backward), in two pinned sets used in turn, and the optimizer's lr and
-bias corrections. While a step runs, the host may stage the next step's first micro-batch (_prepare)."""
+the token segments of the embedding's backward), in two pinned sets used in turn, the optimizer's lr and
+bias corrections, and --sft's loss scale (1 / the step's counted targets). While a step runs, the host may
+stage the next step's first micro-batch (_prepare)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import ops
-from ..cuda import empty, runtime
+from ..cuda import empty, runtime, zeros
 from ..optim import AdamWConfig
 
 
 class PinnedInputs:
-    """Its user holds adam_scalars (the device's ops.ADAMW_SCALARS values) and allocates with _allocate_inputs."""
+    """Its user holds adam_scalars (the device's ops.ADAMW_SCALARS values) and allocates with _allocate_inputs, which
+    makes loss_scale (1,), the classifier's scale under --sft."""
 
     def _allocate_inputs(self, N: int) -> None:
         """Device buffers for batches of up to N tokens, two sets of pinned host buffers used in turn, the
-        scalars' pinned buffer, and an event per pinned buffer that says when its last copy has run."""
+        scalars' and the loss scale's pinned buffers, and an event per pinned buffer that says when its last copy
+        has run."""
         self.inputs = {"tokens": empty(N, np.int32), "targets": empty(N, np.int32), "order": empty(N, np.int32),
                        "segments": empty((N, 4), np.int32)}
         drv = runtime().drv
         self.pinned = [{k: drv.pagelocked_empty(a.shape, np.int32) for k, a in self.inputs.items()} for _ in range(2)]
         self.pinned_scalars = drv.pagelocked_empty(ops.ADAMW_SCALARS, np.float32)
-        self.pinned_free = [drv.Event() for _ in range(3)]  # one per input set, one for the scalars
+        self.loss_scale, self.pinned_loss_scale = zeros(1), drv.pagelocked_empty(1, np.float32)
+        self.pinned_free = [drv.Event() for _ in range(4)]  # one per input set, the scalars, the loss scale
         for event in self.pinned_free:
             event.record(runtime().stream)
         self.turn = 0
@@ -64,3 +68,10 @@ class PinnedInputs:
         self.pinned_scalars[:] = ops.adamw_scalars(step, lr, opt)
         self.adam_scalars.upload_async(self.pinned_scalars)
         self.pinned_free[2].record(runtime().stream)
+
+    def _set_loss_scale(self, value: float) -> None:
+        """The classifier's scale of each counted target's loss and gradient into device memory (--sft)."""
+        self.pinned_free[3].synchronize()
+        self.pinned_loss_scale[0] = value
+        self.loss_scale.upload_async(self.pinned_loss_scale)
+        self.pinned_free[3].record(runtime().stream)

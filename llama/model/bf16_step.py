@@ -24,8 +24,9 @@ from .base import check_batch
 CAPTURE = "capturing the step's CUDA graphs"  # a progress phase (llama/progress.py)
 
 class CapturedStep:
-    """Its user holds config, B, T, zero, norm_weights, the device's norm_squared, norm_scratch, adam_scalars
-    and loss_total, graphs ({} at first), and the launches _forward and _backward; PinnedInputs' methods."""
+    """Its user holds config, plan, B, T, zero, norm_weights, the device's norm_squared, norm_scratch,
+    adam_scalars and loss_total, graphs ({} at first), and the launches _forward and _backward; PinnedInputs'
+    methods (and its loss_scale, which the classifier reads with the plan's sft)."""
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
         """Clip by global norm and take one AdamW step (step counts from 1), updating the bf16 copy."""
@@ -67,10 +68,12 @@ class CapturedStep:
 
     def start_step(self, batches: list, opt: AdamWConfig) -> None:
         """The captured graphs of this step's shape when they exist (the first step of a shape runs
-        eagerly and captures them at its end); the gradients and the loss zeroed."""
+        eagerly and captures them at its end); the gradients and the loss zeroed; the loss scale of
+        train_step's counted (--sft)."""
         micro, shapes = len(batches), {x.shape for x, _ in batches}
         key = (*batches[0][0].shape, micro, opt) if len(shapes) == 1 else None
         self.step_graphs, self.micro_index = (key, micro, self.graphs.get(key)), 0
+        self._step_loss_scale(self.counted)
         self.zero_grad()
         self.loss_total.fill_zero()
 
@@ -107,19 +110,32 @@ class CapturedStep:
 
     def _micro_step(self, micro: int, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the first one of a step gathers the new weights, the
-        last one reduce-scatters the gradients (several GPUs; at ZeRO-2 and 3 every one does)."""
+        last one reduce-scatters the gradients (several GPUs; at ZeRO-2 and 3 every one does). Each weighs 1 / micro,
+        or with sft 1 (the classifier's device scale divides by the step's counted targets)."""
         self.zero.begin(gather=first, first=first)
-        self._forward(1.0 / micro, True, 1.0 / micro)
+        weight = 1.0 if self.plan.sft else 1.0 / micro
+        self._forward(weight, True, weight)
         self._backward(sync=last)
         self.zero.end(last)
+
+    def _step_loss_scale(self, counted: float | None) -> None:
+        """With the plan's sft, 1 / counted (0 when the step counts no target) as the classifier's device scale;
+        a model planned for sft takes counted in every step, one planned without takes none."""
+        if self.plan.sft != (counted is not None):
+            raise ValueError(f"counted {counted}: a model planned with --sft takes each step's counted targets "
+                             "(Model.train_step), one planned without takes none")
+        if counted is not None:
+            self._set_loss_scale(1.0 / counted if counted else 0.0)
 
     def _loss_and_norm(self) -> tuple[float, float]:
         """The step's mean loss and gradient norm, read from the device (a synchronization)."""
         return float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
 
-    def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig) -> tuple[float, float]:
+    def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
+                   counted: float | None = None) -> tuple[float, float]:
         """train_step's launches run eagerly, neither replaying nor capturing a CUDA graph (e.g. to time each
         launch): (mean loss, grad norm), the same bits as train_step's."""
+        self._step_loss_scale(counted)
         self.zero_grad()
         self.loss_total.fill_zero()
         for i, (tokens, targets) in enumerate(batches):

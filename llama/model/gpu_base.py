@@ -22,16 +22,20 @@ CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronizat
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
                weight_dtype, optimizer: str = "adamw", gradients: bool = True, stage: int = 1,
-               reduce_dtype=np.float32) -> np.ndarray:
+               reduce_dtype=np.float32, doc_mask_bos: int | None = None) -> np.ndarray:
         """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
         weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
         moments' format (llama/optim.py OPTIMIZER_STATES); gradients False: no full gradient buffer (the
         model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
-        reduce-scatter. Returns the starting flat fp32 params: params, or on several GPUs a fresh
+        reduce-scatter; doc_mask_bos: None, or the BOS id of the document mask (_document_bounds). Returns the
+        starting flat fp32 params: params, or on several GPUs a fresh
         initialization from seed; None on one GPU, which draws it on the device (llama/ops/init.py)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T, self.comm = config, B, T, comm
+        self.doc_mask_bos = doc_mask_bos
+        if doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
+            self.doc_start, self.doc_end = empty((B, T), np.int32), empty((B, T), np.int32)
         self.layout = ParameterLayout(config)
         params = model_parameters(self.layout, params, seed) if params is not None or comm is not None else None
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
@@ -46,6 +50,21 @@ class GPUModelBase(Model):
         self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
         self.copy_stream = self.state_ready = None  # download_state's stream, and its start after the compute
         return params
+
+    def _document_bounds(self, tokens: DeviceArray) -> None:
+        """With the document mask, the document bounds of the (b, t) tokens on the device, from the uploaded
+        tokens (in the forward: inside a captured graph, so a replay takes its batch's); nothing without."""
+        if self.doc_mask_bos is not None:
+            b, t = tokens.shape
+            ops.document_bounds(self.doc_start.prefix(b, t), self.doc_end.prefix(b, t), tokens, self.doc_mask_bos)
+
+    def _document_mask(self) -> dict:
+        """The attention launchers' doc_start and doc_end keywords of the batch in flight (its shape self.shape),
+        none without the document mask."""
+        if self.doc_mask_bos is None:
+            return {}
+        b, t = self.shape
+        return {"doc_start": self.doc_start.prefix(b, t), "doc_end": self.doc_end.prefix(b, t)}
 
     def grad(self, tensor) -> DeviceArray:
         """Where a tensor's gradient accumulates (a Tensor of the layout or its name)."""

@@ -43,7 +43,7 @@ from ..cuda import BF16, DeviceArray, empty, zeros
 from ..options import RunOptions
 from ..parallel.zero import MasterReplica
 from ..plan import Plan, make_plan
-from .base import check_batch
+from .base import check_batch, counted_targets
 from .bf16_fp8 import FP8Linears
 from .bf16_in_backward import OptimizerInBackward
 from .bf16_inputs import PinnedInputs
@@ -53,15 +53,18 @@ from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activatio
 
 class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 comm=None, plan: Plan | None = None):
+                 comm=None, plan: Plan | None = None, doc_mask_bos: int | None = None):
         """plan: the run's (llama/plan.py), which says which GEMM and attention builds run, what the
-        backward recomputes and the optimizer; None makes the default bf16 plan of this model on this GPU
-        (a PlanError says why the model does not fit it)."""
+        backward recomputes and the optimizer, and with sft that the loss is divided by the step's counted
+        targets (train_step's counted, read by the classifier from a device scalar); None makes the default bf16
+        plan of this model on this GPU (a PlanError says why the model does not fit it). doc_mask_bos: None, or
+        the BOS id: each forward computes its batch's document bounds on the GPU from the uploaded tokens (inside
+        the captured graphs) and every layer's attention, forward and backward, is document-masked."""
         self.plan = plan or make_plan(config, RunOptions("cuda", "bf16"))
         self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
         self.fp8 = self.plan.dtype == "fp8"
         params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward,
-                             self.plan.zero, BF16 if self.plan.reduce_dtype == "bf16" else np.float32)
+                             self.plan.zero, BF16 if self.plan.reduce_dtype == "bf16" else np.float32, doc_mask_bos)
         self.params_bf16 = self.zero.weights
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
         if self.in_backward:
@@ -118,17 +121,23 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
 
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, loss_scale: float | None = None,
                 return_loss: bool = True) -> float | None:
-        """Run the model on (b, t) tokens. With targets the mean loss is returned (reading it is a
-        sync; return_loss=False skips it) and, when loss_scale is given, the head's gradients are
-        added in the forward (chunked classifier) for backward() to continue (on several GPUs in the same
+        """Run the model on (b, t) tokens. With targets the mean loss over the counted ones (>= 0) is returned
+        (reading it is a sync; return_loss=False skips it) and, when loss_scale is given, the head's gradients
+        are added in the forward (chunked classifier) for backward() to continue (on several GPUs in the same
         ZeRO region, which backward() ends). Without targets the final norm is kept for read_logits()."""
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
+        counted = max(counted_targets(targets), 1) if targets is not None else 1
+        if self.plan.sft:  # the classifier's scale, which the captured step reads from the device
+            self._set_loss_scale(1.0 / counted)
+        # the classifier weighs each token by 1 / N times this (1.0 when every target counts), or with sft by the
+        # device scale 1 / counted times this
+        ratio = 1.0 if self.plan.sft else tokens.size / counted
         self._upload(tokens, targets)
         self.shape, self.has_targets = tokens.shape, targets is not None
         self.loss_total.fill_zero()
         with_gradients = targets is not None and loss_scale is not None
         self.zero.begin(gather=self.zero.stale)
-        self._forward(loss_scale if with_gradients else None, targets is not None, 1.0)
+        self._forward(loss_scale * ratio if with_gradients else None, targets is not None, ratio)
         if not with_gradients:
             self.zero.end(None)
         if targets is None or not return_loss:
@@ -147,6 +156,7 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
 
         if self.fp8:
             self._cast_weights()
+        self._document_bounds(tokens.reshape(b, t))
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
@@ -161,20 +171,26 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
 
     def _classifier(self, s: dict, N: int, loss_scale: float | None, loss_weight: float) -> None:
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
-        head's dX (into dln) and dW at once."""
+        head's dX (into dln) and dW at once. Each token's loss counts loss_weight / N and its gradient
+        loss_scale / N; with the plan's sft, times 1 / the step's counted targets instead of 1 / N, read from the
+        device scalar loss_scale (set per step: a replayed graph reads the new value)."""
         C, V = self.config.dim, self.config.vocab_size
         w_out, dw_out = self.weight(self.layout.output()), self.grad(self.layout.output())
         targets = self.inputs["targets"]
+        if self.plan.sft:
+            dloss, weight, scale = loss_scale or 0.0, loss_weight, self.loss_scale
+        else:
+            dloss, weight, scale = (loss_scale or 0.0) / N, loss_weight / N, None
         for start in range(0, N, CLASSIFIER_CHUNK):
             n = min(CLASSIFIER_CHUNK, N - start)
             logits, lnf = s["logits"].prefix(n, V), s["lnf"].view(start * C, (n, C))
             self.gemm(logits, lnf, w_out, trans_b=True)
-            ops.fused_classifier_bf16(logits, s["losses"].view(start, (n,)), targets.view(start, (n,)),
-                                      (loss_scale or 0.0) / N)
+            ops.fused_classifier_bf16(logits, s["losses"].view(start, (n,)), targets.view(start, (n,)), dloss,
+                                      dloss_scale=scale)
             if loss_scale is not None:
                 self.gemm(s["dln"].view(start * C, (n, C)), logits, w_out)
                 self.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
-        ops.loss_accumulate_bf16(self.loss_total, s["losses"], loss_weight / N)
+        ops.loss_accumulate_bf16(self.loss_total, s["losses"], weight, scale_at=scale)
 
     def backward(self) -> None:
         """Add the gradients of the last forward (run with loss_scale) into the gradients (the eager path:
@@ -228,7 +244,7 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
                              a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
         ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
-                                     self.rope_cos, self.rope_sin, source=self.plan.attention)
+                                     self.rope_cos, self.rope_sin, source=self.plan.attention, **self._document_mask())
         if partial:
             ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
                                      c.norm_eps)

@@ -237,6 +237,10 @@ class GPUDecoder(BF16Block):
                           a["branch"].reshape(B, n, C))
         self.stream_slots = 1
 
+    def _document_mask(self) -> dict:
+        """BF16Block's: none, a prefill chunk's attention spans its sequence."""
+        return {}
+
     def _attention(self, i: int, a: dict) -> None:
         """The block's attention in a prefill chunk: its k, v into layer i's cache, then flash attention when
         the chunk starts the sequence, else its queries over the cache."""

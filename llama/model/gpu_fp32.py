@@ -17,15 +17,16 @@ from .. import ops
 from ..config import LlamaConfig
 from ..cuda import DeviceArray, empty
 from ..optim import AdamWConfig
-from .base import check_batch
+from .base import check_batch, counted_targets, mean_counted_loss
 from .gpu_base import GPUModelBase
 
 
 class GPUModelFP32(GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 comm=None, zero: int = 1):
-        """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py)."""
-        self._setup(config, B, T, params, seed, comm, np.float32, stage=zero)
+                 comm=None, zero: int = 1, doc_mask_bos: int | None = None):
+        """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py). doc_mask_bos: None, or the BOS id: each
+        forward computes its batch's document bounds on the GPU and every layer's attention is document-masked."""
+        self._setup(config, B, T, params, seed, comm, np.float32, stage=zero, doc_mask_bos=doc_mask_bos)
         self._allocate_activations()
         self.has_dlogits = False
 
@@ -72,8 +73,8 @@ class GPUModelFP32(GPUModelBase):
 
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, return_loss: bool = True) -> float | None:
         """Run the model on (b, t) tokens. With targets, the fused classifier turns the logits into
-        dlogits for backward() and the mean loss is returned (reading it is the step's one sync;
-        return_loss=False skips it). Without targets the logits are kept (read_logits)."""
+        dlogits for backward() and the mean loss over the counted targets (>= 0) is returned (reading it is the
+        step's one sync; return_loss=False skips it). Without targets the logits are kept (read_logits)."""
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         c, L = self.config, self.layout
         b, t = tokens.shape
@@ -92,6 +93,7 @@ class GPUModelFP32(GPUModelBase):
         tokens_d = self.tokens.prefix(N).reshape(b, t)
         z, starts = self.zero, L.layer_starts()  # each layer's first offset, the final norm's (ZeRO's buckets)
 
+        self._document_bounds(tokens_d)
         z.begin(gather=False)  # (stage 3 gathers each layer's weights as the forward reaches it)
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward(layers[0]["x"], tokens_d, self.param("tok_embeddings.weight"))
@@ -102,7 +104,7 @@ class GPUModelFP32(GPUModelBase):
                 ops.rmsnorm_forward(a["ln1"], a["rstd1"], a["x"], self.param(pre + "attention_norm.weight"), c.norm_eps)
                 ops.matmul_forward(s["qkv"].reshape(N, -1), a["ln1"], self.param(L.wqkv(i)))
                 ops.rope_forward(a["q"], a["k"], a["v"], s["qkv"], self.rope_cos, self.rope_sin)
-                ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"])
+                ops.attention_forward(a["att"], a["probs"], s["heads"], a["q"], a["k"], a["v"], **self._document_mask())
                 ops.matmul_forward(a["h"], a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
                 ops.residual_forward(a["h"], a["x"], a["h"])
                 ops.rmsnorm_forward(a["ln2"], a["rstd2"], a["h"], self.param(pre + "ffn_norm.weight"), c.norm_eps)
@@ -118,10 +120,11 @@ class GPUModelFP32(GPUModelBase):
         if targets is None:
             z.end(None)
             return None  # with targets the ZeRO region stays open for backward(), which ends it
-        ops.fused_classifier(s["logits"], s["losses"], self.targets.prefix(N), 1.0 / N)
+        counted = counted_targets(targets)
+        ops.fused_classifier(s["logits"], s["losses"], self.targets.prefix(N), 1.0 / max(counted, 1))
         if not return_loss:
             return None
-        return float(np.mean(s["losses"].download(), dtype=np.float64))
+        return mean_counted_loss(s["losses"].download(), counted)
 
     def token_losses(self) -> np.ndarray:
         """(b, t) cross-entropy of each target of the last forward with targets."""
@@ -173,7 +176,7 @@ class GPUModelFP32(GPUModelBase):
                 ops.matmul_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
                                     a["att"].reshape(N, -1), self.param(pre + "attention.wo.weight"))
                 ops.attention_backward(s["dq"], s["dk"], s["dv"], s["dprobs"], s["dheads"], s["datt"], a["q"], a["k"],
-                                       a["v"], a["probs"])
+                                       a["v"], a["probs"], **self._document_mask())
                 ops.rope_backward(s["dqkv"], s["dq"], s["dk"], s["dv"], self.rope_cos, self.rope_sin)
                 ops.matmul_backward(s["dln"], self.grad(L.wqkv(i)), s["dqkv"].reshape(N, -1),
                                     a["ln1"], self.param(L.wqkv(i)))

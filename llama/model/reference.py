@@ -24,7 +24,7 @@ from ..twins.residual import residual_forward
 from ..twins.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from ..twins.rope import rope_backward, rope_forward
 from ..twins.swiglu import swiglu_backward, swiglu_forward
-from .base import Model, check_batch, rope_cos_sin
+from .base import Model, check_batch, counted_targets, mean_counted_loss, rope_cos_sin, step_share
 from .sampling import HostSampling
 
 # ----------------------------------------------------------------------------------------------
@@ -156,8 +156,9 @@ class ReferenceModel(ReferenceBlock, Model):
         return a
 
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None) -> float | None:
-        """Run the model on (B, T) tokens. With targets, returns the mean cross-entropy loss and
-        keeps dlogits for backward(); the logits are kept either way (read_logits)."""
+        """Run the model on (B, T) tokens. With targets, returns the mean cross-entropy loss over the counted
+        targets (those >= 0; 0 if none is) and keeps dlogits for backward(); the logits are kept either way
+        (read_logits)."""
         check_batch(tokens, targets, self.config.vocab_size, None, self.config.max_seq_len)
         c, p, L = self.config, self.p, self.layout
         B, T = tokens.shape
@@ -176,9 +177,10 @@ class ReferenceModel(ReferenceBlock, Model):
                      "logits": logits}
         if targets is None:
             return None
-        losses, self.acts["dlogits"] = fused_classifier(logits, targets.ravel(), 1.0 / (B * T))
+        counted = counted_targets(targets)
+        losses, self.acts["dlogits"] = fused_classifier(logits, targets.ravel(), 1.0 / max(counted, 1))
         self.acts["losses"] = losses.reshape(B, T)
-        return float(np.mean(losses, dtype=np.float64))
+        return mean_counted_loss(losses, counted)
 
     def token_losses(self) -> np.ndarray:
         """(B, T) cross-entropy of each target of the last forward with targets."""
@@ -270,21 +272,22 @@ class ReferenceModel(ReferenceBlock, Model):
             self.pending, self.frontier = self.pending[:first - start].copy(), first
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
-                   upcoming: tuple | None = None) -> tuple[float, float]:
+                   upcoming: tuple | None = None, counted: float | None = None) -> tuple[float, float]:
         """Model.train_step (nothing to stage: upcoming is ignored); with in_backward one forward and a backward
         that updates the weights as it goes, each update clipped by the norm estimated from the groups' norms so
         far and the last step's."""
         if not self.in_backward:
-            return super().train_step(batches, lr, step, opt, upcoming)
+            return super().train_step(batches, lr, step, opt, upcoming, counted)
         if len(batches) != 1:
             raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
-        loss = self.forward(*batches[0])
+        share = 1.0 if counted is None else step_share(batches[0][1], counted)
+        loss = self.forward(*batches[0]) * share
         if not np.isfinite(loss):
             return loss, float("nan")
         self.update_settings, self.step_norms = (lr, step, opt), np.zeros(len(self.groups))
         self.pending, self.frontier = np.zeros(0, self.dtype), self.layout.size
         try:
-            self.backward()
+            self.backward(loss_scale=share)
         finally:
             self.update_settings = None
         self._group_norms = self.step_norms

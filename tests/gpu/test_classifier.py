@@ -69,3 +69,33 @@ def test_loss_accumulate_bf16(n):
     check("loss_accumulate_bf16", total, np.array([3.0 + 0.25 * np.sum(losses.astype(np.float64))]),
           TOL["loss_accumulate_bf16"])
     assert np.array_equal(results[0], results[1])  # deterministic
+
+
+@pytest.mark.parametrize("n, V", [(33, 50), (300, 1001), (9, 128256)])
+def test_ignored_targets_and_a_device_scale(n, V):
+    """A target < 0 (--sft's prompt tokens) gives loss 0 and a zero gradient row, in both kernels (row 0 too:
+    its target may not be read before the logits); the bf16 kernel's dloss times the device scalar dloss_scale, and
+    loss_accumulate_bf16's scale times scale_at."""
+    from llama.cuda import empty
+    logits, targets = randn_bf16(rng, n, V, scale=4.0), rng.integers(0, V, n)
+    targets[::3] = -1
+    targets[n - 1] = -5
+    ref_losses, ref_dlogits = fused_classifier(logits, targets, 0.5 * 0.25)
+    fp32_logits, fp32_losses = dev(logits), poisoned((n,))
+    ops.fused_classifier(fp32_logits, fp32_losses, dev(targets), 0.5 * 0.25)
+    check("fused_classifier_losses", fp32_losses, ref_losses)
+    check("fused_classifier_dlogits", fp32_logits, ref_dlogits)
+    buffer = empty(n * V, BF16)
+    buffer.upload(logits.ravel())
+    logits_d, losses, scale = buffer.view(0, (n, V)), poisoned((n,)), dev(np.array([0.25]))
+    ops.fused_classifier_bf16(logits_d, losses, dev(targets), 0.5, dloss_scale=scale)
+    check("fused_classifier_bf16_losses", losses, ref_losses, TOL["fused_classifier_bf16_losses"])
+    check("fused_classifier_bf16_dlogits", logits_d, ref_dlogits, TOL["fused_classifier_bf16_dlogits"])
+    ignored = targets < 0
+    for array in (fp32_losses, losses):
+        assert not array.download()[ignored].any()
+    for array in (fp32_logits, logits_d):
+        assert not array.download().astype(np.float32)[ignored].any()
+    total = dev(np.array([1.0]))
+    ops.loss_accumulate_bf16(total, losses, 2.0, scale_at=scale)
+    check("loss_accumulate_bf16", total, np.array([1.0 + 0.5 * np.sum(ref_losses)]), TOL["loss_accumulate_bf16"])

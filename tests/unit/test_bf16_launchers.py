@@ -71,6 +71,10 @@ def test_swiglu_and_classifier_reject():
         ops.fused_classifier_bf16(fake((3, 50)), fake((3,), F32), fake((3,), F32), 1.0)
     with pytest.raises(ValueError, match="total"):
         ops.loss_accumulate_bf16(fake((2,), F32), fake((3,), F32), 1.0)
+    with pytest.raises(ValueError, match=r"dloss_scale: expected float32 \(1,\)"):
+        ops.fused_classifier_bf16(fake((3, 48)), fake((3,), F32), fake((3,), I32), 1.0, dloss_scale=fake((2,), F32))
+    with pytest.raises(ValueError, match=r"scale_at: expected float32 \(1,\)"):
+        ops.loss_accumulate_bf16(fake((1,), F32), fake((3,), F32), 1.0, scale_at=fake((1,), I32))
 
 
 def test_grad_norm_and_adamw_reject():

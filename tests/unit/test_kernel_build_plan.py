@@ -6,12 +6,13 @@ import ast
 import functools
 import inspect
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from llama import kernel_build
-from llama.kernel_build import (DECODER_MODULES, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE, entries_of, kernel_dir,
+from llama.kernel_build import (DECODER_MODULES, DOC_MASK_MODULE, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE, entries_of, kernel_dir,
                                 kernels_for, unit_of)
 from llama.ops.gemm import GEMM_VERSIONS
 from llama.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
@@ -74,10 +75,11 @@ def plan(dtype: str, hopper: bool = True, dynamic: bool = False) -> Plan:
 
 
 def test_each_paths_modules_are_those_its_model_launches():
-    bf16_model = reached_modules(*model_files("model/gpu_bf16.py"), "parallel/zero.py")  # the bf16 and fp8 paths
+    # the bf16 and fp8 paths; each model launches the document mask's module only with it (kernels_for's plan)
+    bf16_model = reached_modules(*model_files("model/gpu_bf16.py"), "parallel/zero.py") - {DOC_MASK_MODULE}
     assert bf16_model == set(PATH_MODULES["bf16"]) | set(PATH_MODULES["fp8"]) | {GEMM_MMA_MODULE, "gemm_wgmma"}
     assert set(PATH_MODULES["fp8"]) - set(PATH_MODULES["bf16"]) == {"fp8"}
-    assert reached_modules(*model_files("model/gpu_fp32.py")) == set(PATH_MODULES["fp32"])
+    assert reached_modules(*model_files("model/gpu_fp32.py")) - {DOC_MASK_MODULE} == set(PATH_MODULES["fp32"])
     decoder = reached_modules(*model_files("model/gpu_decoder.py"))
     assert set(DECODER_MODULES) | {"gemv"} <= decoder <= set(PATH_MODULES["bf16"]) | set(DECODER_MODULES) | {
         "gemv", GEMM_MMA_MODULE, "gemm_wgmma"}
@@ -126,3 +128,6 @@ def test_every_plan_unit_exists_and_the_cpu_plan_needs_none():
     assert kernels_for(Plan("cpu", "fp32", "CPU"), "sm_90a") == []
     fp32 = {u.source.stem for u in kernels_for(plan("fp32"), "sm_90a")}
     assert fp32 == set(PATH_MODULES["fp32"])  # no GEMM or attention builds beside the exact path's own
+    for dtype in ("bf16", "fp32"):  # the document mask's module with the mask only
+        masked = {u.source.stem for u in kernels_for(replace(plan(dtype), doc_mask=True), "sm_90a")}
+        assert masked - {u.source.stem for u in kernels_for(plan(dtype), "sm_90a")} == {DOC_MASK_MODULE}
