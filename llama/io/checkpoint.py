@@ -399,7 +399,8 @@ def stream_checkpoint(checkpoint: dict, buffers: list[np.ndarray], upload: Calla
                 if part is not None:
                     file, at, n, _, _ = part
                     buffer = free.pop()
-                    in_flight.append((part, buffer, pool.submit(read_into, fds[file], memoryview(buffer[:n]), at, file)))
+                    reading = pool.submit(read_into, fds[file], memoryview(buffer[:n]), at, file)
+                    in_flight.append((part, buffer, reading))
 
             for _ in buffers:
                 read_next()

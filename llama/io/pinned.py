@@ -64,11 +64,12 @@ def _unpin_all(unpin: Callable[[int], None], addresses: list[int], regions: list
 
 
 class PinnedArrays:
-    """Arrays of the given (shape, dtype) by name, each on memory of its own, page-locked in the background.
-    pinning: what registers the memory (DriverPinning, made in the calling thread, by default)."""
+    """Arrays of the given (shape, dtype) by name, each on memory of its own, page-locked in the background in
+    pieces of `piece` bytes (PIN_PIECE by default). pinning: what registers the memory (by default DriverPinning,
+    made in the calling thread, whose CUDA context the pinning thread takes)."""
 
-    def __init__(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]], pinning=None, piece: int = PIN_PIECE):
-        self.pinning = pinning or DriverPinning()
+    def __init__(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]], pinning=None, piece: int | None = None):
+        self.pinning, piece = pinning or DriverPinning(), piece or PIN_PIECE
         self.arrays, self.regions, self.ranges = {}, [], {}
         for name, (shape, dtype) in specs.items():
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -102,16 +103,23 @@ class PinnedArrays:
         """[start, end) byte ranges of an array, each pinned at once: a copy must not cross from one to the next."""
         return self.ranges[name]
 
-    def wait(self, why: str) -> dict[str, np.ndarray]:
-        """The arrays once all are page-locked; while they are not, a progress phase says what waits for them."""
-        if not self.ready:
+    def wait(self, why: str | None = None) -> dict[str, np.ndarray]:
+        """The arrays once all are page-locked; while they are not, a progress phase says that `why` waits for them
+        (none without it)."""
+        if not self.ready and why is not None:
             with phase(f"{why}: waiting for its page-locked memory", total=self.nbytes, unit="B",
                        report_after=0.0) as progress:
-                reported = 0
-                while self._thread.is_alive():
-                    self._thread.join(0.1)
-                    progress.update(self.pinned_bytes - reported)
-                    reported = self.pinned_bytes
+                self._join(progress.update)
+        self._join(lambda nbytes: None)
         if self.error is not None:
             raise RuntimeError(f"cannot page-lock {self.nbytes / 1e9:.1f} GB of host memory: {self.error}")
         return self.arrays
+
+    def _join(self, on_pinned: Callable[[int], None]) -> None:
+        """Wait for the pinning thread, telling on_pinned the bytes pinned since it last did; a join with a timeout,
+        so that the main thread's signal handlers still run."""
+        reported = self.pinned_bytes
+        while self._thread.is_alive():
+            self._thread.join(0.1)
+            on_pinned(self.pinned_bytes - reported)
+            reported = self.pinned_bytes

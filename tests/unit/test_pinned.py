@@ -51,13 +51,17 @@ def test_the_arrays_exist_at_once_and_are_pinned_piece_by_piece_in_the_backgroun
     assert arrays["params"].sum() == 1500.0
 
 
-def test_waiting_says_why_and_what_is_pinned(capsys):
-    pinning = RecordedPinning()
-    pinned = PinnedArrays(SPECS, pinning, piece=1024)
-    threading.Timer(0.3, pinning.go.set).start()
-    pinned.wait("the checkpoint's snapshot")
-    err = capsys.readouterr().err
-    assert "the checkpoint's snapshot: waiting for its page-locked memory" in err and "done in" in err
+def test_waiting_says_why_and_what_is_pinned_and_only_when_asked(capsys):
+    for why in ("the checkpoint's snapshot", None):
+        pinning = RecordedPinning()
+        pinned = PinnedArrays(SPECS, pinning, piece=1024)
+        threading.Timer(0.3, pinning.go.set).start()
+        assert pinned.wait(why) is pinned.arrays and pinned.pinned_bytes == pinned.nbytes
+        err = capsys.readouterr().err
+        if why is None:
+            assert err == ""
+        else:
+            assert "the checkpoint's snapshot: waiting for its page-locked memory" in err and "done in" in err
 
 
 def test_a_failed_pin_reaches_the_waiter_and_what_was_pinned_is_unpinned():
