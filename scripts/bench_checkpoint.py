@@ -1,11 +1,11 @@
 """How fast checkpoints are written and read on this machine's disk, and (--gpu) what a checkpoint
 costs the training loop on the GPU: the page-locking of the snapshot's memory in the background while training
 steps run (and their time meanwhile), the snapshot into it and the guard's look at the weights (their RMS on the
-device), the stall of the first checkpoint and of a later one, that write of the snapshot (fsynced, into --dir),
-and its read back into the model as --resume does on one GPU (the read, the upload, both streamed together, and
-the way before: a host read, then the upload);
-with --resume also what train_llama.py takes for the recipe: a run of one step that writes its checkpoint
-into --dir (its size and write time), then `--resume` of it, from the command to the end of its first step.
+device), the stall of the first checkpoint and of a later one, and that write of the snapshot (fsynced, into
+--dir); with --resume also its read back into the model as --resume does on one GPU (the read, the upload, both
+streamed together, and the way before: a host read, then the upload), and what train_llama.py takes for the
+recipe: a run of one step that writes its checkpoint into --dir (its size and write time), then `--resume` of it,
+from the command to the end of its first step.
 
     python3 scripts/bench_checkpoint.py [--model d12] [--dir bench_ckpt]
     python3 scripts/bench_checkpoint.py --gpu --resume --model llama3.1-8b --optimizer adamw8bit --recompute full \
@@ -156,7 +156,7 @@ def bench_gpu(config, args) -> None:
     """The stall of a checkpoint on one GPU, and its parts: the snapshot's page-locking in the background while
     steps run, the probe batch's forward that runs beside the copies, the weights' RMS on the device, the first
     checkpoint's stall and a later one's; then the background writer's part, the snapshot written into --dir, and
-    that checkpoint read back into the model as --resume does (removed after)."""
+    with --resume that checkpoint read back into the model as --resume does (removed after)."""
     from llama.cuda import runtime
     from llama.kernel_build import build, kernels_for
     from llama.model.gpu_bf16 import GPUModelBF16
@@ -186,7 +186,8 @@ def bench_gpu(config, args) -> None:
             folder, 1, config, snapshot["params"][:size], *snapshot_moments(snapshot, size), STATE))
         del snapshot
         model.state_host = None  # its page-locked memory freed for the host read below
-        bench_streamed_resume(model, written)
+        if args.resume:
+            bench_streamed_resume(model, written)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -252,7 +253,8 @@ def main() -> None:
     parser.add_argument("--dir", default="bench_ckpt", help="the folder to write in (on the disk to measure)")
     parser.add_argument("--gpu", action="store_true", help="measure the snapshot on the GPU instead of the disk")
     parser.add_argument("--resume", action="store_true",
-                        help="with --gpu: also train_llama.py's checkpoint of one step and its --resume, in --dir")
+                        help="with --gpu: also train_llama.py's checkpoint of one step and its --resume, in --dir, and "
+                             "the read of a checkpoint into the model in parts")
     parser.add_argument("--optimizer", default="adamw")
     parser.add_argument("--recompute", default=None)
     parser.add_argument("--optimizer-in-backward", action="store_true")
