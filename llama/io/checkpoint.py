@@ -20,7 +20,9 @@ lock it cannot take to a later rotation. The kernel drops the lock of a reader t
 The trainer writes only good checkpoints (llama/io/guard.py decides). Loading checks everything
 before use: files present, the safetensors headers and sizes, the state.json schema and ranges,
 every shape against the config, finite weights. `newest_usable()` skips an unusable checkpoint for
-the next older one and says why.
+the next older one and says why. The resume of one GPU loads a checkpoint without its data and streams
+the files into the model (stream_checkpoint), checking the weights of each part on the way; weights that
+prove not finite only then send it to the next older checkpoint (the trainer's fallback).
 """
 
 from __future__ import annotations
