@@ -11,6 +11,7 @@ is collected (the memory itself when the last array on it goes).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import threading
@@ -73,7 +74,11 @@ class PinnedArrays:
         self.arrays, self.regions, self.ranges = {}, [], {}
         for name, (shape, dtype) in specs.items():
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            region = mmap.mmap(-1, max(nbytes, 1))  # anonymous, page-aligned, its pages faulted in by the pinning
+            # private anonymous memory, page-aligned, faulted in by the pinning: in huge pages where the kernel
+            # allows, a 512th of the faults
+            region = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            with contextlib.suppress(AttributeError, OSError):  # a kernel without transparent huge pages
+                region.madvise(mmap.MADV_HUGEPAGE)
             self.regions.append(region)
             self.arrays[name] = np.frombuffer(region, np.uint8, nbytes).view(dtype).reshape(shape)
             self.ranges[name] = piece_ranges(nbytes, piece)
