@@ -177,19 +177,22 @@ def bench_gpu(config, args) -> None:
     for which in ("first", "a later"):
         print(f"the stall of {which} checkpoint (the copy beside the probe forward, then the RMS): "
               f"{stall_seconds(model, probe):.2f} s")
-    snapshot = model.download_state()
-    nbytes = sum(a.nbytes for a in snapshot.values())
-    size, folder = ParameterLayout(config).size, Path(args.dir)
+    folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
-    try:  # what the background writer does with the snapshot
-        written = timed("write the snapshot (fsynced)", nbytes, lambda: save_checkpoint(
-            folder, 1, config, snapshot["params"][:size], *snapshot_moments(snapshot, size), STATE))
-        del snapshot
+    try:
+        written = write_snapshot(model, config, folder)
         model.state_host = None  # its page-locked memory freed for the host read below
         if args.resume:
             bench_streamed_resume(model, written)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_snapshot(model, config, folder: Path) -> Path:
+    """What the background writer does with the snapshot: its checkpoint written (fsynced) into folder."""
+    snapshot, size = model.download_state(), ParameterLayout(config).size
+    return timed("write the snapshot (fsynced)", sum(a.nbytes for a in snapshot.values()), lambda: save_checkpoint(
+        folder, 1, config, snapshot["params"][:size], *snapshot_moments(snapshot, size), STATE))
 
 
 def bench_pinning(nbytes: int = 8 << 30) -> None:
