@@ -125,11 +125,11 @@ def mean_over_ranks(comm, *values: float) -> list[float]:
     return list(comm.host_reduce(values) / comm.world_size)
 
 
-def find_resume_checkpoint(out: Path) -> dict | None:
-    """The newest usable checkpoint in out, after one line for each newer one that is not usable; None,
-    said in the header, when out holds no complete checkpoint (--resume auto: train_llama.py refuses a
-    plain --resume there before the run begins)."""
-    found, skipped = newest_usable(out)
+def find_resume_checkpoint(out: Path, read: bool = True) -> dict | None:
+    """The newest usable checkpoint in out (read: with its data), after one line for each newer one that is not
+    usable; None, said in the header, when out holds no complete checkpoint (--resume auto: train_llama.py refuses
+    a plain --resume there before the run begins)."""
+    found, skipped = newest_usable(out, read)
     for reason in skipped:
         print(f"warning: skipping an unusable checkpoint: {reason}", file=sys.stderr)
     if found is None and skipped:
@@ -158,7 +158,9 @@ class Trainer:
         self._batch_geometry()
         hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
         self.tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
-        resume = find_resume_checkpoint(self.out) if args.resume else None
+        on_device = choose_device(args.device) != "cpu" and self.world == 1  # weights go straight to the GPU
+        # a resume on one GPU streams its checkpoint's data into the model once built (_restore)
+        resume = find_resume_checkpoint(self.out, read=not on_device) if args.resume else None
         checkpoint = resume or (load_checkpoint(args.init) if args.init and hf_folder is None else None)
         hf_folder = hf_folder if checkpoint is None else None  # a resume reads its checkpoint, not the folder
         # an HF folder's weights are read once the memory check passed, its config.json alone before
@@ -183,7 +185,6 @@ class Trainer:
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
-        on_device = self.plan.device != "cpu" and self.world == 1  # fresh or HF weights go straight to the GPU
         params = (checkpoint["params"] if checkpoint is not None else None if on_device
                   else self._load_hf(hf_folder) if hf_folder else self._initialize())
         self.model = build_model(self.plan, self.config, self.B, self.T, params, comm, args.seed, self.tokenizer.bos_id)
@@ -196,7 +197,7 @@ class Trainer:
         self.probe_batch = self._read(probe_loader)
         self.start, self.log_bytes = 0, 0
         if resume is not None:
-            self._restore(resume)
+            resume = self._restore(resume)
         self.last_good = resume["path"] if resume is not None else None
         best = resume["state"].get("best_probe_loss") if resume is not None else None
         if self.rank == 0:  # rank 0 judges the weights
@@ -214,6 +215,8 @@ class Trainer:
         self.log = None  # main.log, open while run() trains
         self.writer = BackgroundJob("checkpoint writer")  # rank 0 writes checkpoints while training goes on
         self.snapshot = None  # on one GPU: the page-locked host copy of the state a checkpoint writes
+        if on_device:  # its memory page-locked while training starts, ready for the first checkpoint
+            self.model.reserve_state()
 
     # ---- setup
 
@@ -298,14 +301,15 @@ class Trainer:
         else:
             self.steps = self.defaults["steps"]
 
-    def _restore(self, resume: dict) -> None:
-        """The model, optimizer, data order and sampling state of a checkpoint (--resume)."""
+    def _restore(self, resume: dict) -> dict:
+        """The model, optimizer, data order and sampling state of a checkpoint (--resume); returns the checkpoint
+        restored: on one GPU its data streams into the model, and when it proves unusable, the next older one."""
+        self._check_same_run(resume["state"])
+        if resume["params"] is None:
+            resume = self._stream_into_model(resume)
+        else:
+            self.model.set_state(None, resume["adam_m"], resume["adam_v"])  # the model was built from its weights
         state = resume["state"]
-        for key in RESUME_SAME:
-            if state["run"][key] != self.run_settings[key]:
-                raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
-                                f"this run asks for {self.run_settings[key]}")
-        self.model.set_state(None, resume["adam_m"], resume["adam_v"])  # the model was built from its weights
         try:
             self.train_loader.load_state_dict(state["loader"])
         except ValueError as e:
@@ -317,6 +321,31 @@ class Trainer:
         if self.start >= self.steps:
             print(f"note: the checkpoint is at step {self.start}, the run has {self.steps} steps: nothing to train "
                   "(ask for more with -x)", file=sys.stderr)
+        return resume
+
+    def _check_same_run(self, state: dict) -> None:
+        for key in RESUME_SAME:
+            if state["run"][key] != self.run_settings[key]:
+                raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
+                                f"this run asks for {self.run_settings[key]}")
+
+    def _stream_into_model(self, resume: dict) -> dict:
+        """The checkpoint's data streamed into the model (one GPU); when it proves unusable (weights that are not
+        finite, a file cut short since it was checked), a warning and the next older usable one, read on the host."""
+        try:
+            self.model.load_checkpoint_state(resume)
+            return resume
+        except CheckpointError as e:
+            print(f"warning: skipping an unusable checkpoint: {e}", file=sys.stderr)
+        older, skipped = newest_usable(self.out, before=resume["path"])
+        for reason in skipped:
+            print(f"warning: skipping an unusable checkpoint: {reason}", file=sys.stderr)
+        if older is None or older["config"] != self.config:
+            raise UserError(f"--resume: no checkpoint older than {resume['path']} is usable with its model config; "
+                            "start over with --overwrite")
+        self._check_same_run(older["state"])
+        self.model.set_state(older["params"], older["adam_m"], older["adam_v"])
+        return older
 
     def _evaluation(self) -> Evaluation | None:
         """The --eval task tokenized into this rank's passes of the model's B rows of T (None without --eval)."""

@@ -20,7 +20,9 @@ lock it cannot take to a later rotation. The kernel drops the lock of a reader t
 The trainer writes only good checkpoints (llama/io/guard.py decides). Loading checks everything
 before use: files present, the safetensors headers and sizes, the state.json schema and ranges,
 every shape against the config, finite weights. `newest_usable()` skips an unusable checkpoint for
-the next older one and says why.
+the next older one and says why. The resume of one GPU loads a checkpoint without its data and streams
+the files into the model (stream_checkpoint), checking the weights of each part on the way; weights that
+prove not finite only then send it to the next older checkpoint (the trainer's fallback).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import json
 import math
 import os
 import shutil
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -40,7 +44,7 @@ from ..config import ConfigError, LlamaConfig
 from ..optim import QUANT_BLOCK, Quantized
 from ..params import ParameterLayout
 from .background import report_if_slow
-from .safetensors_file import SafetensorsError, check_tensors, read_tensors, tensor_names, write_tensors
+from .safetensors_file import SafetensorsError, check_tensors, read_into, read_tensors, tensor_names, write_tensors
 
 DONE = "DONE"
 MODEL, OPTIMIZER, STATE, READERS = "model.safetensors", "optimizer.safetensors", "state.json", "readers.lock"
@@ -308,9 +312,11 @@ def verify_files(path: str | Path, config: LlamaConfig) -> bool:
     return quantized
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """{'path', 'config', 'params' (flat float32), 'adam_m', 'adam_v' (float32, or Quantized for 8-bit moments),
-    'state'} of a checkpoint, verified in full; CheckpointError says what is wrong with it."""
+def load_checkpoint(path: str | Path, read: bool = True) -> dict:
+    """{'path', 'config', 'quantized' (whether the moments are 8-bit), 'params' (flat float32), 'adam_m', 'adam_v'
+    (float32, or Quantized for 8-bit moments), 'state'} of a checkpoint, verified in full; CheckpointError says
+    what is wrong with it. read False: all but the data (params and moments None), which read_data or
+    stream_checkpoint read and check later."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint folder")
@@ -318,32 +324,114 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path} is not a complete checkpoint (no {DONE} marker)")
     state = read_state(path)
     config = _config_of(path, state)
-    quantized = verify_files(path, config)
-    layout = ParameterLayout(config)
-    params = np.empty(layout.size, np.float32)
-    moments = {name: np.empty(shape, dtype) for name, (shape, dtype) in moment_specs(layout.size, quantized).items()}
+    checkpoint = {"path": path, "config": config, "quantized": verify_files(path, config), "params": None,
+                  "adam_m": None, "adam_v": None, "state": state}
+    return read_data(checkpoint) if read else checkpoint
+
+
+def _read_files(checkpoint: dict, reads: list[tuple[str, dict[str, np.ndarray]]]) -> None:
+    """Read (file name, {tensor: array}) of a checkpoint into the arrays; a failure is a CheckpointError."""
+    path = checkpoint["path"]
     try:
-        with report_if_slow(f"read {path}", params.nbytes + sum(a.nbytes for a in moments.values())):
-            read_tensors(path / MODEL, layout.views(params))
-            read_tensors(path / OPTIMIZER, moments)
+        with report_if_slow(f"read {path}", sum(a.nbytes for _, arrays in reads for a in arrays.values())):
+            for name, arrays in reads:
+                read_tensors(path / name, arrays)
     except SafetensorsError as e:
         raise CheckpointError(str(e)) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+
+
+def read_moments(checkpoint: dict) -> tuple:
+    """(adam_m, adam_v) of a checkpoint read on the host: float32 arrays, or Quantized for 8-bit moments."""
+    specs = moment_specs(ParameterLayout(checkpoint["config"]).size, checkpoint["quantized"])
+    moments = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
+    _read_files(checkpoint, [(OPTIMIZER, moments)])
+    if checkpoint["quantized"]:
+        return (Quantized(moments["m_codes"], moments["m_scales"]), Quantized(moments["v_codes"], moments["v_scales"]))
+    return moments["adam_m"], moments["adam_v"]
+
+
+def read_data(checkpoint: dict) -> dict:
+    """The checkpoint with its weights and moments read on the host, the weights checked to be finite."""
+    layout = ParameterLayout(checkpoint["config"])
+    params = np.empty(layout.size, np.float32)
+    _read_files(checkpoint, [(MODEL, layout.views(params))])
     if not all_finite(params):
-        raise CheckpointError(f"{path / MODEL}: the weights are not finite")
-    adam_m, adam_v = ((Quantized(moments["m_codes"], moments["m_scales"]),
-                       Quantized(moments["v_codes"], moments["v_scales"])) if quantized
-                      else (moments["adam_m"], moments["adam_v"]))
-    return {"path": path, "config": config, "params": params, "adam_m": adam_m, "adam_v": adam_v, "state": state}
+        raise CheckpointError(f"{checkpoint['path'] / MODEL}: the weights are not finite")
+    adam_m, adam_v = read_moments(checkpoint)
+    return checkpoint | {"params": params, "adam_m": adam_m, "adam_v": adam_v}
 
 
-def newest_usable(out_dir: str | Path) -> tuple[dict | None, list[str]]:
-    """The newest complete checkpoint that loads (None if none does), and why each newer one did not."""
+def checkpoint_pieces(checkpoint: dict, moments: bool = True) -> list[tuple[Path, int, int, str, int]]:
+    """(file, byte offset in it, bytes, state name, byte offset in that) of each tensor of a checkpoint: the
+    weights at their layout offsets in 'params', and (moments) the moments by download_state's names."""
+    path, layout = checkpoint["path"], ParameterLayout(checkpoint["config"])
+    try:
+        ranges = check_tensors(path / MODEL, {name: t.shape for name, t in layout.tensors.items()})
+        pieces = [(path / MODEL, begin, end - begin, "params", 4 * layout.tensors[name].offset)
+                  for name, (begin, end) in ranges.items()]
+        if moments:
+            specs = moment_specs(layout.size, checkpoint["quantized"])
+            ranges = check_tensors(path / OPTIMIZER, {name: shape for name, (shape, _) in specs.items()},
+                                   {name: dtype for name, (_, dtype) in specs.items()})
+            pieces += [(path / OPTIMIZER, begin, end - begin, name, 0) for name, (begin, end) in ranges.items()]
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+    return pieces
+
+
+def stream_checkpoint(checkpoint: dict, buffers: list[np.ndarray], upload: Callable[[str, int, np.ndarray], None],
+                      moments: bool = True) -> None:
+    """Read checkpoint_pieces(checkpoint, moments) in parts of a buffer's size (buffers: equal uint8 arrays, the
+    caller's page-locked ones), one read per buffer in flight, and hand each part in order to upload(state name,
+    byte offset, bytes) in the calling thread, the weights in it checked to be finite first; a buffer is read
+    into again once upload returned. Double buffering: the disk reads on while upload copies."""
+    size = buffers[0].size
+    pieces = checkpoint_pieces(checkpoint, moments)
+    parts = iter([(file, at + done, min(size, n - done), name, to + done)
+                  for file, at, n, name, to in pieces for done in range(0, n, size)])
+    free, in_flight, fds = list(buffers), deque(), {}
+    try:
+        for file in dict.fromkeys(file for file, *_ in pieces):
+            fds[file] = os.open(file, os.O_RDONLY)
+        with ThreadPoolExecutor(len(buffers)) as pool:
+            def read_next() -> None:
+                part = next(parts, None)
+                if part is not None:
+                    file, at, n, _, _ = part
+                    buffer = free.pop()
+                    reading = pool.submit(read_into, fds[file], memoryview(buffer[:n]), at, file)
+                    in_flight.append((part, buffer, reading))
+
+            for _ in buffers:
+                read_next()
+            while in_flight:
+                (file, _, n, name, to), buffer, reading = in_flight.popleft()
+                reading.result()
+                if name == "params" and not all_finite(buffer[:n].view(np.float32)):
+                    raise CheckpointError(f"{file}: the weights are not finite")
+                upload(name, to, buffer[:n])
+                free.append(buffer)
+                read_next()
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {checkpoint['path']}: {e.strerror}") from None
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def newest_usable(out_dir: str | Path, read: bool = True, before: Path | None = None) -> tuple[dict | None, list[str]]:
+    """The newest complete checkpoint (older than `before` if given) that loads (None if none does; read:
+    load_checkpoint's), and why each newer one did not."""
     skipped = []
     for path in reversed(complete_checkpoints(out_dir)):
+        if before is not None and path.name >= before.name:
+            continue
         try:
-            return load_checkpoint(path), skipped
+            return load_checkpoint(path, read), skipped
         except CheckpointError as e:
             skipped.append(str(e))
     return None, skipped

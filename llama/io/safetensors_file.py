@@ -106,7 +106,7 @@ def check_tensors(path: str | Path, shapes: dict[str, tuple[int, ...]],
     return {name: (8 + n + begin, 8 + n + stop) for name, (begin, stop) in ranges.items()}
 
 
-def _read_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
+def read_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
     """Fill view from the file's bytes at offset (one pread returns at most 2 GiB on Linux)."""
     done = 0
     while done < len(view):
@@ -129,7 +129,7 @@ def read_tensors(path: str | Path, out: dict[str, np.ndarray]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         with ThreadPoolExecutor(READERS) as pool:
-            for _ in pool.map(lambda piece: _read_into(fd, *piece, path), pieces):
+            for _ in pool.map(lambda piece: read_into(fd, *piece, path), pieces):
                 pass
     finally:
         os.close(fd)

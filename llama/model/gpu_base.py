@@ -11,6 +11,9 @@ import numpy as np
 from .. import ops
 from ..config import LlamaConfig
 from ..cuda import DeviceArray, empty, runtime, to_device
+from ..io.checkpoint import read_moments, stream_checkpoint
+from ..io.pinned import PinnedArrays
+from ..io.safetensors_file import READ_PIECE, READERS
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
 from ..progress import phase
@@ -49,6 +52,7 @@ class GPUModelBase(Model):
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
         self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
         self.copy_stream = self.state_ready = None  # download_state's stream, and its start after the compute
+        self.state_host = None  # download_state's page-locked host arrays (PinnedArrays), from reserve_state
         return params
 
     def _document_bounds(self, tokens: DeviceArray) -> None:
@@ -93,31 +97,66 @@ class GPUModelBase(Model):
     def get_optimizer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         return self.zero.moments()
 
-    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray] | None:
-        """The fp32 master weights ('params') and the optimizer state as the GPU holds it (fp32 'adam_m' and
-        'adam_v', or 8-bit 'm_codes', 'v_codes', 'm_scales', 'v_scales'; padded), copied at the bus's speed
-        into page-locked host arrays: `into`, what the last call returned, or new ones on the first call.
-        None on several GPUs, whose state get_params and get_optimizer_state gather. The copies run on a
-        stream of their own, after the work launched before; wait False returns at once, so that what the caller
-        launches next runs beside them (it must not change the state: the guard's probe forward), and the
-        arrays hold the state after wait_for_state()."""
-        if self.comm is not None:
-            return None
-        z, drv = self.zero, runtime().drv
+    def state_buffers(self) -> dict[str, DeviceArray]:
+        """What a checkpoint holds of the state on the device: the fp32 master weights ('params') and the moments
+        as the optimizer holds them (fp32 'adam_m' and 'adam_v', or 8-bit 'm_codes', 'v_codes', 'm_scales',
+        'v_scales'), on one GPU, whose buffers have no padding."""
+        z = self.zero
         moments = ({"m_codes": z.m_codes, "v_codes": z.v_codes, "m_scales": z.m_scales, "v_scales": z.v_scales}
                    if z.optimizer == "adamw8bit" else {"adam_m": z.m, "adam_v": z.v})
-        buffers = {"params": z.master, **moments}
-        into = into or {name: drv.pagelocked_empty(b.shape, b.dtype) for name, b in buffers.items()}
+        return {"params": z.master, **moments}
+
+    def reserve_state(self) -> None:
+        """Start page-locking the host arrays of download_state in the background (one GPU; nothing on several,
+        which gather their state instead), so that the first checkpoint finds them ready instead of pinning tens
+        of GB while training waits."""
+        if self.comm is None and self.state_host is None:
+            self.state_host = PinnedArrays({name: (b.shape, b.dtype) for name, b in self.state_buffers().items()})
+
+    def download_state(self, into: dict | None = None, wait: bool = True) -> dict[str, np.ndarray] | None:
+        """state_buffers() copied at the bus's speed into page-locked host arrays: those of reserve_state (the same
+        ones every call, so that `into`, the last call's, changes nothing), made now if it was not called, and
+        waited for if they are not all pinned yet. None on several GPUs, whose state get_params and
+        get_optimizer_state gather. The copies run on a stream of their own, after the work launched before; wait
+        False returns at once, so that what the caller launches next runs beside them (it must not change the
+        state: the guard's probe forward), and the arrays hold the state after wait_for_state()."""
+        if self.comm is not None:
+            return None
+        drv = runtime().drv
+        self.reserve_state()
+        host = self.state_host.wait("the checkpoint's snapshot")
         if self.copy_stream is None:  # non-blocking: the legacy stream's copies (a loss read) do not wait for it
             self.copy_stream = drv.Stream(flags=CU_STREAM_NON_BLOCKING)
             self.state_ready = drv.Event(drv.event_flags.DISABLE_TIMING)
         self.state_ready.record(runtime().stream)
         self.copy_stream.wait_for_event(self.state_ready)
-        for name, buffer in buffers.items():
-            drv.memcpy_dtoh_async(into[name], buffer.ptr, self.copy_stream)
+        for name, buffer in self.state_buffers().items():
+            raw = host[name].reshape(-1).view(np.uint8)
+            for start, end in self.state_host.pieces(name):  # each copy within one page-locked piece
+                drv.memcpy_dtoh_async(raw[start:end], buffer.ptr + start, self.copy_stream)
         if wait:
             self.wait_for_state()
-        return into
+        return host
+
+    def load_checkpoint_state(self, checkpoint: dict) -> None:
+        """One GPU: the weights and moments of a checkpoint loaded without its data (load_checkpoint(read=False)),
+        streamed from its files into state_buffers() through page-locked buffers while the next parts are read
+        (stream_checkpoint, which checks the weights), and the weights the forward reads rounded after: the state
+        that set_state of the host arrays makes, bit for bit. Moments in the other format than the optimizer's
+        (fp32 ones for 8-bit, or back) are read on the host and converted by set_state's path."""
+        targets, drv = self.state_buffers(), runtime().drv
+        same_format = checkpoint["quantized"] == (self.zero.optimizer == "adamw8bit")
+        staging = PinnedArrays({f"buffer {i}": ((READ_PIECE,), np.uint8) for i in range(READERS)})
+        buffers = list(staging.wait().values())
+        nbytes = sum(b.nbytes for name, b in targets.items() if same_format or name == "params")
+        with phase(f"reading {checkpoint['path']}", total=nbytes, unit="B") as progress:
+            def upload(name: str, offset: int, data: np.ndarray) -> None:
+                drv.memcpy_htod(targets[name].ptr + offset, data)
+                progress.update(data.size)
+
+            self.set_weights_on_device(lambda master: stream_checkpoint(checkpoint, buffers, upload, same_format))
+        if not same_format:
+            self.zero.set_moments(*read_moments(checkpoint))
 
     def wait_for_state(self) -> None:
         """Wait for download_state's copies (before the state changes or its arrays are read)."""

@@ -1,12 +1,15 @@
-"""The checkpoint snapshot of the GPU models (download_state into page-locked memory, beside a forward) holds
-what get_params and get_optimizer_state download, bit for bit, and reuses its arrays; 8-bit moments go back
-in as their codes and scales; the guard's RMS of the weights is measured on the device."""
+"""The checkpoint snapshot of the GPU models (download_state into page-locked memory pinned in the background,
+beside a forward) holds what get_params and get_optimizer_state download, bit for bit, and reuses its arrays;
+8-bit moments go back in as their codes and scales; a checkpoint streamed from its files into a model (the
+resume of one GPU) is the state set_state makes from the host arrays, bit for bit; the guard's RMS of the
+weights is measured on the device."""
 
 import numpy as np
 import pytest
 
 from llama.cuda import BF16
-from llama.io.checkpoint import snapshot_moments
+from llama.io import pinned
+from llama.io.checkpoint import load_checkpoint, save_checkpoint, snapshot_moments
 from llama.io.guard import weights_rms
 from llama.optim import AdamWConfig, Quantized, fp32_moments
 from llama.params import ParameterLayout
@@ -16,8 +19,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
-def test_the_snapshot_is_the_downloaded_state_and_reuses_its_arrays(optimizer):
+def test_the_snapshot_is_the_downloaded_state_and_reuses_its_arrays(optimizer, monkeypatch):
+    monkeypatch.setattr(pinned, "PIN_PIECE", 1 << 14)  # copies of many pinned pieces
     model = bf16_model(CONFIG, 3, 80, bf16_params(CONFIG, seed=2), optimizer=optimizer)
+    model.reserve_state()  # pinned while the steps run
     size = model.layout.size
     snapshot = None
     for step in (1, 2):
@@ -62,3 +67,36 @@ def test_the_bf16_weights_are_rounded_on_the_device_as_on_the_host():
     size = model.layout.size
     assert np.array_equal(model.zero.weights.download()[:size].view(np.uint16), params.astype(BF16).view(np.uint16))
     assert np.array_equal(model.get_params(), params)
+
+
+STATE = {"run": {"batch_size": 3, "seq_len": 80, "tokens_per_step": 240, "seed": 0},
+         "sample_rng": np.random.PCG64(0).state,
+         "loader": {"epoch": 0, "shard_pos": 0, "batch_pos": 0, "seed": 0, "files": [], "B": 3, "T": 80, "rank": 0,
+                    "world_size": 1}}
+
+
+@pytest.mark.parametrize("saved_with, resumed_with", [("adamw", "adamw"), ("adamw8bit", "adamw8bit"),
+                                                      ("adamw", "adamw8bit"), ("adamw8bit", "adamw")])
+def test_a_checkpoint_streamed_into_the_model_is_the_state_of_the_host_arrays(tmp_path, monkeypatch, saved_with,
+                                                                             resumed_with):
+    """load_checkpoint_state (parts of 4 KB through the page-locked buffers) against set_state of load_checkpoint's
+    arrays: master weights, bf16 weights, moments, and the next step; moments of the other format go through the
+    host's conversion."""
+    monkeypatch.setattr("llama.model.gpu_base.READ_PIECE", 1 << 12)
+    model = bf16_model(CONFIG, 3, 80, bf16_params(CONFIG, seed=2), optimizer=saved_with)
+    size = model.layout.size
+    model.train_step([batch(1)], 1e-3, 1, AdamWConfig())
+    snapshot = model.download_state()
+    folder = save_checkpoint(tmp_path, 1, CONFIG, snapshot["params"][:size], *snapshot_moments(snapshot, size), STATE)
+    host = load_checkpoint(folder)
+    by_host, streamed = (bf16_model(CONFIG, 3, 80, bf16_params(CONFIG, seed=5), optimizer=resumed_with)
+                         for _ in range(2))
+    by_host.set_state(host["params"], host["adam_m"], host["adam_v"])
+    streamed.load_checkpoint_state(load_checkpoint(folder, read=False))
+    for name, buffer in streamed.state_buffers().items():
+        assert np.array_equal(buffer.download(), by_host.state_buffers()[name].download()), name
+    assert np.array_equal(streamed.zero.weights.download().view(np.uint16),
+                          by_host.zero.weights.download().view(np.uint16))
+    for each in (by_host, streamed):
+        each.train_step([batch(2)], 1e-3, 2, AdamWConfig())
+    assert np.array_equal(by_host.get_params(), streamed.get_params())
