@@ -2,9 +2,8 @@
 # d12 trained briefly with the in-loop evaluation on the next-line task (scripts/make_next_line_task.py, 1000
 # items of the trainer's validation text): prints README's table of step, validation loss, acc and acc_norm, the
 # accuracy of the random init at step 0 and then every EVERY steps. Under 2 minutes on one H100 (600 steps at
-# d12's ~50 ms, 7 evaluations). Run from the
-# repository root on the GPU machine, where the tokenizer and the shards lie in the per-user cache or in a
-# folder named by LLAMA_CUDA_CACHE (for the lent machines: data/, carried):
+# d12's ~50 ms, 7 evaluations). Run from the repository root on the GPU machine, where the tokenizer and the
+# shards lie in the per-user cache or in a folder named by LLAMA_CUDA_CACHE (for the lent machines: data/, carried):
 #   LLAMA_CUDA_CACHE=data bash scripts/eval_curve.sh
 # The data is the trainer's with no data arguments: the starter pack's tinyshakespeare when downloaded, else the
 # built-in corpus; the first line says which. STEPS (600) and EVERY (100) change the schedule; the task, main.log,
