@@ -61,16 +61,17 @@ def the_task(source: str | None, limit: int | None) -> Task:
         return Task(task.name, task.items[:limit] if limit else task.items)
 
 
-def random_hf_folder(folder: Path, config: LlamaConfig, tokenizer: Llama3Tokenizer, dtype, init_std: float) -> Path:
-    """A transformers LlamaForCausalLM of the config with random weights (normal, std init_std), saved with the
-    tokenizer's files."""
+def random_hf_folder(folder: Path, config: LlamaConfig, tokenizer: Llama3Tokenizer, dtype, init_std: float,
+                     device: str = "cuda") -> Path:
+    """A transformers LlamaForCausalLM of the config with random weights (normal, std init_std, drawn on the
+    device), saved with the tokenizer's files."""
     import torch
     import transformers
     config = config.replace(vocab_size=tokenizer.vocab_size, max_seq_len=2048)
     hf_config = transformers_config(config, "sdpa")
     hf_config.initializer_range = init_std
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = transformers.LlamaForCausalLM(hf_config).to(dtype)
     model.save_pretrained(folder)
     for name, content in hf_tokenizer_files(tokenizer, config.max_seq_len).items():
@@ -136,14 +137,15 @@ def transformers_scores(folder: Path, items: list[Item], dtype, rows: int) -> tu
                       tuple(len(choice) for choice in item.choices)) for i, item in enumerate(items)], seconds
 
 
-def our_scores(folder: Path, items: list[Item], dtype: str, rows: int) -> tuple[list[ItemScore], float]:
-    """Our scores of the items on the folder's model in dtype, and the seconds they took."""
+def our_scores(folder: Path, items: list[Item], dtype: str, rows: int,
+               device: str = "cuda") -> tuple[list[ItemScore], float]:
+    """Our scores of the items on the folder's model in dtype on the device, and the seconds they took."""
     config, params, tokenizer = load_model(str(folder), None)
     began = time.perf_counter()
     evaluation = Evaluation(Task("check", items), tokenizer, rows, config.max_seq_len)
     print(f"ours {dtype}: {len(items)} items tokenized into {len(evaluation.passes)} passes in "
           f"{time.perf_counter() - began:.1f} s", file=sys.stderr)
-    model = build_model(evaluation_plan(config, "cuda", dtype), config, rows,
+    model = build_model(evaluation_plan(config, device, dtype), config, rows,
                         max(p.tokens.shape[1] for p in evaluation.passes), params)
     model.forward(*FILLER_PASS)
     began = time.perf_counter()

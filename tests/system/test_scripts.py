@@ -222,6 +222,7 @@ def device_script(tmp_path, name: str, args=(), tools=("dirname", "basename"), f
 
 @pytest.mark.parametrize("name, fakes, missing", [("gpu_check.sh", (), "nvidia-smi not found on PATH"),
                                                   ("multi_gpu_check.sh", (), "nvidia-smi not found on PATH"),
+                                                  ("eval_curve.sh", (), "nvidia-smi not found on PATH"),
                                                   ("check_sass.sh", ("nvcc",), "cuobjdump not found on PATH"),
                                                   ("check_sass.sh", (), "nvcc cuobjdump not found on PATH")])
 def test_device_scripts_without_their_tools_say_what_is_missing_in_one_line(tmp_path, name, fakes, missing):
@@ -233,7 +234,7 @@ def test_device_scripts_without_their_tools_say_what_is_missing_in_one_line(tmp_
 NO_PYCUDA = {"pycuda.__init__": "raise ImportError('no pycuda here')\n"}
 
 
-@pytest.mark.parametrize("name", ["gpu_check.sh", "multi_gpu_check.sh"])
+@pytest.mark.parametrize("name", ["gpu_check.sh", "multi_gpu_check.sh", "eval_curve.sh"])
 def test_gpu_scripts_without_pycuda_say_how_to_install_the_carried_wheels(tmp_path, name):
     result = device_script(tmp_path, name, fakes=("nvidia-smi",), modules=NO_PYCUDA)
     assert result.returncode == 1 and result.stdout == "", result.stdout
