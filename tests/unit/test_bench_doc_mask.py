@@ -1,7 +1,10 @@
 """scripts/bench_doc_mask.py's pure parts (the benchmark itself runs on the device): the packed rows' documents
-and BOS tokens, the work the mask leaves, the error measure, the tables, the --rows argument."""
+and BOS tokens, the work the mask leaves, the error measure, the tables, the --rows argument, and the one error
+line where torch has no flex_attention."""
 
 import argparse
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -88,3 +91,17 @@ def test_rows_argument():
     for bad in ("8192", "0x8192", "axb", "1x2x3"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_rows(bad)
+
+
+def test_a_torch_without_flex_attention_is_one_error_line(monkeypatch, capsys):
+    old_torch = types.ModuleType("torch")
+    old_torch.__version__ = "2.4.1"
+    monkeypatch.setitem(sys.modules, "torch", old_torch)
+    for name in ("torch.nn", "torch.nn.attention", "torch.nn.attention.flex_attention"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    with pytest.raises(SystemExit) as stop:
+        bench.compiled_flex()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: scripts/bench_doc_mask.py needs torch.nn.attention.flex_attention (torch >= 2.5), "
+                          "which this torch 2.4.1 lacks") and "pip install -U torch" in err
