@@ -145,7 +145,7 @@ def speed_table(results: list[tuple[Case, dict[str, dict[str, float]], float]]) 
 # ---- on the device
 
 
-class OursMasked:
+class OurAttention:
     """Our flash attention on one problem, with or without the document mask (doc_start/doc_end or None)."""
 
     def __init__(self, problem: FlashAttentionProblem, source, bounds=(None, None)):
@@ -258,9 +258,10 @@ class PackedProblem:
         self.bounds, self.build_bounds = document_bounds_on_gpu(tokens)
         self.torch_side = TorchAttention(self.problem, tokens, self.rows, flex)
         self.B, self.T, self.D = B, T, D
+        self.documents = sum(len(segments) for segments in self.rows)
 
     def case(self, build: str) -> Case:
-        return Case(self.B, self.T, self.D, sum(len(segments) for segments in self.rows), build)
+        return Case(self.B, self.T, self.D, self.documents, build)
 
     def errors(self, builds) -> list[tuple[Case, str, dict[str, float]]]:
         """Ours (each build) against flex and against SDPA per document, and flex against SDPA."""
@@ -268,7 +269,7 @@ class PackedProblem:
         flex, sdpa = side.values(side.flex_forward), side.values(side.sdpa_forward)
         rows = [(self.case(builds[0][1]), "flex vs SDPA/doc", relative_errors(flex, sdpa))]
         for source, name in builds:
-            ours = OursMasked(self.problem, source, self.bounds).values()
+            ours = OurAttention(self.problem, source, self.bounds).values()
             rows += [(self.case(name), "ours vs flex", relative_errors(ours, flex)),
                      (self.case(name), "ours vs SDPA/doc", relative_errors(ours, sdpa))]
         return rows
@@ -279,12 +280,12 @@ class PackedProblem:
         torch_ms = {"flex": side.times(side.flex_forward, repeats), "sdpa_doc": side.times(side.sdpa_forward, repeats)}
         mask_ms = (time_ms(self.build_bounds, repeats=repeats, inner=1),
                    time_ms(side.build_block_mask, repeats=repeats, inner=1))
-        self.torch_side = None  # its memory, before bench_sdpa's
+        self.torch_side = side = None  # its tensors, before bench_sdpa's
         torch_ms["sdpa_row"] = bench_sdpa(self.B, N_HEADS, N_KV_HEADS, self.T, self.D, repeats)
         rows = []
         for source, name in builds:
-            ms = {"ours": OursMasked(self.problem, source, self.bounds).times(repeats),
-                  "unmasked": OursMasked(self.problem, source).times(repeats), **torch_ms}
+            ms = {"ours": OurAttention(self.problem, source, self.bounds).times(repeats),
+                  "unmasked": OurAttention(self.problem, source).times(repeats), **torch_ms}
             rows.append((self.case(name), ms, document_flops(self.rows, N_HEADS, self.D)))
         return rows, mask_ms
 
@@ -336,7 +337,7 @@ def main(argv=None) -> int:
             case_speeds, mask_ms = problem.speeds(builds, args.repeats)
             speeds += case_speeds
             left = document_flops(problem.rows, N_HEADS, D) / (2 * B * N_HEADS * D * T * T)
-            print(f"{B} x {T}, D={D}: {problem.case('').documents} documents leave {left:.1%} of the causal work; "
+            print(f"{B} x {T}, D={D}: {problem.documents} documents leave {left:.1%} of the causal work; "
                   f"mask build {mask_ms[0]:.3f} ms (document_bounds), {mask_ms[1]:.3f} ms (flex's create_block_mask)",
                   flush=True)
     print(f"\nValues: largest |difference| over the reference's largest |value| (tolerance {TOLERANCE:.0e})\n")

@@ -65,7 +65,8 @@ def test_the_error_table_has_a_row_per_comparison():
     header, rule, row = text.splitlines()
     assert header == "| B x T | D | docs | build | compared | out | dq | dk | dv |"
     assert rule.count("---") == 9
-    assert row == "| 1 x 8192 | 64 | 6 | flash v2 (mma.sync) | ours vs flex | 1.00e-03 | 2.00e-03 | 3.00e-03 | 4.50e-03 |"
+    assert row == ("| 1 x 8192 | 64 | 6 | flash v2 (mma.sync) | ours vs flex | 1.00e-03 | 2.00e-03 | 3.00e-03 "
+                   "| 4.50e-03 |")
 
 
 def test_the_speed_table_gives_each_others_time_over_ours_and_our_tflops():
