@@ -299,6 +299,7 @@ def compiled_flex():
         refuse(f"{PROGRAM} needs torch.nn.attention.flex_attention (torch >= 2.5), which this torch "
                f"{torch.__version__} lacks ({e}); upgrade it with python3 -m pip install -U torch")
     # the timed backward replays one graph (retain_graph=True), which buffers donated to the backward forbid
+    import torch._functorch.config
     torch._functorch.config.donated_buffer = False
     return torch.compile(flex_attention, dynamic=False)
 
