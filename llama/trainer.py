@@ -411,8 +411,9 @@ class Trainer:
         losses, counted = 0.0, 0
         for _ in range(n):
             inputs, targets = self._read(loader)
-            losses += self.model.forward(inputs, targets) * counted_targets(targets)
-            counted += counted_targets(targets)
+            batch_counted = counted_targets(targets)
+            losses += self.model.forward(inputs, targets) * batch_counted
+            counted += batch_counted
         losses, counted = mean_over_ranks(self.comm, losses, counted)
         return losses / counted if counted else 0.0
 
