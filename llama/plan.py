@@ -37,12 +37,13 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class GemmChooser:
     """The GEMM version of each (M, N, K) problem. bf16 on Hopper: version 5 ('wgmma5', ping-pong
-    consumers on 128x128 tiles, split-K in the kernel, staged epilogue) for short K and N below 16384,
-    and for few output tiles (split-K); version 6 ('wgmma6', cooperative 128x256 tiles, staged epilogue)
-    for long K over many tiles and for wide outputs (the vocabulary-wide head, the 1B's gate+up): each
-    where it measured faster (scripts/bench_matmul.py, H100). From sm_80: 'mma' (v1). FP8 (Hopper only):
-    version 6 on every shape, faster than version 5 on 27 of the 31 model shapes (geometric mean of the
-    ratios to torch._scaled_mm 0.93, against 0.89 for the bf16 rule's picks; dev/cuda/README.md).
+    consumers on 128x128 tiles, split-K in the kernel, staged epilogue) for few output tiles (split-K) and for
+    short K (at most 2048) into outputs up to 8192 wide; version 6 ('wgmma6', cooperative 128x256 tiles, staged
+    epilogue) for the rest: long K, and wide outputs (the head, gate+up). Each where it measured faster inside a
+    CUDA graph on the d768, d2048 and d4096 shapes (scripts/bench_matmul.py --graph, H100, dev/cuda/README.md:
+    geometric mean 0.942 of cuBLAS against 0.944 for the best of the two per shape). From sm_80: 'mma' (v1).
+    FP8 (Hopper only): version 6 on every shape, faster than version 5 on 27 of the 31 model shapes (geometric
+    mean of the ratios to torch._scaled_mm 0.93, against 0.89 for the bf16 rule's picks; dev/cuda/README.md).
     dynamic (bf16 on Hopper): versions 8 and 7 instead of 5 and 6, their twins whose CTAs claim tiles from a
     counter, so that CTAs which start late (multiprocessors held by NCCL's kernels) leave their tiles after the
     first to the others (a CTA's first tile is still its block index); the same results bit for bit."""
@@ -55,7 +56,7 @@ class GemmChooser:
             return "wgmma6"
         if not self.hopper:
             return "mma"
-        version = "wgmma5" if (K <= 4096 and N < 16384) or M * N <= 8 * 2**20 else "wgmma6"
+        version = "wgmma5" if M * N <= 8 * 2**20 or (K <= 2048 and N <= 8192) else "wgmma6"
         return DYNAMIC_TWINS[version] if self.dynamic else version
 
     @property

@@ -170,12 +170,13 @@ def test_wgmma3_splits(M, N, K):
 
 
 @pytest.mark.parametrize("M, N, K, version", [
-    (16384, 1280, 768, "wgmma5"), (16384, 768, 4096, "wgmma5"), (768, 768, 16384, "wgmma5"),  # short K, few tiles
+    (16384, 1280, 768, "wgmma5"), (16384, 8192, 2048, "wgmma5"), (768, 768, 16384, "wgmma5"),  # short K, few tiles
+    (4096, 768, 16384, "wgmma5"), (16384, 768, 4096, "wgmma6"), (16384, 14336, 4096, "wgmma6"),  # 8B down dX
     (16384, 16384, 2048, "wgmma6"), (16384, 128256, 768, "wgmma6"), (16384, 2048, 128256, "wgmma6"),  # wide, long K
     (8192, 8192, 8192, "wgmma6"), (128256, 2048, 16384, "wgmma6")])
 def test_the_hopper_gemm_chooser(M, N, K, version):
-    """Production on Hopper: the ping-pong version 5 for short K and few output tiles, the cooperative
-    128x256 version 6 for long K over many tiles and wide outputs; version 1 before Hopper."""
+    """Production on Hopper: the ping-pong version 5 for few output tiles and for short K into outputs up to
+    8192 wide, the cooperative 128x256 version 6 for long K and wide outputs; version 1 before Hopper."""
     from llama.plan import GemmChooser
     assert GemmChooser(hopper=True)(M, N, K) == version
     assert GemmChooser(hopper=False)(M, N, K) == "mma"
