@@ -73,10 +73,10 @@ class Runtime:
         unit = unit_of((directory or kernel_dir()) / f"{module}.cu", self.code, name)
         if unit not in self.driver_modules:
             handle = ctypes.c_void_p()
-            _check_driver(_driver().cuModuleLoadData(ctypes.byref(handle), self.cubins[unit]), "cuModuleLoadData")
+            check_driver(driver().cuModuleLoadData(ctypes.byref(handle), self.cubins[unit]), "cuModuleLoadData")
             self.driver_modules[unit] = handle
         function = ctypes.c_void_p()
-        _check_driver(_driver().cuModuleGetFunction(ctypes.byref(function), self.driver_modules[unit],
+        check_driver(driver().cuModuleGetFunction(ctypes.byref(function), self.driver_modules[unit],
                                                     name.encode()), f"cuModuleGetFunction({name})")
         return function
 
@@ -121,7 +121,7 @@ class Kernel:
         from pycuda._pvt_struct import pack
         if self.handle is None:
             self.handle = self.find_handle()
-            _check_driver(_driver().cuFuncSetAttribute(self.handle, _MAX_DYNAMIC_SHARED, self.max_shared),
+            check_driver(driver().cuFuncSetAttribute(self.handle, _MAX_DYNAMIC_SHARED, self.max_shared),
                           "cuFuncSetAttribute")
         buffer = pack(self.function.arg_format, *args)
         size = ctypes.c_size_t(len(buffer))
@@ -138,7 +138,7 @@ class Kernel:
             count += 1
         config = _LaunchConfig(*grid, *block, shared, runtime().stream.handle,
                                ctypes.cast(attributes, ctypes.POINTER(_LaunchAttribute)), count)
-        _check_driver(_driver().cuLaunchKernelEx(ctypes.byref(config), self.handle, None, extra), "cuLaunchKernelEx")
+        check_driver(driver().cuLaunchKernelEx(ctypes.byref(config), self.handle, None, extra), "cuLaunchKernelEx")
 
 
 DEPENDENT_LAUNCHES = {"on": True}  # off: every launch ordinary (to measure what the overlap gains)
@@ -303,11 +303,11 @@ def time_ms(fn, warmup: int = 3, repeats: int = 20, inner: int = 5) -> float:
 
 
 @functools.cache
-def _driver() -> ctypes.CDLL:
+def driver() -> ctypes.CDLL:
     return ctypes.CDLL("libcuda.so.1")
 
 
-def _check_driver(result: int, call: str) -> None:
+def check_driver(result: int, call: str) -> None:
     if result != 0:
         raise RuntimeError(f"{call} failed with CUresult {result}")
 
@@ -320,13 +320,13 @@ class Graph:
     CAPTURE_THREAD_LOCAL = 1
 
     def __init__(self, fn):
-        lib, stream = _driver(), ctypes.c_void_p(runtime().stream.handle)
+        lib, stream = driver(), ctypes.c_void_p(runtime().stream.handle)
         # the cyclic garbage collector stays off while capturing: a device array it freed then would call
         # cuMemFree, which a capture does not allow (the capture fails with CUresult 901 at its end)
         collecting = gc.isenabled()
         gc.collect()
         gc.disable()
-        _check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
+        check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         graph = ctypes.c_void_p()
         try:
             fn()
@@ -334,16 +334,16 @@ class Graph:
             ended = lib.cuStreamEndCapture(stream, ctypes.byref(graph))
             if collecting:
                 gc.enable()
-            _check_driver(ended, "cuStreamEndCapture")
+            check_driver(ended, "cuStreamEndCapture")
         self.graph, self.executable = graph, ctypes.c_void_p()
-        _check_driver(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.executable), graph, ctypes.c_ulonglong(0)),
+        check_driver(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.executable), graph, ctypes.c_ulonglong(0)),
                       "cuGraphInstantiate")
 
     def replay(self) -> None:
-        _check_driver(_driver().cuGraphLaunch(self.executable, ctypes.c_void_p(runtime().stream.handle)),
+        check_driver(driver().cuGraphLaunch(self.executable, ctypes.c_void_p(runtime().stream.handle)),
                       "cuGraphLaunch")
 
     def __del__(self):
         if getattr(self, "executable", None):
-            _driver().cuGraphExecDestroy(self.executable)
-            _driver().cuGraphDestroy(self.graph)
+            driver().cuGraphExecDestroy(self.executable)
+            driver().cuGraphDestroy(self.graph)

@@ -20,37 +20,33 @@ from typing import Callable
 
 import numpy as np
 
+from ..cuda import check_driver, driver
 from ..progress import phase
 
 PIN_PIECE = 1 << 26  # bytes registered at once: the longest the driver may hold its lock for one call is short
 CU_MEMHOSTREGISTER_PORTABLE = 1  # page-locked for every context
 
 
-def _checked(result: int, call: str) -> None:
-    if result != 0:
-        raise RuntimeError(f"{call} failed with CUresult {result}")
-
-
 class DriverPinning:
     """cuMemHostRegister and cuMemHostUnregister of host memory for the CUDA context current where it is made."""
 
     def __init__(self):
-        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib = driver()
         self.context = ctypes.c_void_p()
-        _checked(self.lib.cuCtxGetCurrent(ctypes.byref(self.context)), "cuCtxGetCurrent")
+        check_driver(self.lib.cuCtxGetCurrent(ctypes.byref(self.context)), "cuCtxGetCurrent")
 
     def _in_context(self) -> None:
         """Make the context current in the calling thread (a thread starts with none)."""
-        _checked(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        check_driver(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def pin(self, address: int, nbytes: int) -> None:
         self._in_context()
-        _checked(self.lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes),
+        check_driver(self.lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes),
                                                ctypes.c_uint(CU_MEMHOSTREGISTER_PORTABLE)), "cuMemHostRegister")
 
     def unpin(self, address: int) -> None:
         self._in_context()
-        _checked(self.lib.cuMemHostUnregister(ctypes.c_void_p(address)), "cuMemHostUnregister")
+        check_driver(self.lib.cuMemHostUnregister(ctypes.c_void_p(address)), "cuMemHostUnregister")
 
 
 def piece_ranges(nbytes: int, piece: int) -> list[tuple[int, int]]:
