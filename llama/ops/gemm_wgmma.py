@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..cuda import DeviceArray, runtime, to_device, zeros
+from ..cuda import DeviceArray, driver, runtime, to_device, zeros
 from .common import kernel, kernel_constant, kernel_entries, multiprocessors
 from .gemm_problem import GemmProblem
 
@@ -35,7 +35,7 @@ UINT8_TYPE, BF16_TYPE, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FIL
 
 @functools.cache
 def _encode():
-    function = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    function = driver().cuTensorMapEncodeTiled
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
