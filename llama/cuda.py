@@ -304,10 +304,12 @@ def time_ms(fn, warmup: int = 3, repeats: int = 20, inner: int = 5) -> float:
 
 @functools.cache
 def driver() -> ctypes.CDLL:
+    """The CUDA driver library (libcuda), loaded once, for the calls PyCUDA does not wrap."""
     return ctypes.CDLL("libcuda.so.1")
 
 
 def check_driver(result: int, call: str) -> None:
+    """Raise, naming the call, when a driver call returned an error (a CUresult other than 0)."""
     if result != 0:
         raise RuntimeError(f"{call} failed with CUresult {result}")
 
