@@ -27,10 +27,11 @@ from .eval.runner import Evaluation, accuracy_over_ranks
 from .eval.tasks import TaskError, load_task
 from .generate import decoder_for, generate
 from .io.background import SLOW, BackgroundJob
-from .io.checkpoint import (CheckpointError, best_checkpoint, load_checkpoint, newest_usable, save_checkpoint,
-                            snapshot_moments)
+from .io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, newest_usable,
+                            save_checkpoint, snapshot_moments)
 from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
 from .io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
+from .io.read_ahead import ReadAhead
 from .io.run_dir import RunDir
 from .kernel_build import build, kernels_for
 from .memory import gpu_free, host_available, require, sampling_buffers, training_buffers, what_would_fit
@@ -159,8 +160,19 @@ class Trainer:
         hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
         self.tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
         on_device = choose_device(args.device) != "cpu" and self.world == 1  # weights go straight to the GPU
-        # a resume on one GPU streams its checkpoint's data into the model once built (_restore)
+        # a resume on one GPU streams its checkpoint's data into the model once built (_restore), and its files are
+        # read into memory from now on, beside the plan, the kernels and the model's build
         resume = find_resume_checkpoint(self.out, read=not on_device) if args.resume else None
+        read_ahead = ReadAhead(checkpoint_ranges(resume)) if resume is not None and on_device else None
+        try:
+            self._set_up(resume, hf_folder, on_device, read_ahead)
+        finally:
+            if read_ahead is not None:
+                read_ahead.close()
+
+    def _set_up(self, resume: dict | None, hf_folder: str | None, on_device: bool, read_ahead: ReadAhead | None):
+        """__init__'s rest: the plan, kernels, data, model (restored from resume), guard, evaluation, writer."""
+        args, comm = self.args, self.comm
         checkpoint = resume or (load_checkpoint(args.init) if args.init and hf_folder is None else None)
         hf_folder = hf_folder if checkpoint is None else None  # a resume reads its checkpoint, not the folder
         # an HF folder's weights are read once the memory check passed, its config.json alone before
@@ -197,7 +209,7 @@ class Trainer:
         self.probe_batch = self._read(probe_loader)
         self.start, self.log_bytes = 0, 0
         if resume is not None:
-            resume = self._restore(resume)
+            resume = self._restore(resume, read_ahead)
         self.last_good = resume["path"] if resume is not None else None
         best = resume["state"].get("best_probe_loss") if resume is not None else None
         if self.rank == 0:  # rank 0 judges the weights
@@ -301,12 +313,12 @@ class Trainer:
         else:
             self.steps = self.defaults["steps"]
 
-    def _restore(self, resume: dict) -> dict:
+    def _restore(self, resume: dict, read_ahead: ReadAhead | None) -> dict:
         """The model, optimizer, data order and sampling state of a checkpoint (--resume); returns the checkpoint
         restored: on one GPU its data streams into the model, and when it proves unusable, the next older one."""
         self._check_same_run(resume["state"])
         if resume["params"] is None:
-            resume = self._stream_into_model(resume)
+            resume = self._stream_into_model(resume, read_ahead)
         else:
             self.model.set_state(None, resume["adam_m"], resume["adam_v"])  # the model was built from its weights
         state = resume["state"]
@@ -329,11 +341,11 @@ class Trainer:
                 raise UserError(f"--resume: the checkpoint was made with {key} {state['run'][key]}, "
                                 f"this run asks for {self.run_settings[key]}")
 
-    def _stream_into_model(self, resume: dict) -> dict:
+    def _stream_into_model(self, resume: dict, read_ahead: ReadAhead | None) -> dict:
         """The checkpoint's data streamed into the model (one GPU); when it proves unusable (weights that are not
         finite, a file cut short since it was checked), a warning and the next older usable one, read on the host."""
         try:
-            self.model.load_checkpoint_state(resume)
+            self.model.load_checkpoint_state(resume, read_ahead)
             return resume
         except CheckpointError as e:
             print(f"warning: skipping an unusable checkpoint: {e}", file=sys.stderr)

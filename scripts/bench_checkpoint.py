@@ -214,13 +214,15 @@ def train_command(args, folder: Path, *extra: str) -> list[str]:
 
 
 def seconds_to_step(command: list[str], step: int, steps: int) -> float:
-    """Run command until its llm.c line of `step` (1-based) appears on stdout, then kill it (and its
-    checkpoint write, which it leaves behind as a kill -9 would); seconds from the start to that line."""
+    """Run command until its llm.c line of `step` (1-based) appears, then kill it (and its checkpoint write, which
+    it leaves behind as a kill -9 would); seconds from the start to that line. Its output is printed as it comes,
+    each line after the seconds since the start, every phase's time among them (LLAMA_PHASE_TIMES)."""
     began = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env={**os.environ, "LLAMA_PHASE_TIMES": "1"})
     try:
         for line in child.stdout:
-            print(line, end="")
+            print(f"[{time.perf_counter() - began:5.1f} s] {line}", end="")
             if re.match(rf"step +{step}/{steps} ", line):
                 return time.perf_counter() - began
         raise RuntimeError(f"{command[1]} ended with {child.wait()} before step {step}")

@@ -44,6 +44,7 @@ from ..config import ConfigError, LlamaConfig
 from ..optim import QUANT_BLOCK, Quantized
 from ..params import ParameterLayout
 from .background import report_if_slow
+from .read_ahead import ReadAhead
 from .safetensors_file import SafetensorsError, check_tensors, read_into, read_tensors, tensor_names, write_tensors
 
 DONE = "DONE"
@@ -381,12 +382,19 @@ def checkpoint_pieces(checkpoint: dict, moments: bool = True) -> list[tuple[Path
     return pieces
 
 
+def checkpoint_ranges(checkpoint: dict) -> list[tuple[Path, int, int]]:
+    """(file, byte offset, bytes) of each tensor of a checkpoint, in the order stream_checkpoint reads them: what a
+    ReadAhead reads before it."""
+    return [(file, at, n) for file, at, n, _, _ in checkpoint_pieces(checkpoint)]
+
+
 def stream_checkpoint(checkpoint: dict, buffers: list[np.ndarray], upload: Callable[[str, int, np.ndarray], None],
-                      moments: bool = True) -> None:
+                      moments: bool = True, read_ahead: ReadAhead | None = None) -> None:
     """Read checkpoint_pieces(checkpoint, moments) in parts of a buffer's size (buffers: equal uint8 arrays, the
     caller's page-locked ones), one read per buffer in flight, and hand each part in order to upload(state name,
     byte offset, bytes) in the calling thread, the weights in it checked to be finite first; a buffer is read
-    into again once upload returned. Double buffering: the disk reads on while upload copies."""
+    into again once upload returned. Double buffering: the disk reads on while upload copies. read_ahead, of
+    checkpoint_ranges(checkpoint), is told each part consumed."""
     size = buffers[0].size
     pieces = checkpoint_pieces(checkpoint, moments)
     parts = iter([(file, at + done, min(size, n - done), name, to + done)
@@ -412,6 +420,8 @@ def stream_checkpoint(checkpoint: dict, buffers: list[np.ndarray], upload: Calla
                 if name == "params" and not all_finite(buffer[:n].view(np.float32)):
                     raise CheckpointError(f"{file}: the weights are not finite")
                 upload(name, to, buffer[:n])
+                if read_ahead is not None:
+                    read_ahead.consumed(n)
                 free.append(buffer)
                 read_next()
     except SafetensorsError as e:

@@ -13,6 +13,7 @@ from ..config import LlamaConfig
 from ..cuda import DeviceArray, empty, runtime, to_device
 from ..io.checkpoint import read_moments, stream_checkpoint
 from ..io.pinned import PinnedArrays
+from ..io.read_ahead import ReadAhead
 from ..io.safetensors_file import READ_PIECE, READERS
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
@@ -138,12 +139,13 @@ class GPUModelBase(Model):
             self.wait_for_state()
         return host
 
-    def load_checkpoint_state(self, checkpoint: dict) -> None:
+    def load_checkpoint_state(self, checkpoint: dict, read_ahead: ReadAhead | None = None) -> None:
         """One GPU: the weights and moments of a checkpoint loaded without its data (load_checkpoint(read=False)),
         streamed from its files into state_buffers() through page-locked buffers while the next parts are read
         (stream_checkpoint, which checks the weights), and the weights the forward reads rounded after: the state
         that set_state of the host arrays makes, bit for bit. Moments in the other format than the optimizer's
-        (fp32 ones for 8-bit, or back) are read on the host and converted by set_state's path."""
+        (fp32 ones for 8-bit, or back) are read on the host and converted by set_state's path. read_ahead: the
+        checkpoint's files being read into memory ahead (llama/io/read_ahead.py), told what was consumed."""
         targets, drv = self.state_buffers(), runtime().drv
         same_format = checkpoint["quantized"] == (self.zero.optimizer == "adamw8bit")
         staging = PinnedArrays({f"buffer {i}": ((READ_PIECE,), np.uint8) for i in range(READERS)})
@@ -154,7 +156,8 @@ class GPUModelBase(Model):
                 drv.memcpy_htod(targets[name].ptr + offset, data)
                 progress.update(data.size)
 
-            self.set_weights_on_device(lambda master: stream_checkpoint(checkpoint, buffers, upload, same_format))
+            self.set_weights_on_device(
+                lambda master: stream_checkpoint(checkpoint, buffers, upload, same_format, read_ahead))
         if not same_format:
             self.zero.set_moments(*read_moments(checkpoint))
 
