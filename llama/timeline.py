@@ -3,7 +3,8 @@
 While recording, every call of the named launchers (llama.ops) is bracketed by CUDA events on the compute
 stream, and every collective of a Communicator (llama/parallel/nccl.py) by events on its own stream. After
 a synchronize, the spans are the events' times relative to the first one; `totals` sums them per label (the
-per-kernel breakdown of scripts/bench_step.py) and `chrome_trace` writes them in the Trace Event Format that
+per-kernel breakdown of scripts/bench_step.py), `alone` finds the communication no compute runs beside (what
+scripts/bench_multi_gpu.py --trace prints) and `chrome_trace` writes them in the Trace Event Format that
 chrome://tracing and Perfetto open: one process per rank, one thread per stream, microseconds.
 
     timeline = Timeline()
@@ -93,6 +94,28 @@ class Timeline:
         for span in self.spans():
             sums[span.label] = sums.get(span.label, 0.0) + span.end_ms - span.start_ms
         return dict(sorted(sums.items(), key=lambda item: -item[1]))
+
+    def alone(self) -> list[tuple[Span, float, str]]:
+        """Each communication span with the milliseconds of it during which the compute stream ran nothing
+        recorded (communication in the open: the compute waits for it, or has nothing left to do), and the
+        label of the compute span that starts next (what waited), for the spans with any such time."""
+        spans = self.spans()
+        compute = [span for span in spans if span.stream == "compute"]
+        busy = []  # the union of the compute spans, as disjoint (start, end) in order
+        for span in compute:
+            if busy and span.start_ms <= busy[-1][1]:
+                busy[-1] = (busy[-1][0], max(busy[-1][1], span.end_ms))
+            else:
+                busy.append((span.start_ms, span.end_ms))
+        result = []
+        for span in spans:
+            if span.stream != "communication":
+                continue
+            covered = sum(max(0.0, min(end, span.end_ms) - max(start, span.start_ms)) for start, end in busy)
+            if span.end_ms - span.start_ms - covered > 0:
+                after = next((c.label for c in compute if c.start_ms >= span.end_ms), "the step's end")
+                result.append((span, span.end_ms - span.start_ms - covered, after))
+        return result
 
     def chrome_trace(self, rank: int = 0) -> dict:
         """The spans as a Trace Event Format object: complete events ("X") in microseconds, process = rank,

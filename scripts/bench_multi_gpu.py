@@ -30,7 +30,9 @@ which claim their tiles from a counter: GemmChooser(dynamic=True)); --gemm stati
 every GPU count, a row each.
 With --trace, every rank also writes the timeline of one eager step (CUDA events around every launcher and
 collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_<gemm>_rank<rank>.json, in the
-Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together).
+Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together), and the table is
+followed, per run, by rank 0's communication with no compute beside it: its milliseconds by collective (kind and
+size), and the longest stretches with the launcher that ran next (llama/timeline.py `Timeline.alone`).
 """
 
 import argparse
@@ -71,6 +73,7 @@ class Bench:
 CONFIGS = {"d12": Bench(16, 1024), "llama3.2-1b": Bench(8, 2048),
            "llama3.1-8b": Bench(1, 8192, "full", "adamw8bit", min_gpus=2, stages=(3,), breakdown=False)}
 VOCAB = 128256
+OPEN_SHOWN = 6  # --trace: the longest stretches of communication with no compute beside it, per run
 
 
 def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str) -> tuple[float, dict, object]:
@@ -119,6 +122,19 @@ def step_gathers(z, layout) -> None:
     z.end(None)
 
 
+def open_communication(timeline) -> dict:
+    """From an eager step's timeline: the milliseconds of each collective (by kind and size) with no compute beside
+    it, and the longest such stretches with the launcher that ran next (what waited for it)."""
+    alone = timeline.alone()
+    by_label = {}
+    for span, ms, _ in alone:
+        by_label[span.label] = by_label.get(span.label, 0.0) + ms
+    longest = sorted(alone, key=lambda item: -item[1])[:OPEN_SHOWN]
+    return {"total_ms": sum(ms for _, ms, _ in alone), "by_collective": by_label,
+            "longest": [{"collective": span.label, "at_ms": round(span.start_ms, 2), "open_ms": round(ms, 3),
+                         "next": after} for span, ms, after in longest]}
+
+
 def worker(args) -> None:
     from llama.cuda import runtime, select_device, time_ms
     from llama.parallel.distributed import DistributedEnv
@@ -143,6 +159,7 @@ def worker(args) -> None:
         path = Path(args.trace) / f"{args.config}_{env.world_size}gpus_zero{zero}_{gemm}_rank{env.rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(timeline.chrome_trace(env.rank)))
+        result["open_communication"] = open_communication(timeline)
     if comm is not None:
         z = model.zero
         result["reduce_scatter_ms"] = time_ms(z.reduce_all, warmup=1, repeats=args.steps, inner=1)
@@ -197,6 +214,20 @@ def print_table(results: dict) -> None:
             print(line)
 
 
+def print_open_communication(results: dict) -> None:
+    """--trace: per run on several GPUs, rank 0's collectives with no compute beside them in its eager step."""
+    for name, by_run in results.items():
+        for run_name, r in by_run.items():
+            if "open_communication" not in r or r["gpus"] == 1:
+                continue
+            o = r["open_communication"]
+            print(f"\n{name} {run_name}: {o['total_ms']:.2f} ms of communication with no compute beside it (rank 0's "
+                  "eager step), by collective: " + ", ".join(f"{label} {ms:.2f}" for label, ms in
+                                                            sorted(o["by_collective"].items(), key=lambda i: -i[1])))
+            for x in o["longest"]:
+                print(f"  at {x['at_ms']:8.2f} ms  {x['collective']:<26} {x['open_ms']:7.3f} ms open, then {x['next']}")
+
+
 def communication_columns(r: dict) -> str:
     """The no-comm step, exposed ms, hidden shares and comm share of a run on several GPUs (- where not measured:
     no breakdown, or the stage-3 step without collectives, which reads weight slots nobody gathered)."""
@@ -237,6 +268,7 @@ def main():
                       for g in args.gpus if g >= CONFIGS[name].min_gpus for m in gemms(g) for z in stages(name, g)}
                for name in args.configs}
     print_table(results)
+    print_open_communication(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

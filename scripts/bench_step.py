@@ -78,11 +78,13 @@ LAUNCHERS = ["gemm", "gemm_fp8", "cast_fp8", "flash_attention_forward", "flash_a
 
 
 def launch_label(name: str, args: tuple, kwargs: dict) -> str:
-    """A launcher call's name in the breakdown: the GEMMs by what they compute."""
+    """A launcher call's name in the breakdown: the GEMMs by what they compute, the collectives by size."""
     if name == "gemm":
         return "gemm " + ("dW (tn)" if kwargs.get("trans_a") else "fwd (nt)" if kwargs.get("trans_b") else "dX (nn)")
     if name == "gemm_fp8":
         return "gemm_fp8 " + ("dW" if kwargs.get("accumulate") else "fwd and dX")
+    if name in ("reduce_scatter", "all_gather"):  # a Communicator's (out, x): by the whole buffer's size
+        return f"{name} {max(args[0].nbytes, args[1].nbytes) / 1e6:,.0f} MB"
     return name
 
 

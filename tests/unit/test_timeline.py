@@ -96,3 +96,16 @@ def test_the_chrome_trace_has_a_process_per_rank_and_a_thread_per_stream_in_micr
         {"name": "gemm", "cat": "compute", "ph": "X", "pid": 3, "tid": 0, "ts": 0.0, "dur": 2000.0},
         {"name": "all_gather", "cat": "communication", "ph": "X", "pid": 3, "tid": 1, "ts": 2000.0, "dur": 1500.0}]
     assert Timeline().chrome_trace()["traceEvents"][3:] == []  # nothing recorded: metadata only
+
+
+def test_alone_is_the_communication_no_compute_runs_beside_and_names_what_ran_next():
+    """Compute 0-4 and 3-6 (one busy stretch 0-6) and 9-10; a reduce-scatter 5-8 is open 6-8 (2 ms) before the
+    compute at 9; an all-gather 1-2 is hidden whole; one at 9.5-12 is open 10-12 at the step's end."""
+    from llama.timeline import Span
+    timeline = Timeline()
+    spans = [Span("compute", "gemm", 0.0, 4.0), Span("communication", "all_gather 8 MB", 1.0, 2.0),
+             Span("compute", "swiglu", 3.0, 6.0), Span("communication", "reduce_scatter 64 MB", 5.0, 8.0),
+             Span("compute", "adamw", 9.0, 10.0), Span("communication", "all_gather 8 MB", 9.5, 12.0)]
+    timeline.spans = lambda: spans
+    assert [(span.label, ms, after) for span, ms, after in timeline.alone()] == [
+        ("reduce_scatter 64 MB", 2.0, "adamw"), ("all_gather 8 MB", 2.0, "the step's end")]
