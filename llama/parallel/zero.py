@@ -101,6 +101,17 @@ class ShardLayout:
         """(padded start, padded end, shard offset) of each of rank's pieces."""
         return [(*self.piece(k, rank), self.shard_offsets[k]) for k in range(len(self.buckets))]
 
+    def owned_flat(self, rank: int):
+        """(shard start, flat start, flat end, shard end) of each of rank's pieces: the piece
+        [shard start, shard end) of rank's shard holds the flat parameters [flat start, flat end) first (none
+        where the piece is all padding), then zeros, as shard() makes it."""
+        ranges = []
+        for (start, end, offset), (flat_start, flat_end), (bucket_start, _) in zip(self.owned(rank), self.spans,
+                                                                                    self.buckets):
+            lo, hi = (min(flat_start + at - bucket_start, flat_end) for at in (start, end))
+            ranges.append((offset, lo, hi, offset + end - start))
+        return ranges
+
     def shard(self, flat: np.ndarray, rank: int) -> np.ndarray:
         """rank's shard of a flat host array of `size` values (the padding reads as zeros)."""
         padded = self.pad(flat)
@@ -160,6 +171,17 @@ class BucketHomes:
         """The tensor at flat offset, shaped, in its bucket's home."""
         k = self.layout.bucket_of(offset)
         return self.home(k).view(offset - self.layout.spans[k][0], shape)
+
+
+def fill_shard(shard: DeviceArray, layout: ShardLayout, rank: int, fill_range) -> None:
+    """rank's shard (shard_size values) of the flat parameters that fill_range(out, start) writes, the values
+    from flat offset start on into out (ops.fill_parameters), its padding zeros: what layout.shard makes."""
+    for shard_start, flat_start, flat_end, shard_end in layout.owned_flat(rank):
+        values = flat_end - flat_start
+        if values:
+            fill_range(shard.view(shard_start, (values,)), flat_start)
+        if shard_end > shard_start + values:
+            shard.view(shard_start + values, (shard_end - shard_start - values,)).fill_zero()
 
 
 def flat_gather_length(layout: ShardLayout) -> int:
@@ -255,7 +277,7 @@ class Zero:
         self.stale = False  # the weights the forward reads are older than the master (gather them first)
         self._step_first = True
         self._start_region()
-        if params is not None:  # None: the caller fills them with set_weights_on_device
+        if params is not None:  # None: the caller fills them on the device (fill_master, set_weights_on_device)
             self.set_weights(params)
 
     @classmethod
@@ -287,11 +309,29 @@ class Zero:
         """One GPU: fill(master) writes the full fp32 params into the master on the device, and the weights
         the forward reads follow (no host copy)."""
         if self.comm is not None:
-            raise ValueError("the weights are filled on the device on one GPU only")
+            raise ValueError("the full weights are filled on the device on one GPU only (several: fill_master)")
         fill(self.master)
-        if self.weights is not self.master:
-            ops.round_to_bf16(self.weights, self.master)
-        self.stale = False
+        self._weights_from_master()
+
+    def fill_master(self, fill_range) -> None:
+        """The master weights written on the device by fill_range(out, start), which puts the flat params from
+        offset start into out (ops.fill_parameters): all of them on one GPU, this rank's shard on several (its
+        padding zeros, fill_shard); the weights the forward reads follow, as set_weights leaves them."""
+        fill_shard(self.master, self.layout, self.rank, fill_range)
+        self._weights_from_master()
+
+    def _weights_from_master(self) -> None:
+        """The weights the forward reads from the master on the device: rounded to bf16 (to nearest even, as the
+        host rounds them) where they are a copy, and on several GPUs all-gathered (gather_weights: stages 1-2 into
+        the full weights now, stage 3 into each bucket's home as the forward reaches it)."""
+        if self.comm is None:
+            if self.weights is not self.master:
+                ops.round_to_bf16(self.weights, self.master)
+            self.stale = False
+            return
+        if self.weight_shard is not self.master:
+            ops.round_to_bf16(self.weight_shard, self.master)
+        self.gather_weights()
 
     def set_moments(self, m, v) -> None:
         """The full moments from a checkpoint (None: zeros): 8-bit ones (Quantized) uploaded as they are for
@@ -554,7 +594,8 @@ class Zero:
 
     def gather_weights(self) -> None:
         """Every rank's new weight_shard into the full weight buffer (stages 1-2) at once, in one NCCL group (the
-        fp32 path's eager step; stage 3 gathers as the forward goes, the embedding and head at its next begin)."""
+        fp32 path's eager step, and the weights drawn on the device; stage 3 gathers as the forward goes, the
+        embedding and head at its next begin)."""
         if self.comm is None:
             return
         if self.weights is None:
@@ -651,11 +692,17 @@ class MasterReplica:
     which the bf16 model reads in fp32): after each update, every rank copies the parts it owns into
     a zeroed buffer and an all-reduce (sum) completes it, exactly (x + 0 = x)."""
 
-    def __init__(self, zero: Zero, layout, names: list[str], params: np.ndarray):
+    def __init__(self, zero: Zero, layout, names: list[str], params: np.ndarray | None):
+        """params: the full host params, or None: the master shards' values (collected and all-reduced, as
+        after an update)."""
         self.zero, self.layout, self.names = zero, layout, names
         self.offsets, self.copies = replica_copies(zero.layout, zero.rank, [layout.tensors[n] for n in names])
         self.values = empty(sum(layout.tensors[n].size for n in names))
-        self.set(params)
+        if params is None:
+            self.collect()
+            zero.sum_over_ranks(self.values)
+        else:
+            self.set(params)
 
     def view(self, name: str) -> DeviceArray:
         return self.values.view(self.offsets[name], self.layout.tensors[name].shape)
