@@ -32,8 +32,8 @@ class GPUModelBase(Model):
         moments' format (llama/optim.py OPTIMIZER_STATES); gradients False: no full gradient buffer (the
         model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
         reduce-scatter; doc_mask_bos: None, or the BOS id of the document mask (_document_bounds). Returns the
-        starting flat fp32 params: params, or on several GPUs a fresh
-        initialization from seed; None on one GPU, which draws it on the device (llama/ops/init.py)."""
+        starting flat fp32 params: params, or None, when each GPU draws its part of a fresh initialization from
+        seed (llama/ops/init.py; on several GPUs its shard of the master weights, Zero.fill_master)."""
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
         self.config, self.B, self.T, self.comm = config, B, T, comm
@@ -41,13 +41,14 @@ class GPUModelBase(Model):
         if doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
             self.doc_start, self.doc_end = empty((B, T), np.int32), empty((B, T), np.int32)
         self.layout = ParameterLayout(config)
-        params = model_parameters(self.layout, params, seed) if params is not None or comm is not None else None
+        params = model_parameters(self.layout, params, seed) if params is not None else None
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
         self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
         if params is None:
-            with phase("initializing the weights on the GPU", total=self.layout.size, unit="param") as progress:
-                self.set_weights_on_device(
-                    lambda master: ops.fill_parameters(master, self.layout, seed, on_values=progress.update))
+            drawn = sum(end - start for _, start, end, _ in self.zero.layout.owned_flat(self.zero.rank))
+            with phase("initializing the weights on the GPU", total=drawn, unit="param") as progress:
+                self.zero.fill_master(
+                    lambda out, start: ops.fill_parameters(out, self.layout, seed, start, progress.update))
         self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
         cos, sin = rope_cos_sin(config, T)
         self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))

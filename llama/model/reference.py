@@ -13,7 +13,7 @@ from ..config import LlamaConfig
 from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
 from ..optim import (OPTIMIZER_STATES, QUANT_BLOCK, AdamW8bitState, AdamWConfig, clip_norm_estimate, clip_scale,
                      global_norm, squared_norm)
-from ..params import ParameterLayout, init_parameters
+from ..params import ParameterLayout, model_parameters
 from ..twins.attention import (attention_backward, attention_forward, document_attention_backward,
                                document_attention_forward, document_ids)
 from ..twins.classifier import fused_classifier
@@ -113,11 +113,7 @@ class ReferenceModel(ReferenceBlock, Model):
         self.doc_mask_bos = doc_mask_bos
         self.doc_ids = None  # the last forward's document ids with doc_mask_bos
         self.layout = ParameterLayout(config)
-        if params is None:
-            params = init_parameters(config, seed)
-        if params.shape != (self.layout.size,):
-            raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
-        self.params = params.astype(self.dtype, copy=True)
+        self.params = model_parameters(self.layout, params, seed).astype(self.dtype, copy=True)
         self.in_backward = in_backward
         self.grads = None if in_backward else np.zeros_like(self.params)
         self.optimizer = OPTIMIZER_STATES[optimizer](self.layout.size, self.dtype)
