@@ -1,5 +1,6 @@
-"""Data parallelism on 2 GPUs (device kind nvidia-h200-x2): NCCL collectives, ZeRO training (stages 1-3) against
-one GPU at the same global batch, checkpoints across GPU counts, determinism, and faults.
+"""Data parallelism on 2 GPUs (device kind nvidia-h200-x2): NCCL collectives, the initial weights drawn on each GPU,
+ZeRO training (stages 1-3) against one GPU at the same global batch, checkpoints across GPU counts, determinism, and
+faults.
 
 The trainer runs as it does for users: `python -m llama.launch --nproc-per-node 2 train_llama.py ...`
 (or, for the fault tests, two processes given torchrun's environment by hand)."""
@@ -53,12 +54,28 @@ def same_bits(a: Path, b: Path) -> None:
         assert np.array_equal(x[key], y[key]), key
 
 
-def test_collectives_and_shards():
+def worker(*args) -> str:
+    """tests/multi_gpu_worker.py on 2 GPUs (through llama.launch); its output."""
     result = subprocess.run([sys.executable, "-m", "llama.launch", "--nproc-per-node", "2",
-                             str(REPO / "tests" / "multi_gpu_worker.py")], env=environment(), capture_output=True,
-                            text=True, timeout=300)
+                             str(REPO / "tests" / "multi_gpu_worker.py"), *args], env=environment(),
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rank 0: collectives ok" in result.stdout and "rank 1: collectives ok" in result.stdout
+    return result.stdout
+
+
+def test_collectives_and_shards():
+    out = worker()
+    assert "rank 0: collectives ok" in out and "rank 1: collectives ok" in out
+
+
+def test_each_gpu_draws_its_shard_of_the_initial_weights():
+    """Models built without params on 2 GPUs, at ZeRO stages 1-3 (bf16 with fp32 and 8-bit moments, fp32): each
+    rank's master shard, padding included, and the weights the forward reads hold the bits of the same model built
+    from init_parameters (tests/multi_gpu_worker.py device_init_matches_host_init)."""
+    out = worker("init")
+    for rank in (0, 1):
+        assert all(f"rank {rank}: device init at ZeRO-{stage} ok" in out for stage in (1, 2, 3))
+        assert f"rank {rank}: init ok" in out
 
 
 @pytest.mark.parametrize("dtype, args, T, tol", [("fp32", FP32, 32, 1e-5), ("bf16", BF16, 64, 1e-2)], ids=["fp32", "bf16"])
