@@ -1,5 +1,6 @@
 // AdamW over the one flat parameter buffer (n,), with global-norm clipping read on the device.
-// params, grads, m, v (n,) fp32; decay_mask (n,) uint8: 1 where weight decay applies (2D weights).
+// params, grads, m, v (n,) fp32; decay_mask (ceil(n / 8),) uint8: a bit per weight, 1 where weight decay
+// applies (2D weights), weight i's at bit i % 8 of byte i / 8 (ops.pack_decay_mask; 1 GB for 8B weights).
 // norm_squared (1,): the squared global grad norm from global_norm.cu; when max_norm > 0 and the
 // norm exceeds it, gradients are scaled by max_norm / norm. Bias corrections 1 - beta^step come
 // from the host. Same formulas as llama/optim.py:adamw_update.
@@ -8,8 +9,19 @@
 //   copy params_bf16 (n,) of the new params (round to nearest even), which the matmuls read. The
 //   step-dependent values come from the device buffer scalars = {lr, 1 - beta1^step, 1 - beta2^step}
 //   (ops.adamw_scalars), so that a captured CUDA graph replays every step. One thread per 8 elements,
-//   16-byte loads and stores (the arrays 16-byte aligned); the last thread also takes the n % 8 tail.
+//   16-byte loads and stores (the arrays 16-byte aligned) and the mask's one byte of the 8; the last thread
+//   also takes the n % 8 tail.
 #include "bf16.cuh"
+
+// weight i's decay, 0.0f or 1.0f: bit i % 8 of byte i / 8 of the packed mask
+__device__ __forceinline__ float decay_bit(const unsigned char* decay_mask, long long i) {
+    return (float)((decay_mask[i >> 3] >> (i & 7)) & 1);  // i >= 0: i / 8, i % 8
+}
+
+// bit k (0..7) of a mask byte, 0.0f or 1.0f
+__device__ __forceinline__ float bit_of(unsigned int mask_byte, int k) {
+    return (float)((mask_byte >> k) & 1u);
+}
 
 extern "C" __global__ void adamw_update(float* params, const float* grads, float* m, float* v,
                                         const unsigned char* decay_mask, const float* norm_squared, long long n,
@@ -28,7 +40,7 @@ extern "C" __global__ void adamw_update(float* params, const float* grads, float
     m[i] = mi;
     v[i] = vi;
     const float update = (mi / bias_correction1) / (sqrtf(vi / bias_correction2) + eps);
-    params[i] -= lr * (update + weight_decay * decay_mask[i] * params[i]);
+    params[i] -= lr * (update + weight_decay * decay_bit(decay_mask, i) * params[i]);
 }
 
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float decay, float lr,
@@ -58,10 +70,9 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
         load_f32x8(g, grads + first);
         load_f32x8(mi, m + first);
         load_f32x8(vi, v + first);
-        const uint2 mask_bits = *reinterpret_cast<const uint2*>(decay_mask + first);
-        const unsigned char* mask = reinterpret_cast<const unsigned char*>(&mask_bits);
+        const unsigned int mask = decay_mask[first / 8];
         for (int k = 0; k < 8; k++)
-            adamw_element(p[k], mi[k], vi[k], g[k] * scale, mask[k], lr, beta1, beta2, eps, weight_decay,
+            adamw_element(p[k], mi[k], vi[k], g[k] * scale, bit_of(mask, k), lr, beta1, beta2, eps, weight_decay,
                           bias_correction1, bias_correction2);
         store_f32x8(params + first, p);
         store_f32x8(m + first, mi);
@@ -70,7 +81,7 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
     } else {
         for (long long i = first; i < n; i++) {
             float p = params[i], mi = m[i], vi = v[i];
-            adamw_element(p, mi, vi, grads[i] * scale, decay_mask[i], lr, beta1, beta2, eps, weight_decay,
+            adamw_element(p, mi, vi, grads[i] * scale, decay_bit(decay_mask, i), lr, beta1, beta2, eps, weight_decay,
                           bias_correction1, bias_correction2);
             params[i] = p;
             m[i] = mi;
@@ -88,12 +99,13 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
 //   value's code (how many of the map's midpoints lie at or below value / scale, a binary search in
 //   shared memory). Every float operation is rounded on its own (no fused multiply-add), in the order
 //   numpy computes it, so the codes, scales and weights are the twin's bits. A lane with all 8 values
-//   moves them as vectors (16-byte loads and stores of the fp32 and bf16 values, 8-byte ones of the codes
-//   and the decay mask) and runs its 16 searches unrolled, so that they overlap; a short last lane goes
+//   moves them as vectors (16-byte loads and stores of the fp32 and bf16 values, 8-byte ones of the codes,
+//   the decay mask's one byte) and runs its 16 searches unrolled, so that they overlap; a short last lane goes
 //   value by value.
-//   m_codes, v_codes (n,) uint8; m_scales, v_scales (ceil(n / 256),) fp32; maps (4, 256) fp32: m's
-//   levels, m's midpoints, v's levels, v's midpoints, each padded (levels with 0, midpoints with +inf);
-//   one_minus_beta1/2: 1 - beta rounded to fp32 from double, as numpy has them. The arrays 16-byte aligned.
+//   decay_mask packed as adamw_update's; m_codes, v_codes (n,) uint8; m_scales, v_scales (ceil(n / 256),) fp32;
+//   maps (4, 256) fp32: m's levels, m's midpoints, v's levels, v's midpoints, each padded (levels with 0,
+//   midpoints with +inf); one_minus_beta1/2: 1 - beta rounded to fp32 from double, as numpy has them. The
+//   arrays but the mask 16-byte aligned.
 constexpr int QUANT_BLOCK = 256;
 constexpr int MAP_SIZE = 256;
 
@@ -161,12 +173,12 @@ extern "C" __global__ void adamw8bit_update_bf16(float* params, bf16* params_bf1
         load_f32x8(g, grads + first);
         const uint2 m_in = *reinterpret_cast<const uint2*>(m_codes + first);
         const uint2 v_in = *reinterpret_cast<const uint2*>(v_codes + first);
-        const uint2 mask = *reinterpret_cast<const uint2*>(decay_mask + first);
+        const unsigned int mask = decay_mask[first / 8];
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             m[k] = __fmul_rn(m_levels[byte_of(m_in, k)], m_scale);
             v[k] = __fmul_rn(v_levels[byte_of(v_in, k)], v_scale);
-            p[k] = adamw8bit_element(m[k], v[k], p[k], __fmul_rn(g[k], scale), (float)byte_of(mask, k), step);
+            p[k] = adamw8bit_element(m[k], v[k], p[k], __fmul_rn(g[k], scale), bit_of(mask, k), step);
         }
         store_f32x8(params + first, p);
         store_bf16x8(params_bf16 + first, p);
@@ -178,7 +190,7 @@ extern "C" __global__ void adamw8bit_update_bf16(float* params, bf16* params_bf1
             const long long i = first + k;
             m[k] = __fmul_rn(m_levels[m_codes[i]], m_scale);
             v[k] = __fmul_rn(v_levels[v_codes[i]], v_scale);
-            p[k] = adamw8bit_element(m[k], v[k], params[i], __fmul_rn(grads[i], scale), (float)decay_mask[i], step);
+            p[k] = adamw8bit_element(m[k], v[k], params[i], __fmul_rn(grads[i], scale), decay_bit(decay_mask, i), step);
             params[i] = p[k];
             params_bf16[i] = __float2bfloat16_rn(p[k]);
         }

@@ -12,9 +12,10 @@ decay mask) and the moments (8, or 2 in 8 bits); the activations each layer keep
 two copies of the logits; and the largest transient: AdamW's temporaries, or the backward's (two and a
 half times a layer's activations and attention probabilities, three times the logits). The last step's
 activations are dropped before the next forward. The bf16 GPU model: the buffers it allocates
-(llama/model/gpu_bf16.py, llama/parallel/zero.py), which came to the device memory measured in use
-(d12 B16 x T1024: 9.6 GB; llama3.2-1b B8 x T2048: 38.9 GB); the CUDA context and graphs come on top, so
-it is a lower bound. scripts/memory_plan.py prints the buffers.
+(llama/model/gpu_bf16.py, llama/parallel/zero.py; the decay mask a bit a weight), which came to the device
+memory measured in use when the mask took a byte a weight (d12 B16 x T1024: 9.6 GB; llama3.2-1b B8 x T2048:
+38.9 GB); the CUDA context and graphs come on top, so it is a lower bound. scripts/memory_plan.py prints
+the buffers.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     if dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
                 **({"fp32 master and gradient shards": 2 * FLOAT32 * shard} if gpus > 1 else {}),
-                "adamw moments": 2 * FLOAT32 * shard, "decay mask": shard,
+                "adamw moments": 2 * FLOAT32 * shard, "decay mask": ops.packed_mask_size(shard),
                 "logits": B * T * config.vocab_size * FLOAT32}
 
     N = B * T
@@ -184,7 +185,7 @@ def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16
     buffers = {"bf16 weights" + stage: 2 * weights, **gradients, "fp32 master weights": FLOAT32 * shard,
                f"{optimizer} moments": (2 * FLOAT32 * shard if optimizer == "adamw" else
                                         2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK))),
-               "decay mask": shard}
+               "decay mask": ops.packed_mask_size(shard)}
     if gpus > 1:
         buffers["gradient and bf16 weight shards"] = (FLOAT32 + 2) * shard
     if reduce_dtype == "bf16":

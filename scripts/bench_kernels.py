@@ -85,7 +85,7 @@ def optimizer_cases(args, rng) -> list:
     norm_squared, norm_scratch = empty(1), zeros(ops.NORM_BLOCKS + 1, np.float64)
     ops.global_norm_squared_bf16(norm_squared, norm_scratch, grads)
     params, m, v = to_device(rng.standard_normal(P, dtype=np.float32) * 0.02), zeros(P), zeros(P)
-    params_bf16, mask = empty(P, BF16), to_device((rng.random(P) < 0.9).astype(np.uint8))
+    params_bf16, mask = empty(P, BF16), to_device(ops.pack_decay_mask((rng.random(P) < 0.9).astype(np.uint8)))
     opt = AdamWConfig()
     scalars = to_device(ops.adamw_scalars(1, 3e-4, opt))
     # 8-bit moments (m codes, m scales, v codes, v scales): random codes of blocks of QUANT_BLOCK values
@@ -95,9 +95,10 @@ def optimizer_cases(args, rng) -> list:
     maps = to_device(ops.quantization_maps())
     return [(f"global_norm_squared_bf16 ({P / 1e6:.1f}M)", P * 4,
              lambda: ops.global_norm_squared_bf16(norm_squared, norm_scratch, grads)),
-            (f"adamw_update_bf16 ({P / 1e6:.1f}M)", P * (4 * 4 + 1 + 3 * 4 + 2),
+            (f"adamw_update_bf16 ({P / 1e6:.1f}M)", P * (4 * 4 + 3 * 4 + 2) + mask.nbytes,
              lambda: ops.adamw_update_bf16(params, params_bf16, grads, m, v, mask, norm_squared, scalars, opt)),
-            (f"adamw8bit_update_bf16 ({P / 1e6:.1f}M)", P * (4 + 4 + 1 + 1 + 1 + 4 + 2 + 1 + 1) + blocks_n * 16,
+            (f"adamw8bit_update_bf16 ({P / 1e6:.1f}M)",
+             P * (4 + 4 + 1 + 1 + 4 + 2 + 1 + 1) + mask.nbytes + blocks_n * 16,
              lambda: ops.adamw8bit_update_bf16(params, params_bf16, grads, *moments, mask, norm_squared, scalars, maps,
                                                opt))]
 

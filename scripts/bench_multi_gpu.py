@@ -22,7 +22,7 @@ when N > 1) with the same batch per GPU, so tokens per step grow with N; scaling
   stage 3 the step without collectives reads weight slots nobody gathered, and its time is not a fair
   baseline either (docs/multi-gpu.md): its exposed, hidden and waiting columns print as -.
 llama3.1-8b runs only on several GPUs at ZeRO-3, with the recipe that fits two 80 GB H100s (B1 x T8192 per GPU,
-everything recomputed, 8-bit moments: 62.5 GiB of buffers a GPU, scripts/memory_plan.py), and prints its tok/s per
+everything recomputed, 8-bit moments: 59.2 GiB of buffers a GPU, scripts/memory_plan.py), and prints its tok/s per
 GPU (the target: torchtitan's 8B on 8 H100s, 6,667) and the collectives alone, not the steps without them (each
 would build the model again: minutes on the host).
 GEMMs: by default each GPU count runs the plan's versions (5 and 6 on one GPU; on several their twins 8 and 7,

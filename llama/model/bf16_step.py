@@ -58,13 +58,15 @@ class CapturedStep:
         def blocks(a: DeviceArray) -> DeviceArray:  # one scale per QUANT_BLOCK values
             return a.view(start // QUANT_BLOCK, (-(-n // QUANT_BLOCK),))
 
+        decay_mask = ops.decay_mask_range(z.decay_mask, start, n)
+
         if z.optimizer == "adamw8bit":
             ops.adamw8bit_update_bf16(shard(z.master), shard(z.weight_shard), grads, shard(z.m_codes), blocks(z.m_scales),
-                                      shard(z.v_codes), blocks(z.v_scales), shard(z.decay_mask), self.norm_squared,
+                                      shard(z.v_codes), blocks(z.v_scales), decay_mask, self.norm_squared,
                                       self.adam_scalars, z.maps, opt)
         else:
             ops.adamw_update_bf16(shard(z.master), shard(z.weight_shard), grads, shard(z.m), shard(z.v),
-                                  shard(z.decay_mask), self.norm_squared, self.adam_scalars, opt)
+                                  decay_mask, self.norm_squared, self.adam_scalars, opt)
 
     def start_step(self, batches: list, opt: AdamWConfig) -> None:
         """The captured graphs of this step's shape when they exist (the first step of a shape runs

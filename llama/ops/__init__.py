@@ -20,7 +20,7 @@ swiglu           SwiGLU (fp32, bf16)
 residual         the fp32 path's residual add
 classifier       softmax cross-entropy with its gradient (fp32, bf16) and the loss sum
 global_norm      the gradient norm (fp32, bf16) and the optimizer-in-backward's clip estimate
-adamw            AdamW (fp32, bf16, 8-bit moments)
+adamw            AdamW (fp32, bf16, 8-bit moments) and its decay mask, a bit per weight
 convert          fp32 <-> bf16
 fp8              --dtype fp8: float8 e4m3 casts with power-of-two scales per row or column, the FP8 GEMM
 gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch
@@ -31,7 +31,7 @@ init             the parameters' random initialization on the GPU (Philox; its t
 # flake8: noqa: F401  (the package re-exports every launcher)
 
 from .adamw import (ADAMW_SCALARS, adamw8bit_update_bf16, adamw_scalars, adamw_update, adamw_update_bf16,
-                    quantization_maps)
+                    decay_mask_range, pack_decay_mask, packed_mask_size, quantization_maps)
 from .attention import attention_backward, attention_forward
 from .classifier import fused_classifier, fused_classifier_bf16, loss_accumulate_bf16
 from .convert import round_to_bf16, widen_bf16

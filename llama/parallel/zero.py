@@ -200,7 +200,7 @@ def intersect(ranges, start: int, end: int):
 class Zero:
     """The sharded state of one rank at ZeRO stage 1, 2 or 3, and the collectives around the step.
 
-    master, m, v, decay_mask: this rank's shard (fp32, uint8); grad_shard: the averaged gradients of this
+    master, m, v, decay_mask: this rank's shard (fp32; a bit a weight); grad_shard: the averaged gradients of this
     rank's shard after reduce-scatter; weight_shard: where AdamW writes this rank's part of the weights the
     forward reads (bf16 copy, or the fp32 params on the exact path) before they are all-gathered.
     Stage 1: the full gradient buffer `grads` and the full weights `weights`; the last micro-batch's backward
@@ -273,7 +273,7 @@ class Zero:
         else:
             self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
         self.set_moments(None, None)
-        self.decay_mask = to_device(layout.shard(decay_mask, self.rank))
+        self.decay_mask = to_device(ops.pack_decay_mask(layout.shard(decay_mask, self.rank)))
         self.stale = False  # the weights the forward reads are older than the master (gather them first)
         self._step_first = True
         self._start_region()

@@ -1,6 +1,6 @@
 """AdamW's kernels (kernels/adamw.cu, llama/ops/adamw.py) against their twins (llama/optim.py): fp32 and
 bf16 updates with and without clipping (the bf16 copy bit for bit), and the 8-bit moments' update bit for
-bit over three steps."""
+bit over three steps. The kernels read the decay mask a bit a weight (ops.pack_decay_mask), the twins a byte."""
 
 import math
 
@@ -33,7 +33,8 @@ def test_adamw(grad_clip, step):
     dp, dm, dv = dev(p), dev(m), dev(v)
     from llama.cuda import to_device
     # a large lr, so that the update (measured as p_new - p) stands far above p's float32 rounding
-    ops.adamw_update(dp, dev(g), dm, dv, to_device(mask), dev(np.array([norm * norm])), step, 0.1, opt)
+    ops.adamw_update(dp, dev(g), dm, dv, to_device(ops.pack_decay_mask(mask)), dev(np.array([norm * norm])), step,
+                     0.1, opt)
     rp, rm, rv = p.copy(), m.copy(), v.copy()
     scale = grad_clip / norm if 0 < grad_clip < norm else 1.0
     adamw_update(rp, g, rm, rv, mask, step, 0.1, opt, grad_scale=scale)
@@ -56,7 +57,7 @@ def test_adamw_bf16(grad_clip, step, n):
     norm = math.sqrt(g @ g)
     dp, dm, dv, p16 = dev(p), dev(m), dev(v), poisoned_bf16((n,))
     # a large lr, so that the update (measured as p_new - p) stands far above p's float32 rounding
-    ops.adamw_update_bf16(dp, p16, dev(g), dm, dv, to_device(mask), dev(np.array([norm * norm])),
+    ops.adamw_update_bf16(dp, p16, dev(g), dm, dv, to_device(ops.pack_decay_mask(mask)), dev(np.array([norm * norm])),
                           to_device(ops.adamw_scalars(step, lr, opt)), opt)
     rp, rm, rv = p.copy(), m.copy(), v.copy()
     adamw_update(rp, g, rm, rv, mask, step, lr, opt, grad_scale=grad_clip / norm if 0 < grad_clip < norm else 1.0)
@@ -65,6 +66,31 @@ def test_adamw_bf16(grad_clip, step, n):
     check("adamw_bf16_v", dv, rv, TOL["adamw_bf16"])
     # the bf16 copy is the new fp32 params rounded to nearest even, bit for bit
     assert np.array_equal(bits(p16), dp.download().astype(BF16).view(np.uint16))
+
+
+@pytest.mark.parametrize("start, n", [(16, 10_001), (4096, 4103)])
+def test_adamw_bf16_on_a_range_reads_its_bits(start, n):
+    """The optimizer in the backward's update of weights [start, n) (ops.decay_mask_range of the whole packed mask)
+    is the twin's on that range, bit for bit against the whole buffers' update of the same values."""
+    from llama.cuda import to_device
+    f32 = lambda x: x.astype(np.float32).astype(np.float64)  # noqa: E731
+    p, g = f32(rng.standard_normal(n)), f32(rng.standard_normal(n))
+    m, v = f32(rng.standard_normal(n) * 0.1), f32(np.abs(rng.standard_normal(n)) * 0.01)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    opt, packed = AdamWConfig(weight_decay=0.1, grad_clip=0.0), to_device(ops.pack_decay_mask(mask))
+    scalars, norm_squared = to_device(ops.adamw_scalars(2, 0.1, opt)), dev(np.zeros(1))
+    whole = [dev(x) for x in (p, m, v)] + [poisoned_bf16((n,))]
+    part = [dev(x) for x in (p, m, v)] + [poisoned_bf16((n,))]
+    ops.adamw_update_bf16(whole[0], whole[3], dev(g), whole[1], whole[2], packed, norm_squared, scalars, opt)
+    k = n - start
+    ranged = [a.view(start, (k,)) for a in part]
+    ops.adamw_update_bf16(ranged[0], ranged[3], dev(g[start:]), ranged[1], ranged[2],
+                          ops.decay_mask_range(packed, start, k), norm_squared, scalars, opt)
+    for a, b in zip(whole, part):  # params, m, v, the bf16 copy
+        assert np.array_equal(bits(a)[start:], bits(b)[start:])
+    rp = p.copy()
+    adamw_update(rp, g, m.copy(), v.copy(), mask, 2, 0.1, opt)
+    check_increment("adamw_bf16_range_update", ranged[0], p[start:], rp[start:] - p[start:], TOL["adamw_bf16"])
 
 
 @pytest.mark.parametrize("n", [5, 256, 1000, 70_001])
@@ -83,7 +109,7 @@ def test_adamw8bit_bf16_is_the_twin(n, clipped):
     opt = AdamWConfig(weight_decay=0.1, grad_clip=1.0 if clipped else 0.0)
     dp, p16 = to_device(p), poisoned_bf16((n,))
     buffers = {k: to_device(getattr(twin, k)) for k in ("m_codes", "m_scales", "v_codes", "v_scales")}
-    maps, dmask, scalars = to_device(ops.quantization_maps()), to_device(mask), dev(np.zeros(3))
+    maps, dmask, scalars = to_device(ops.quantization_maps()), to_device(ops.pack_decay_mask(mask)), dev(np.zeros(3))
     expected = p.copy()
     for step in (1, 2, 3):
         g = (rng.standard_normal(n) * 0.3).astype(np.float32)

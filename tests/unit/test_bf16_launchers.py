@@ -84,11 +84,12 @@ def test_grad_norm_and_adamw_reject():
     with pytest.raises(ValueError, match="grads: must start 16-byte aligned"):
         ops.global_norm_squared_bf16(fake((1,), F32), fake((ops.NORM_BLOCKS + 1,), np.float64), fake((n,), F32, 4))
     arrays = dict(params=fake((n,), F32), params_bf16=fake((n,)), grads=fake((n,), F32), m=fake((n,), F32),
-                  v=fake((n,), F32), decay_mask=fake((n,), np.uint8), norm_squared=fake((1,), F32),
+                  v=fake((n,), F32), decay_mask=fake((125,), np.uint8), norm_squared=fake((1,), F32),
                   scalars=fake((ops.ADAMW_SCALARS,), F32))
     for name, bad, message in (("params_bf16", fake((n,), F32), "params_bf16: expected bfloat16"),
                                ("scalars", fake((2,), F32), "scalars: expected float32 \\(3,\\)"),
-                               ("decay_mask", fake((n,), np.uint8, 8), "decay_mask: must start 16-byte aligned")):
+                               ("decay_mask", fake((n,), np.uint8), "decay_mask: expected uint8 \\(125,\\)"),
+                               ("m", fake((n,), F32, 8), "m: must start 16-byte aligned")):
         with pytest.raises(ValueError, match=message):
             ops.adamw_update_bf16(**(arrays | {name: bad}), opt=AdamWConfig())
 
@@ -97,9 +98,10 @@ def test_adamw8bit_rejects_and_its_maps_are_the_twins():
     n = 1000
     arrays = dict(params=fake((n,), F32), params_bf16=fake((n,)), grads=fake((n,), F32), m_codes=fake((n,), np.uint8),
                   m_scales=fake((4,), F32), v_codes=fake((n,), np.uint8), v_scales=fake((4,), F32),
-                  decay_mask=fake((n,), np.uint8), norm_squared=fake((1,), F32),
+                  decay_mask=fake((125,), np.uint8), norm_squared=fake((1,), F32),
                   scalars=fake((ops.ADAMW_SCALARS,), F32), maps=fake((4, 256), F32))
     for name, bad, message in (("m_scales", fake((3,), F32), "m_scales: expected float32 \\(4,\\)"),
+                               ("decay_mask", fake((n,), np.uint8), "decay_mask: expected uint8 \\(125,\\)"),
                                ("v_codes", fake((n,), F32), "v_codes: expected uint8"),
                                ("maps", fake((2, 256), F32), "maps: expected float32 \\(4, 256\\)"),
                                ("m_codes", fake((n,), np.uint8, 8), "m_codes: must start 16-byte aligned"),
@@ -125,6 +127,52 @@ def test_adamw_scalars():
     scalars = ops.adamw_scalars(3, 6e-4, opt)
     assert scalars.dtype == np.float32 and scalars.shape == (ops.ADAMW_SCALARS,)
     np.testing.assert_array_equal(scalars, np.float32([6e-4, 1 - 0.9 ** 3, 1 - 0.95 ** 3]))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1001])
+def test_the_packed_decay_mask_holds_a_bit_per_weight(n):
+    """Weight i's decay at bit i % 8 of byte i // 8, where the kernels read it (bit k of byte first / 8 in the
+    8-wide paths), and the last byte's unused bits 0."""
+    mask = (np.random.default_rng(n).random(n) < 0.6).astype(np.uint8)
+    packed = ops.pack_decay_mask(mask)
+    assert packed.dtype == np.uint8 and packed.shape == (ops.packed_mask_size(n),) == (-(-n // 8),)
+    i = np.arange(n)
+    np.testing.assert_array_equal((packed[i // 8] >> (i % 8)) & 1, mask)
+    assert packed[-1] >> (n - 8 * (packed.size - 1)) == 0
+
+
+def test_a_range_of_the_packed_decay_mask_starts_on_a_whole_byte():
+    """The optimizer in the backward updates a group of weights [start, start + n) with its range of the mask."""
+    mask = (np.random.default_rng(0).random(1001) < 0.6).astype(np.uint8)
+    packed, device = ops.pack_decay_mask(mask), fake((126,), np.uint8)
+    for start, n in ((16, 900), (992, 9), (0, 1001)):
+        part = ops.decay_mask_range(device, start, n)
+        first = part.ptr - device.ptr
+        assert first == start // 8 and part.shape == (ops.packed_mask_size(n),)
+        bits = np.unpackbits(packed[first:first + part.size], bitorder="little")
+        np.testing.assert_array_equal(bits[:n], mask[start:start + n])
+    with pytest.raises(ValueError, match="multiples of 8 weights, not at 12"):
+        ops.decay_mask_range(device, 12, 10)
+
+
+def test_the_adamw_launchers_take_the_packed_mask_at_any_address(monkeypatch):
+    """n % 8 weights in the last byte; the mask read a byte at a time, so it need not be aligned."""
+    launches = []
+    monkeypatch.setattr(importlib.import_module("llama.ops.adamw"), "kernel", lambda module, name, signature: (
+        lambda grid, block, *args: launches.append((name, args))))
+    n, mask = 1001, fake((126,), np.uint8, 1)
+    common = dict(params=fake((n,), F32), grads=fake((n,), F32), decay_mask=mask, norm_squared=fake((1,), F32))
+    ops.adamw_update(**common, m=fake((n,), F32), v=fake((n,), F32), step=1, lr=1e-3, opt=AdamWConfig())
+    bf16 = dict(common, params_bf16=fake((n,)), scalars=fake((ops.ADAMW_SCALARS,), F32))
+    ops.adamw_update_bf16(**bf16, m=fake((n,), F32), v=fake((n,), F32), opt=AdamWConfig())
+    ops.adamw8bit_update_bf16(**bf16, m_codes=fake((n,), np.uint8), m_scales=fake((4,), F32),
+                              v_codes=fake((n,), np.uint8), v_scales=fake((4,), F32), maps=fake((4, 256), F32),
+                              opt=AdamWConfig())
+    assert [name for name, _ in launches] == ["adamw_update", "adamw_update_bf16", "adamw8bit_update_bf16"]
+    assert all(mask.ptr in args and n in args for _, args in launches)
+    with pytest.raises(ValueError, match=r"decay_mask: expected uint8 \(126,\), got uint8 \(125,\)"):
+        ops.adamw_update(**(common | {"decay_mask": fake((125,), np.uint8)}), m=fake((n,), F32), v=fake((n,), F32),
+                         step=1, lr=1e-3, opt=AdamWConfig())
 
 
 @pytest.mark.parametrize("N, vocab", [(1, 5), (40, 3), (1000, 50), (4096, 2), (5000, 30000)])

@@ -267,3 +267,18 @@ def test_a_region_left_open_is_joined_by_the_next_begin(recorder):
     issued = recorder.communication.clock["communication"]
     z.begin(gather=False)
     assert recorder.compute.clock["communication"] >= issued
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_holds_its_shard_of_the_decay_mask_a_bit_a_weight(recorder, monkeypatch, rank):
+    """The byte mask's shard packed (ops.pack_decay_mask): the padding reads as no decay, and each piece of the
+    shard starts on a whole byte (pieces of ALIGN values), as the kernels' 8-wide reads take it."""
+    monkeypatch.setattr(zero_module, "to_device", lambda host: host)  # what Zero uploads, kept on the host
+    monkeypatch.setattr(Communicator, "rank", rank)
+    z = Zero.for_model(LAYOUT, Communicator(recorder), np.zeros(LAYOUT.size, np.float32), np.float32)
+    shards = z.layout
+    assert z.decay_mask.dtype == np.uint8 and z.decay_mask.shape == (-(-shards.shard_size // 8),)
+    bits = np.unpackbits(z.decay_mask, bitorder="little")
+    np.testing.assert_array_equal(bits[:shards.shard_size], shards.shard(LAYOUT.decay_mask(), rank))
+    assert not bits[shards.shard_size:].any()
+    assert all(offset % 8 == 0 and piece % 8 == 0 for offset, piece in zip(shards.shard_offsets, shards.pieces))
