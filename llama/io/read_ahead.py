@@ -17,21 +17,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..memory import host_available
 from .safetensors_file import READ_PIECE, SafetensorsError, read_into
 
 THREADS = 4  # reads in flight
-AHEAD_BYTES = 16 << 30  # at most this far ahead of the reader, and at most half the free memory
-
-
-def free_memory() -> int:
-    """Bytes of host memory free now (not counting the page cache)."""
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+AHEAD_BYTES = 16 << 30  # at most this far ahead of the reader, and at most half the memory left (host_available)
 
 
 class ReadAhead:
     def __init__(self, ranges: list[tuple[Path, int, int]], ahead: int | None = None, threads: int = THREADS,
                  piece: int = READ_PIECE):
-        self.ahead = max(piece, ahead if ahead is not None else min(AHEAD_BYTES, free_memory() // 2))
+        if ahead is None:
+            room = host_available()
+            ahead = AHEAD_BYTES if room is None else min(AHEAD_BYTES, room // 2)
+        self.ahead = max(piece, ahead)
         self.piece, self.pieces, start = piece, [], 0  # pieces: (file, offset, bytes, bytes of the ranges before it)
         for file, offset, nbytes in ranges:
             for done in range(0, nbytes, piece):
