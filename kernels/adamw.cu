@@ -46,10 +46,12 @@ extern "C" __global__ void adamw_update(float* params, const float* grads, float
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float decay, float lr,
                                               float beta1, float beta2, float eps, float weight_decay,
                                               float bias_correction1, float bias_correction2) {
-    m = beta1 * m + (1.0f - beta1) * g;
-    v = beta2 * v + (1.0f - beta2) * g * g;
-    const float update = (m / bias_correction1) / (sqrtf(v / bias_correction2) + eps);
-    p -= lr * (update + weight_decay * decay * p);
+    // each rounding spelled out, so that the compiler's contraction choices cannot move the bits between builds
+    m = __fmaf_rn(1.0f - beta1, g, __fmul_rn(beta1, m));
+    v = __fmaf_rn(g, __fmul_rn(1.0f - beta2, g), __fmul_rn(beta2, v));
+    const float update = __fdiv_rn(__fdiv_rn(m, bias_correction1),
+                                   __fadd_rn(__fsqrt_rn(__fdiv_rn(v, bias_correction2)), eps));
+    p = __fsub_rn(p, __fmul_rn(lr, __fmaf_rn(p, __fmul_rn(decay, weight_decay), update)));
 }
 
 extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
@@ -72,8 +74,8 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
         load_f32x8(vi, v + first);
         const unsigned int mask = decay_mask[first / 8];
         for (int k = 0; k < 8; k++)
-            adamw_element(p[k], mi[k], vi[k], g[k] * scale, bit_of(mask, k), lr, beta1, beta2, eps, weight_decay,
-                          bias_correction1, bias_correction2);
+            adamw_element(p[k], mi[k], vi[k], __fmul_rn(g[k], scale), bit_of(mask, k), lr, beta1, beta2, eps,
+                          weight_decay, bias_correction1, bias_correction2);
         store_f32x8(params + first, p);
         store_f32x8(m + first, mi);
         store_f32x8(v + first, vi);
@@ -81,8 +83,8 @@ extern "C" __global__ void adamw_update_bf16(float* params, bf16* params_bf16, c
     } else {
         for (long long i = first; i < n; i++) {
             float p = params[i], mi = m[i], vi = v[i];
-            adamw_element(p, mi, vi, grads[i] * scale, decay_bit(decay_mask, i), lr, beta1, beta2, eps, weight_decay,
-                          bias_correction1, bias_correction2);
+            adamw_element(p, mi, vi, __fmul_rn(grads[i], scale), decay_bit(decay_mask, i), lr, beta1, beta2, eps,
+                          weight_decay, bias_correction1, bias_correction2);
             params[i] = p;
             m[i] = mi;
             v[i] = vi;
