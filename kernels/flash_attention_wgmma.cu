@@ -96,6 +96,7 @@ __constant__ int flash_attention_config[2][12] = {
 
 namespace fa3 {
 constexpr int CONSUMER_ROWS = 64;  // rows of a tile per consumer warpgroup (wgmma's m64)
+constexpr int LAUNCH_REGISTERS = 65536 / THREADS / 8 * 8;  // a thread's at launch (__launch_bounds__(THREADS, 1))
 }
 
 // rows [row0, row0 + ROWS) x columns [col0, col0 + D) of batch b of a map -> the tile at dst, in 64 x 64 boxes
@@ -144,10 +145,28 @@ __device__ __forceinline__ void load_starts(int (&start)[2], int& last_start, co
 
 // ---- forward
 
+// How the forward's warpgroups share an SM: the registers setmaxnreg gives the producer and each consumer (out of
+// the 168 x 384 of a CTA), and the order in which the two consumers issue their GEMMs: here none (each issues once its
+// operands are in). A build may define FLASH_FORWARD_SCHEDULE before including this file (ladder v5, dev/cuda/
+// flash_attention_v5.cu: the consumers take turns). Consumer c calls take(first) before issuing a turn's GEMMs (S_0;
+// then S_{j+1} with P_j V_j) and pass(last) after; both consumers of a CTA take the same number of turns.
+#ifndef FLASH_FORWARD_SCHEDULE
+struct IndependentConsumers {
+    static constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
+    __device__ explicit IndependentConsumers(int) {}
+    __device__ void take(bool) const {}
+    __device__ void pass(bool) const {}
+};
+#define FLASH_FORWARD_SCHEDULE IndependentConsumers
+#endif
+
 template <int D, bool MASKED>
 __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16* out, float* lse, int T, int H, int KV,
                                                     const int* doc_start) {
     using namespace fa3;
+    using Schedule = FLASH_FORWARD_SCHEDULE;
+    static_assert((Schedule::PRODUCER_REGISTERS + 2 * Schedule::CONSUMER_REGISTERS) * 128 <= LAUNCH_REGISTERS * THREADS,
+                  "setmaxnreg.inc would wait for registers that the producer's .dec never frees: the CTA would hang");
     constexpr int BR = FWD_ROWS, BC = FWD_KV_ROWS, STAGES = FWD_STAGES, TILE = tile_bytes<D>(BC);
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t sQ = (smem_address(smem_raw) + 1023) & ~1023u, sK = sQ + tile_bytes<D>(BR), sV = sK + STAGES * TILE;
@@ -172,7 +191,7 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     __syncthreads();
 
     if (warpgroup == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Schedule::PRODUCER_REGISTERS));
         if (threadIdx.x == 0) {
             mbarrier_expect_tx(q_full, tile_bytes<D>(BR));
             load_tile<BR, D>(sQ, map, h * D, q0, b, q_full);
@@ -190,10 +209,11 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Schedule::CONSUMER_REGISTERS));
     const int c = warpgroup - 1, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
     const int first_row = q0 + CONSUMER_ROWS * c, row = first_row + 16 * warp + lane / 4;  // and row + 8
     const float scale_log2 = LOG2E / sqrtf((float)D);
+    const Schedule turns(c);
     int start[2], last_start;  // MASKED: the document starts of this thread's rows and of the warpgroup's last row
     if constexpr (MASKED) load_starts(start, last_start, doc_start + (long long)b * T, row, first_row, T);
     float o[D / 2], s[BC / 2], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, alpha[2];
@@ -202,8 +222,9 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
     accumulator_fence(o);  // the zeros are set before any wgmma is in flight (else ptxas serializes them)
 
-    auto issue_s = [&](int j) {  // S = Q K_j^T (this warpgroup's 64 rows)
+    auto issue_s = [&](int j) {  // S = Q K_j^T (this warpgroup's 64 rows), in its turn
         mbarrier_wait(k_full + 8 * (j % STAGES), (j / STAGES) & 1);
+        turns.take(j == 0);
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
@@ -255,6 +276,7 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     // Per tile j: issue S_{j+1}, rescale O, issue O += P_j V_j; tile j + 1's softmax then runs while P_j V_j does
     mbarrier_wait(q_full, 0);
     issue_s(0);
+    turns.pass(n_tiles == 1);
     wgmma_wait<0>();
     softmax(0);
     pack_a<BC / 2>(p, s);
@@ -276,6 +298,7 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     for (int j = 0; j + 1 < n_tiles; j++) {
         issue_s(j + 1);
         issue_pv(j);
+        turns.pass(j + 2 == n_tiles);
         wgmma_wait<1>();  // S_{j+1}
         softmax(j + 1);
         finish_pv(j);

@@ -63,9 +63,13 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t c
 // generic-proxy writes to shared memory made visible to the async proxy (wgmma operands, bulk copies)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// barrier `id` (1-15; 0 is __syncthreads) among `threads` threads, whole warps
+// barrier `id` (1-15; 0 is __syncthreads) among `threads` threads, whole warps: wait for them all, or arrive only
+// (counted among the `threads`, without waiting)
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // global fp32 [dst, dst + bytes) += shared [src, ...), one bulk operation (16-byte aligned, bytes % 16 == 0)

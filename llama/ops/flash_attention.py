@@ -19,7 +19,7 @@ from .gemm_wgmma import device_maps, tensor_map
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
 FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
-FIRST_FUSED_DQ_VERSION = 4  # ladder rungs from this one on form dQ inside the dK/dV kernel
+FUSED_DQ_VERSIONS = (4,)  # the ladder rungs that form dQ inside the dK/dV kernel (v5 runs v3's backward)
 FIRST_DOCUMENT_MASK_VERSION = 2  # ladder rungs from this one on (the production builds) take doc_start, doc_end
 DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fused backward's fp32 dQ tiles' rows
 
@@ -40,7 +40,7 @@ class FlashSource:
     def ladder(cls, version: int, directory: Path) -> "FlashSource":
         """Rung `version` of the ladder, module flash_attention_v<version> in directory."""
         return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION,
-                   fused_dq=version >= FIRST_FUSED_DQ_VERSION, document_mask=version >= FIRST_DOCUMENT_MASK_VERSION)
+                   fused_dq=version in FUSED_DQ_VERSIONS, document_mask=version >= FIRST_DOCUMENT_MASK_VERSION)
 
 
 @dataclass(frozen=True)

@@ -31,5 +31,11 @@ def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, nam
 
 
 def test_ladder_sources_take_tma_maps_from_v3():
-    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3)] == [False, False, True]
+    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3, 4, 5)] == [False, False, True, True, True]
     assert FlashSource.ladder(3, None).module == "flash_attention_v3"
+
+
+def test_only_v4_forms_dq_in_the_dkdv_kernel():
+    """v5 is v3's build with another forward: its backward is v3's (the separate dQ kernel), with the mask."""
+    assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5)] == [False, False, False, True, False]
+    assert FlashSource.ladder(5, None).document_mask
