@@ -178,6 +178,8 @@ def worker(args) -> None:
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
     if comm is not None:
+        model = z = None  # noqa: F841  (their CUDA graphs hold the communicator, which close() waits for)
+        gc.collect()
         comm.close()
 
 
