@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 
 from ..cuda import BF16, DeviceArray, runtime
-from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant
+from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant, multiprocessors
 from .document_mask import check_document_bounds
 from .gemm_wgmma import device_maps, tensor_map
 
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
 FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
-FUSED_DQ_VERSIONS = (4,)  # the ladder rungs that form dQ inside the dK/dV kernel (v5 runs v3's backward)
+FUSED_DQ_VERSIONS = (4,)  # the ladder rungs that form dQ inside the dK/dV kernel (v5, v6 run v3's backward)
+PERSISTENT_FORWARD_VERSIONS = (6,)  # the ladder rungs whose forward CTAs (one per SM) loop over the query tiles
 FIRST_DOCUMENT_MASK_VERSION = 2  # ladder rungs from this one on (the production builds) take doc_start, doc_end
 DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fused backward's fp32 dQ tiles' rows
 
@@ -29,18 +30,21 @@ class FlashSource:
     """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
     flash_attention_wgmma.cu (tma: its kernels take TMA maps first; fused_dq: its backward forms dQ in the
     dK/dV kernel, through an fp32 buffer in the scratch), or a rung of the dev/cuda ladder (document_mask: its
-    kernels take doc_start, doc_end last, as the production builds')."""
+    kernels take doc_start, doc_end last, as the production builds'; persistent_forward: its forward runs a CTA per
+    multiprocessor over the query tiles and takes the batch count after KV)."""
     module: str = "flash_attention"
     directory: Path | None = None
     tma: bool = False
     fused_dq: bool = False
     document_mask: bool = True
+    persistent_forward: bool = False
 
     @classmethod
     def ladder(cls, version: int, directory: Path) -> "FlashSource":
         """Rung `version` of the ladder, module flash_attention_v<version> in directory."""
         return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION,
-                   fused_dq=version in FUSED_DQ_VERSIONS, document_mask=version >= FIRST_DOCUMENT_MASK_VERSION)
+                   fused_dq=version in FUSED_DQ_VERSIONS, document_mask=version >= FIRST_DOCUMENT_MASK_VERSION,
+                   persistent_forward=version in PERSISTENT_FORWARD_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,12 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
     mask_signature, mask = _document_mask(source, doc_start, doc_end, B, T)
     launch = flash_config(source, D, "forward")
     maps = _tma_maps(qkv) if source.tma else ()
-    kernel(source.module, f"flash_attention_forward_d{D}", "P" * len(maps) + "PPPiii" + mask_signature,
-           source.directory)((H, B, math.ceil(T / launch.rows)), launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H,
-                             KV, *mask, shared=launch.shared)
+    grid, batch = (H, B, math.ceil(T / launch.rows)), ()
+    if source.persistent_forward:  # a CTA per multiprocessor (at most one per work item), and the batch count
+        grid, batch = (min(multiprocessors(), math.prod(grid)), 1, 1), (B,)
+    signature = "P" * len(maps) + "PPPiii" + "i" * len(batch) + mask_signature
+    kernel(source.module, f"flash_attention_forward_d{D}", signature, source.directory)(
+        grid, launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H, KV, *batch, *mask, shared=launch.shared)
 
 
 def flash_attention_scratch_size(B: int, T: int, H: int, D: int, source: FlashSource) -> int:

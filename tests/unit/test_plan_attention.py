@@ -31,11 +31,19 @@ def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, nam
 
 
 def test_ladder_sources_take_tma_maps_from_v3():
-    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3, 4, 5)] == [False, False, True, True, True]
+    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3, 4, 5, 6)] == [False, False, True, True, True, True]
     assert FlashSource.ladder(3, None).module == "flash_attention_v3"
 
 
 def test_only_v4_forms_dq_in_the_dkdv_kernel():
-    """v5 is v3's build with another forward: its backward is v3's (the separate dQ kernel), with the mask."""
-    assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5)] == [False, False, False, True, False]
-    assert FlashSource.ladder(5, None).document_mask
+    """v5 and v6 are v3's build with another forward: their backward is v3's (the separate dQ kernel), with the
+    mask."""
+    assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5, 6)] == [False] * 3 + [True, False, False]
+    assert FlashSource.ladder(5, None).document_mask and FlashSource.ladder(6, None).document_mask
+
+
+def test_only_v6_launches_a_persistent_forward():
+    """v6's forward runs a CTA per SM over the query tiles (its launch takes the batch count); the production
+    builds keep a CTA per query tile."""
+    assert [FlashSource.ladder(v, None).persistent_forward for v in (1, 2, 3, 4, 5, 6)] == [False] * 5 + [True]
+    assert not FlashSource().persistent_forward
