@@ -1,8 +1,10 @@
-// Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. Ladder version 3
-// (dev/cuda/flash_attention_v3.cu), the build llama/plan.py runs on H100/H200; flash_attention.cu (v2, mma.sync)
-// everywhere else. Same contract and layouts (flash_attention.cuh); each entry point takes, first, a pointer to
-// the TMA maps that llama/ops/flash_attention.py encodes: qkv, then dout (backward), each (inner = columns, T, B)
-// in boxes of 64 columns x 64 rows, 128-byte swizzled; rows past T arrive as zeros.
+// Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. The build llama/plan.py runs on
+// H100/H200 (flash_attention.cu, v2 on mma.sync, everywhere else): ladder version 6's forward at D = 64 (persistent
+// CTAs, the consumers in ping-pong), version 3's forward at D = 128 and version 3's backward at both (dev/cuda/
+// flash_attention_v3.cu to v6.cu include this file and pick their forward through its two hooks, below). Same
+// contract and layouts (flash_attention.cuh); each entry point takes, first, a pointer to the TMA maps that
+// llama/ops/flash_attention.py encodes: qkv, then dout (backward), each (inner = columns, T, B) in boxes of 64
+// columns x 64 rows, 128-byte swizzled; rows past T arrive as zeros.
 //
 // Every kernel: a CTA of 3 warpgroups. Warpgroup 0 produces: one thread issues the TMA loads into shared memory,
 // completing on mbarriers. Warpgroups 1 and 2 consume, each owning 64 rows of the CTA's tile, with wgmma.m64nNk16:
@@ -12,10 +14,12 @@
 // 40 -> 232 in dK/dV (whose producer also copies lse and delta; at 24 it spills). A tile of R rows x D columns
 // sits in shared memory as D/64 slabs of R rows x 128 bytes (slab s at s * R * 128 B).
 //
-// flash_attention_forward_d{64,128}: CTA per (query head, batch, 128-row query tile), heaviest first. Q once;
-//   128-row K and V tiles through a 2-stage ring with separate barriers. Per kv tile: S = Q K^T, the causal
-//   mask on the diagonal tile, online softmax in fp32 (exp2, log2(e)-prescaled), O += P V. Within a
-//   warpgroup the next tile's S is issued with this tile's P V, and the next tile's softmax runs under P V.
+// flash_attention_forward_d{64,128}: work items (query head, batch, 128-row query tile), heaviest first: a CTA each
+//   (D = 128), or a CTA per SM looping over them (D = 64, Q double-buffered). 128-row K and V tiles through a
+//   2-stage ring with separate barriers. Per kv tile: S = Q K^T, the causal mask on the diagonal tile, online
+//   softmax in fp32 (exp2, log2(e)-prescaled), O += P V. Within a warpgroup the next tile's S is issued with this
+//   tile's P V, and the next tile's softmax runs under P V; at D = 64 the two consumers also take turns issuing
+//   (one's softmax under the other's GEMMs). Every schedule computes the same bits.
 // flash_attention_backward_dkdv_d{64,128}: CTA per (kv head, batch, 128-row kv tile); K, V once; 64-row Q and
 //   dO tiles of every query head of the group, from the diagonal on, through a ring, with their lse and delta
 //   (and doc_start, masked; copied in by the producer's second warp). S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse) (zero
@@ -84,34 +88,77 @@ __host__ __device__ constexpr int dq_shared() {
 }  // namespace fa3
 
 // Which work items, (query tile, head, batch), a forward CTA takes, in what order, and how many Q buffers it rotates
-// through: here one item per CTA, its block's (the grid is (H, B, query tiles), launched heaviest first: the last
-// query tiles, with the most kv tiles). A build may define FLASH_FORWARD_WORK, and a FLASH_FORWARD_ENTRY that
-// constructs it, before including this file (ladder v6, dev/cuda/flash_attention_v6.cu: persistent CTAs). What the
-// forward asks of it: Q_BUFFERS; PERSISTENT (a CTA may take several items: it releases each Q buffer and its
-// producer waits for that); h, b, q0 of the current item and count, the CTA's items before it; last(), whether the
-// current item is the CTA's last; next(), to the next item, false if there is none.
-#ifndef FLASH_FORWARD_WORK
+// through. What the forward asks of one: Q_BUFFERS; PERSISTENT (a CTA may take several items: it releases each Q
+// buffer and its producer waits for that); h, b, q0 of the current item and count, the CTA's items before it;
+// last(), whether the current item is the CTA's last; next(), to the next item, false if there is none. Both are
+// constructed from (T, H, B).
+//
+// One item per CTA, its block's: the grid is (H, B, query tiles), launched heaviest first (the last query tiles,
+// with the most kv tiles). Ladder v3 to v5.
 struct OneItemPerCta {
     static constexpr int Q_BUFFERS = 1;
     static constexpr bool PERSISTENT = false;
     int h, b, q0, count;
-    __device__ OneItemPerCta()
+    __device__ OneItemPerCta(int, int, int)
         : h(blockIdx.x), b(blockIdx.y), q0((gridDim.z - 1 - blockIdx.z) * fa3::FWD_ROWS), count(0) {}
     __device__ bool last() const { return true; }
     __device__ bool next() { return false; }
 };
-#define FLASH_FORWARD_WORK OneItemPerCta
+
+// Persistent (ladder v6): the grid is G = gridDim.x CTAs (one per SM, at most one per item), CTA i taking items i,
+// i + G, i + 2G, ... of a (B, T, H) problem in v3's launch order: heaviest first, head fastest, then batch. The
+// static stride keeps it deterministic; each row's operations are v3's in v3's order. Q is double-buffered so that
+// the next item's Q and first K, V tiles load under this item's last P V and epilogue.
+template <int ROWS>
+struct PersistentItems {
+    static constexpr int Q_BUFFERS = 2;
+    static constexpr bool PERSISTENT = true;
+    int H, heads_batches, items, item, h, b, q0, count;
+    __device__ PersistentItems(int T, int H, int B)
+        : H(H), heads_batches(H * B), items(H * B * ((T + ROWS - 1) / ROWS)), item(blockIdx.x), count(0) {
+        locate();
+    }
+    __device__ bool last() const { return item + (int)gridDim.x >= items; }
+    __device__ bool next() {
+        item += gridDim.x;
+        count++;
+        if (item >= items) return false;
+        locate();
+        return true;
+    }
+    // item k: head k % H, batch k / H % B, the query tile (items / (H B) - 1 - k / (H B)), heaviest first
+    __device__ void locate() {
+        h = item % H;
+        b = item / H % (heads_batches / H);
+        q0 = (items / heads_batches - 1 - item / heads_batches) * ROWS;
+    }
+};
+
+template <bool C, typename A, typename B>
+struct Choose { using type = A; };
+template <typename A, typename B>
+struct Choose<false, A, B> { using type = B; };
+
+// The forward's work items at head dim D: persistent at D = 64, where it is measured 1.09-1.17x faster (the prologue
+// and epilogue of 31 waves hidden); one per CTA at D = 128, where the persistent build measured 0.79x (dev/cuda/
+// README.md). A ladder rung defines FLASH_FORWARD_WORK(D) (and FLASH_FORWARD_SCHEDULE(D), below) before including
+// this file.
+#ifndef FLASH_FORWARD_WORK
+#define FLASH_FORWARD_WORK(D) typename Choose<D == 64, PersistentItems<fa3::FWD_ROWS>, OneItemPerCta>::type
 #endif
+template <int D>
+using ForwardWork = FLASH_FORWARD_WORK(D);
 
 // launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv, dq
-// and fused (dK, dV and dQ) kernels in turn: threads per CTA, rows per CTA (query, kv, query, kv), shared bytes
-__constant__ int flash_attention_config[2][12] = {
-    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64, FLASH_FORWARD_WORK>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
+// and fused (dK, dV and dQ) kernels in turn: threads per CTA, rows per CTA (query, kv, query, kv), shared bytes;
+// then whether the forward is persistent (its grid a CTA per SM)
+__constant__ int flash_attention_config[2][13] = {
+    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64, ForwardWork<64>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
      fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<64, true>()},
-    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128, FLASH_FORWARD_WORK>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
+     fa3::dkdv_shared<64, true>(), ForwardWork<64>::PERSISTENT},
+    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128, ForwardWork<128>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
      fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), fa3::THREADS,
-     fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>()},
+     fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>(), ForwardWork<128>::PERSISTENT},
 };
 
 #ifdef WGMMA_ENABLED
@@ -168,29 +215,58 @@ __device__ __forceinline__ void load_starts(int (&start)[2], int& last_start, co
 // ---- forward
 
 // How the forward's warpgroups share an SM: the registers setmaxnreg gives the producer and each consumer (out of
-// the 168 x 384 of a CTA), and the order in which the two consumers issue their GEMMs: here none (each issues once its
-// operands are in). A build may define FLASH_FORWARD_SCHEDULE before including this file (ladder v5, dev/cuda/
-// flash_attention_v5.cu: the consumers take turns). Consumer c calls take(first) before issuing a turn's GEMMs (S_0;
-// then S_{j+1} with P_j V_j) and pass(last) after; both consumers of a CTA take the same number of turns.
-#ifndef FLASH_FORWARD_SCHEDULE
+// the 168 x 384 of a CTA), and the order in which the two consumers issue their GEMMs. Consumer c calls take(first)
+// before issuing a turn's GEMMs (S_0; then S_{j+1} with P_j V_j) and pass(last) after; both consumers of a CTA take
+// the same number of turns.
+//
+// Independent (ladder v3, v4): each consumer issues once its operands are in.
 struct IndependentConsumers {
     static constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
     __device__ explicit IndependentConsumers(int) {}
     __device__ void take(bool) const {}
     __device__ void pass(bool) const {}
 };
-#define FLASH_FORWARD_SCHEDULE IndependentConsumers
-#endif
 
-// The forward: per work item (FLASH_FORWARD_WORK), the producer loads Q into the item's Q buffer and the kv tiles
+// Ping-pong (ladder v5, v6; FA3's inter-warpgroup schedule): consumer c's turn is named barrier TURN_BARRIER + c.
+// Consumer 0 takes the first turn; then each waits for the other's pass, so that one consumer's softmax runs while
+// the other's GEMMs hold the tensor cores. Consumer 1 does not pass its last turn (no turn follows it), so that no
+// arrival is left when the CTA exits. The consumer index is broadcast from lane 0 so that ptxas knows it is
+// warp-uniform (uniform predicates, and the ids immediates: no general register held, where D = 128 has none to
+// spare). Producer 40 registers: at 24 its TMA loop spills at D = 128.
+namespace fa3 {
+// named barriers 2 (consumer 0's turn) and 3 (consumer 1's); 0 is __syncthreads and 1 the fused backward's dS^T
+constexpr int TURN_BARRIER = 2, CONSUMER_THREADS = 256;
+}  // namespace fa3
+struct PingPongConsumers {
+    static constexpr int PRODUCER_REGISTERS = 40, CONSUMER_REGISTERS = 232;
+    int consumer;
+    __device__ explicit PingPongConsumers(int c) : consumer(__shfl_sync(0xffffffffu, c, 0)) {}
+    __device__ void take(bool first) const {
+        if (consumer == 0 && !first) named_barrier_sync(fa3::TURN_BARRIER, fa3::CONSUMER_THREADS);
+        if (consumer == 1) named_barrier_sync(fa3::TURN_BARRIER + 1, fa3::CONSUMER_THREADS);
+    }
+    __device__ void pass(bool last) const {
+        if (consumer == 0) named_barrier_arrive(fa3::TURN_BARRIER + 1, fa3::CONSUMER_THREADS);
+        if (consumer == 1 && !last) named_barrier_arrive(fa3::TURN_BARRIER, fa3::CONSUMER_THREADS);
+    }
+};
+
+// The schedule at head dim D: ping-pong with the persistent work at D = 64; independent at D = 128 (v3's forward).
+#ifndef FLASH_FORWARD_SCHEDULE
+#define FLASH_FORWARD_SCHEDULE(D) typename Choose<D == 64, PingPongConsumers, IndependentConsumers>::type
+#endif
+template <int D>
+using ForwardSchedule = FLASH_FORWARD_SCHEDULE(D);
+
+// The forward: per work item (ForwardWork<D>), the producer loads Q into the item's Q buffer and the kv tiles
 // through the rings; the consumers run the item's tiles and store its rows. The rings' positions and every barrier's
 // phase run on across a CTA's items (counted in kv tiles and items): nothing is initialized twice.
 template <int D, bool MASKED>
 __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16* out, float* lse, int T, int H, int KV,
-                                                    const int* doc_start, FLASH_FORWARD_WORK work) {
+                                                    const int* doc_start, ForwardWork<D> work) {
     using namespace fa3;
-    using Schedule = FLASH_FORWARD_SCHEDULE;
-    using Work = FLASH_FORWARD_WORK;
+    using Schedule = ForwardSchedule<D>;
+    using Work = ForwardWork<D>;
     static_assert((Schedule::PRODUCER_REGISTERS + 2 * Schedule::CONSUMER_REGISTERS) * 128 <= LAUNCH_REGISTERS * THREADS,
                   "setmaxnreg.inc would wait for registers that the producer's .dec never frees: the CTA would hang");
     static_assert(forward_shared<D, Work>() <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
@@ -813,16 +889,15 @@ __device__ __forceinline__ void masked_or_causal(const int* doc_start, Body body
 // the maps carry them), so that one launcher drives both builds; the fused backward adds the dQ buffer and its
 // per-tile counts (ORDERED; zeroed, with the buffer, before each launch); all but dq_store end with the document
 // mask's doc_start, doc_end (flash_attention.cuh; both null: plain causal). On anything but sm_90a they compile to
-// nothing and the plan never selects this build. A build with its own FLASH_FORWARD_WORK defines the forward's entry
-// point, FLASH_FORWARD_ENTRY, that constructs it (ladder v6: its grid takes the batch count).
-#ifndef FLASH_FORWARD_ENTRY
+// nothing and the plan never selects this build. The forward also takes the batch count after KV (a persistent
+// grid does not carry it).
 #define FLASH_FORWARD_ENTRY(D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_forward_d##D(                  \
-        const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, const int* doc_start, \
-        const int* doc_end) {                                                                                     \
-        FLASH_MASKED_BODY((flash_forward_wgmma<D, MASKED>(maps, out, lse, T, H, KV, doc_start, OneItemPerCta())))  \
+        const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, int B,             \
+        const int* doc_start, const int* doc_end) {                                                               \
+        FLASH_MASKED_BODY((flash_forward_wgmma<D, MASKED>(maps, out, lse, T, H, KV, doc_start,                    \
+                                                          ForwardWork<D>(T, H, B))))                              \
     }
-#endif
 #define FLASH_BACKWARD_ENTRY(name, D, call)                                                                       \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \
         const CUtensorMap* maps, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,                 \

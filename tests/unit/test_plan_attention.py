@@ -1,4 +1,4 @@
-"""The plan runs the wgmma flash attention (ladder v3, TMA maps) on Hopper and the mma.sync build (v2) on other
+"""The plan runs the wgmma flash attention (ladder v6's forward at D = 64, v3's otherwise; TMA maps) on Hopper and the mma.sync build (v2) on other
 GPUs; checked without a GPU through a stand-in runtime."""
 
 from types import SimpleNamespace
@@ -20,7 +20,7 @@ def use_stand_in_gpu(monkeypatch, capability=(9, 0), code="sm_90a"):
 
 
 @pytest.mark.parametrize("capability, code, module, tma, name", [
-    ((9, 0), "sm_90a", "flash_attention_wgmma", True, "flash v3 (wgmma + TMA)"),
+    ((9, 0), "sm_90a", "flash_attention_wgmma", True, "flash v6 (wgmma + TMA)"),
     ((8, 0), "sm_80", "flash_attention", False, "flash v2 (mma.sync)"),
 ])
 def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, name):
@@ -41,9 +41,3 @@ def test_only_v4_forms_dq_in_the_dkdv_kernel():
     assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5, 6)] == [False] * 3 + [True, False, False]
     assert FlashSource.ladder(5, None).document_mask and FlashSource.ladder(6, None).document_mask
 
-
-def test_only_v6_launches_a_persistent_forward():
-    """v6's forward runs a CTA per SM over the query tiles (its launch takes the batch count); the production
-    builds keep a CTA per query tile."""
-    assert [FlashSource.ladder(v, None).persistent_forward for v in (1, 2, 3, 4, 5, 6)] == [False] * 5 + [True]
-    assert not FlashSource().persistent_forward
