@@ -1,8 +1,10 @@
-// Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. Ladder version 3
-// (dev/cuda/flash_attention_v3.cu), the build llama/plan.py runs on H100/H200; flash_attention.cu (v2, mma.sync)
-// everywhere else. Same contract and layouts (flash_attention.cuh); each entry point takes, first, a pointer to
-// the TMA maps that llama/ops/flash_attention.py encodes: qkv, then dout (backward), each (inner = columns, T, B)
-// in boxes of 64 columns x 64 rows, 128-byte swizzled; rows past T arrive as zeros.
+// Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. The build llama/plan.py runs on
+// H100/H200 (flash_attention.cu, v2 on mma.sync, everywhere else): ladder version 6's forward at D = 64 (persistent
+// CTAs, the consumers in ping-pong), version 3's forward at D = 128 and version 3's backward at both (dev/cuda/
+// flash_attention_v3.cu to v6.cu include this file and pick their forward through its two hooks, below). Same
+// contract and layouts (flash_attention.cuh); each entry point takes, first, a pointer to the TMA maps that
+// llama/ops/flash_attention.py encodes: qkv, then dout (backward), each (inner = columns, T, B) in boxes of 64
+// columns x 64 rows, 128-byte swizzled; rows past T arrive as zeros.
 //
 // Every kernel: a CTA of 3 warpgroups. Warpgroup 0 produces: one thread issues the TMA loads into shared memory,
 // completing on mbarriers. Warpgroups 1 and 2 consume, each owning 64 rows of the CTA's tile, with wgmma.m64nNk16:
@@ -12,10 +14,12 @@
 // 40 -> 232 in dK/dV (whose producer also copies lse and delta; at 24 it spills). A tile of R rows x D columns
 // sits in shared memory as D/64 slabs of R rows x 128 bytes (slab s at s * R * 128 B).
 //
-// flash_attention_forward_d{64,128}: CTA per (query head, batch, 128-row query tile), heaviest first. Q once;
-//   128-row K and V tiles through a 2-stage ring with separate barriers. Per kv tile: S = Q K^T, the causal
-//   mask on the diagonal tile, online softmax in fp32 (exp2, log2(e)-prescaled), O += P V. Within a
-//   warpgroup the next tile's S is issued with this tile's P V, and the next tile's softmax runs under P V.
+// flash_attention_forward_d{64,128}: work items (query head, batch, 128-row query tile), heaviest first: a CTA each
+//   (D = 128), or a CTA per SM looping over them (D = 64, Q double-buffered). 128-row K and V tiles through a
+//   2-stage ring with separate barriers. Per kv tile: S = Q K^T, the causal mask on the diagonal tile, online
+//   softmax in fp32 (exp2, log2(e)-prescaled), O += P V. Within a warpgroup the next tile's S is issued with this
+//   tile's P V, and the next tile's softmax runs under P V; at D = 64 the two consumers also take turns issuing
+//   (one's softmax under the other's GEMMs). Every schedule computes the same bits.
 // flash_attention_backward_dkdv_d{64,128}: CTA per (kv head, batch, 128-row kv tile); K, V once; 64-row Q and
 //   dO tiles of every query head of the group, from the diagonal on, through a ring, with their lse and delta
 //   (and doc_start, masked; copied in by the producer's second warp). S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse) (zero
@@ -51,10 +55,12 @@ template <int D>
 __host__ __device__ constexpr int dq_kv_rows() { return D == 64 ? 128 : 64; }
 template <int D>
 __host__ __device__ constexpr int tile_bytes(int rows) { return rows * D * 2; }
-// Q; K and V per stage; barriers (q_full, k_full, k_empty, v_full, v_empty)
-template <int D>
+// Q per Q buffer; K and V per stage; barriers (q_full per Q buffer, k_full, k_empty, v_full, v_empty, and where a
+// CTA takes several work items q_empty per Q buffer)
+template <int D, typename Work>
 __host__ __device__ constexpr int forward_shared() {
-    return 1024 + tile_bytes<D>(FWD_ROWS + 2 * FWD_STAGES * FWD_KV_ROWS) + 8 * (1 + 4 * FWD_STAGES);
+    return 1024 + tile_bytes<D>(Work::Q_BUFFERS * FWD_ROWS + 2 * FWD_STAGES * FWD_KV_ROWS) +
+           8 * (Work::Q_BUFFERS * (Work::PERSISTENT ? 2 : 1) + 4 * FWD_STAGES);
 }
 // a dkdv stage: Q, dO, then lse, delta and (masked) doc_start of its 64 rows, padded to 1 KB
 template <int D>
@@ -81,15 +87,78 @@ __host__ __device__ constexpr int dq_shared() {
 }
 }  // namespace fa3
 
+// Which work items, (query tile, head, batch), a forward CTA takes, in what order, and how many Q buffers it rotates
+// through. What the forward asks of one: Q_BUFFERS; PERSISTENT (a CTA may take several items: it releases each Q
+// buffer and its producer waits for that); h, b, q0 of the current item and count, the CTA's items before it;
+// last(), whether the current item is the CTA's last; next(), to the next item, false if there is none. Both are
+// constructed from (T, H, B).
+//
+// One item per CTA, its block's: the grid is (H, B, query tiles), launched heaviest first (the last query tiles,
+// with the most kv tiles). Ladder v3 to v5.
+struct OneItemPerCta {
+    static constexpr int Q_BUFFERS = 1;
+    static constexpr bool PERSISTENT = false;
+    int h, b, q0, count;
+    __device__ OneItemPerCta(int, int, int)
+        : h(blockIdx.x), b(blockIdx.y), q0((gridDim.z - 1 - blockIdx.z) * fa3::FWD_ROWS), count(0) {}
+    __device__ bool last() const { return true; }
+    __device__ bool next() { return false; }
+};
+
+// Persistent (ladder v6): the grid is G = gridDim.x CTAs (one per SM, at most one per item), CTA i taking items i,
+// i + G, i + 2G, ... of a (B, T, H) problem in v3's launch order: heaviest first, head fastest, then batch. The
+// static stride keeps it deterministic; each row's operations are v3's in v3's order. Q is double-buffered so that
+// the next item's Q and first K, V tiles load under this item's last P V and epilogue.
+template <int ROWS>
+struct PersistentItems {
+    static constexpr int Q_BUFFERS = 2;
+    static constexpr bool PERSISTENT = true;
+    int H, heads_batches, items, item, h, b, q0, count;
+    __device__ PersistentItems(int T, int H, int B)
+        : H(H), heads_batches(H * B), items(H * B * ((T + ROWS - 1) / ROWS)), item(blockIdx.x), count(0) {
+        locate();
+    }
+    __device__ bool last() const { return item + (int)gridDim.x >= items; }
+    __device__ bool next() {
+        item += gridDim.x;
+        count++;
+        if (item >= items) return false;
+        locate();
+        return true;
+    }
+    // item k: head k % H, batch k / H % B, the query tile (items / (H B) - 1 - k / (H B)), heaviest first
+    __device__ void locate() {
+        h = item % H;
+        b = item / H % (heads_batches / H);
+        q0 = (items / heads_batches - 1 - item / heads_batches) * ROWS;
+    }
+};
+
+template <bool C, typename A, typename B>
+struct Choose { using type = A; };
+template <typename A, typename B>
+struct Choose<false, A, B> { using type = B; };
+
+// The forward's work items at head dim D: persistent at D = 64, where it is measured 1.09-1.17x faster (the prologue
+// and epilogue of 31 waves hidden); one per CTA at D = 128, where the persistent build measured 0.79x (dev/cuda/
+// README.md). A ladder rung defines FLASH_FORWARD_WORK(D) (and FLASH_FORWARD_SCHEDULE(D), below) before including
+// this file.
+#ifndef FLASH_FORWARD_WORK
+#define FLASH_FORWARD_WORK(D) typename Choose<D == 64, PersistentItems<fa3::FWD_ROWS>, OneItemPerCta>::type
+#endif
+template <int D>
+using ForwardWork = FLASH_FORWARD_WORK(D);
+
 // launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv, dq
-// and fused (dK, dV and dQ) kernels in turn: threads per CTA, rows per CTA (query, kv, query, kv), shared bytes
-__constant__ int flash_attention_config[2][12] = {
-    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
+// and fused (dK, dV and dQ) kernels in turn: threads per CTA, rows per CTA (query, kv, query, kv), shared bytes;
+// then whether the forward is persistent (its grid a CTA per SM)
+__constant__ int flash_attention_config[2][13] = {
+    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64, ForwardWork<64>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
      fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<64, true>()},
-    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
+     fa3::dkdv_shared<64, true>(), ForwardWork<64>::PERSISTENT},
+    {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128, ForwardWork<128>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
      fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), fa3::THREADS,
-     fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>()},
+     fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>(), ForwardWork<128>::PERSISTENT},
 };
 
 #ifdef WGMMA_ENABLED
@@ -146,40 +215,88 @@ __device__ __forceinline__ void load_starts(int (&start)[2], int& last_start, co
 // ---- forward
 
 // How the forward's warpgroups share an SM: the registers setmaxnreg gives the producer and each consumer (out of
-// the 168 x 384 of a CTA), and the order in which the two consumers issue their GEMMs: here none (each issues once its
-// operands are in). A build may define FLASH_FORWARD_SCHEDULE before including this file (ladder v5, dev/cuda/
-// flash_attention_v5.cu: the consumers take turns). Consumer c calls take(first) before issuing a turn's GEMMs (S_0;
-// then S_{j+1} with P_j V_j) and pass(last) after; both consumers of a CTA take the same number of turns.
-#ifndef FLASH_FORWARD_SCHEDULE
+// the 168 x 384 of a CTA), and the order in which the two consumers issue their GEMMs. Consumer c calls take(first)
+// before issuing a turn's GEMMs (S_0; then S_{j+1} with P_j V_j) and pass(last) after; both consumers of a CTA take
+// the same number of turns.
+//
+// Independent (ladder v3, v4): each consumer issues once its operands are in.
 struct IndependentConsumers {
     static constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
     __device__ explicit IndependentConsumers(int) {}
     __device__ void take(bool) const {}
     __device__ void pass(bool) const {}
 };
-#define FLASH_FORWARD_SCHEDULE IndependentConsumers
-#endif
 
+// Ping-pong (ladder v5, v6; FA3's inter-warpgroup schedule): consumer c's turn is named barrier TURN_BARRIER + c.
+// Consumer 0 takes the first turn; then each waits for the other's pass, so that one consumer's softmax runs while
+// the other's GEMMs hold the tensor cores. Consumer 1 does not pass its last turn (no turn follows it), so that no
+// arrival is left when the CTA exits. The consumer index is broadcast from lane 0 so that ptxas knows it is
+// warp-uniform (uniform predicates, and the ids immediates: no general register held, where D = 128 has none to
+// spare). Producer 40 registers: at 24 its TMA loop spills at D = 128.
+namespace fa3 {
+// named barriers 2 (consumer 0's turn) and 3 (consumer 1's); 0 is __syncthreads and 1 the fused backward's dS^T
+constexpr int TURN_BARRIER = 2, CONSUMER_THREADS = 256;
+}  // namespace fa3
+struct PingPongConsumers {
+    static constexpr int PRODUCER_REGISTERS = 40, CONSUMER_REGISTERS = 232;
+    int consumer;
+    __device__ explicit PingPongConsumers(int c) : consumer(__shfl_sync(0xffffffffu, c, 0)) {}
+    __device__ void take(bool first) const {
+        if (consumer == 0 && !first) named_barrier_sync(fa3::TURN_BARRIER, fa3::CONSUMER_THREADS);
+        if (consumer == 1) named_barrier_sync(fa3::TURN_BARRIER + 1, fa3::CONSUMER_THREADS);
+    }
+    __device__ void pass(bool last) const {
+        if (consumer == 0) named_barrier_arrive(fa3::TURN_BARRIER + 1, fa3::CONSUMER_THREADS);
+        if (consumer == 1 && !last) named_barrier_arrive(fa3::TURN_BARRIER, fa3::CONSUMER_THREADS);
+    }
+};
+
+// The schedule at head dim D: ping-pong with the persistent work at D = 64; independent at D = 128 (v3's forward).
+#ifndef FLASH_FORWARD_SCHEDULE
+#define FLASH_FORWARD_SCHEDULE(D) typename Choose<D == 64, PingPongConsumers, IndependentConsumers>::type
+#endif
+template <int D>
+using ForwardSchedule = FLASH_FORWARD_SCHEDULE(D);
+
+// The forward: per work item (ForwardWork<D>), the producer loads Q into the item's Q buffer and the kv tiles
+// through the rings; the consumers run the item's tiles and store its rows. The rings' positions and every barrier's
+// phase run on across a CTA's items (counted in kv tiles and items): nothing is initialized twice.
 template <int D, bool MASKED>
 __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16* out, float* lse, int T, int H, int KV,
-                                                    const int* doc_start) {
+                                                    const int* doc_start, ForwardWork<D> work) {
     using namespace fa3;
-    using Schedule = FLASH_FORWARD_SCHEDULE;
+    using Schedule = ForwardSchedule<D>;
+    using Work = ForwardWork<D>;
     static_assert((Schedule::PRODUCER_REGISTERS + 2 * Schedule::CONSUMER_REGISTERS) * 128 <= LAUNCH_REGISTERS * THREADS,
                   "setmaxnreg.inc would wait for registers that the producer's .dec never frees: the CTA would hang");
+    static_assert(forward_shared<D, Work>() <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
     constexpr int BR = FWD_ROWS, BC = FWD_KV_ROWS, STAGES = FWD_STAGES, TILE = tile_bytes<D>(BC);
+    constexpr int QB = Work::Q_BUFFERS, Q_TILE = tile_bytes<D>(BR);
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t sQ = (smem_address(smem_raw) + 1023) & ~1023u, sK = sQ + tile_bytes<D>(BR), sV = sK + STAGES * TILE;
-    const uint32_t q_full = sV + STAGES * TILE, k_full = q_full + 8, k_empty = k_full + 8 * STAGES,
-                   v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
-    const int h = blockIdx.x, b = blockIdx.y, q0 = (gridDim.z - 1 - blockIdx.z) * BR, kv_head = h / (H / KV);
+    const uint32_t sQ = (smem_address(smem_raw) + 1023) & ~1023u, sK = sQ + QB * Q_TILE, sV = sK + STAGES * TILE;
+    const uint32_t q_full = sV + STAGES * TILE, k_full = q_full + 8 * QB, k_empty = k_full + 8 * STAGES,
+                   v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES, q_empty = v_empty + 8 * STAGES;
     const int warpgroup = threadIdx.x / 128;
-    // kv tiles first_tile .. the diagonal's: with a mask, from the one holding the first row's document start
-    const int first_tile = MASKED ? doc_start[(long long)b * T + q0] / BC : 0;
-    const int n_tiles = (min(q0 + BR, T) + BC - 1) / BC - first_tile;
+    // the current item's kv head and kv tiles, first_tile .. the diagonal's: with a mask, from the one holding the
+    // document start of the item's first row
+    int kv_head, first_tile, n_tiles;
+    auto locate_item = [&] {
+        kv_head = work.h / (H / KV);
+        first_tile = MASKED ? doc_start[(long long)work.b * T + work.q0] / BC : 0;
+        n_tiles = (min(work.q0 + BR, T) + BC - 1) / BC - first_tile;
+    };
+    auto next_item = [&] {  // to the CTA's next item, if any
+        if (!work.next()) return false;
+        locate_item();
+        return true;
+    };
+    locate_item();
 
     if (threadIdx.x == 0) {
-        mbarrier_init(q_full, 1);
+        for (int q = 0; q < QB; q++) {
+            mbarrier_init(q_full + 8 * q, 1);
+            if constexpr (Work::PERSISTENT) mbarrier_init(q_empty + 8 * q, 8);  // one arrival per consumer warp
+        }
         for (int s = 0; s < STAGES; s++) {
             mbarrier_init(k_full + 8 * s, 1);
             mbarrier_init(k_empty + 8 * s, 8);  // one arrival per consumer warp
@@ -193,138 +310,158 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
     if (warpgroup == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Schedule::PRODUCER_REGISTERS));
         if (threadIdx.x == 0) {
-            mbarrier_expect_tx(q_full, tile_bytes<D>(BR));
-            load_tile<BR, D>(sQ, map, h * D, q0, b, q_full);
-            for (int j = 0; j < n_tiles; j++) {
-                const int s = j % STAGES, phase = (j / STAGES) & 1;
-                mbarrier_wait(k_empty + 8 * s, phase ^ 1);
-                mbarrier_expect_tx(k_full + 8 * s, TILE);
-                load_tile<BC, D>(sK + s * TILE, map, (H + kv_head) * D, (first_tile + j) * BC, b, k_full + 8 * s);
-                mbarrier_wait(v_empty + 8 * s, phase ^ 1);
-                mbarrier_expect_tx(v_full + 8 * s, TILE);
-                load_tile<BC, D>(sV + s * TILE, map, (H + KV + kv_head) * D, (first_tile + j) * BC, b,
-                                 v_full + 8 * s);
-            }
+            int loaded = 0;  // kv tiles loaded for the CTA's earlier items: where the rings stand
+            do {
+                const int qb = work.count % QB;
+                if constexpr (Work::PERSISTENT) mbarrier_wait(q_empty + 8 * qb, ((work.count / QB) & 1) ^ 1);
+                mbarrier_expect_tx(q_full + 8 * qb, Q_TILE);
+                load_tile<BR, D>(sQ + qb * Q_TILE, map, work.h * D, work.q0, work.b, q_full + 8 * qb);
+                for (int j = 0; j < n_tiles; j++) {
+                    const int s = (loaded + j) % STAGES, phase = ((loaded + j) / STAGES) & 1;
+                    mbarrier_wait(k_empty + 8 * s, phase ^ 1);
+                    mbarrier_expect_tx(k_full + 8 * s, TILE);
+                    load_tile<BC, D>(sK + s * TILE, map, (H + kv_head) * D, (first_tile + j) * BC, work.b,
+                                     k_full + 8 * s);
+                    mbarrier_wait(v_empty + 8 * s, phase ^ 1);
+                    mbarrier_expect_tx(v_full + 8 * s, TILE);
+                    load_tile<BC, D>(sV + s * TILE, map, (H + KV + kv_head) * D, (first_tile + j) * BC, work.b,
+                                     v_full + 8 * s);
+                }
+                loaded += n_tiles;
+            } while (next_item());
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Schedule::CONSUMER_REGISTERS));
     const int c = warpgroup - 1, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
-    const int first_row = q0 + CONSUMER_ROWS * c, row = first_row + 16 * warp + lane / 4;  // and row + 8
     const float scale_log2 = LOG2E / sqrtf((float)D);
     const Schedule turns(c);
-    int start[2], last_start;  // MASKED: the document starts of this thread's rows and of the warpgroup's last row
-    if constexpr (MASKED) load_starts(start, last_start, doc_start + (long long)b * T, row, first_row, T);
-    float o[D / 2], s[BC / 2], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, alpha[2];
-    uint32_t p[BC / 16][4];
-    #pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
-    accumulator_fence(o);  // the zeros are set before any wgmma is in flight (else ptxas serializes them)
-
-    auto issue_s = [&](int j) {  // S = Q K_j^T (this warpgroup's 64 rows), in its turn
-        mbarrier_wait(k_full + 8 * (j % STAGES), (j / STAGES) & 1);
-        turns.take(j == 0);
-        wgmma_fence();
+    int consumed = 0;  // kv tiles of the CTA's earlier items: where the rings stand
+    do {
+        const int first_row = work.q0 + CONSUMER_ROWS * c, row = first_row + 16 * warp + lane / 4;  // and row + 8
+        const int qb = work.count % QB;
+        const uint32_t sQ_item = sQ + qb * Q_TILE;
+        // the CTA's first turn (consumer 0 takes it without waiting) and its last (consumer 1 does not pass it)
+        const bool first_item = work.count == 0, last_item = work.last();
+        int start[2], last_start;  // MASKED: the document starts of this thread's rows and of the warpgroup's last row
+        if constexpr (MASKED) load_starts(start, last_start, doc_start + (long long)work.b * T, row, first_row, T);
+        float o[D / 2], s[BC / 2], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, alpha[2];
+        uint32_t p[BC / 16][4];
         #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BC, 0, 0>(s, k_major<BR>(sQ, CONSUMER_ROWS * c, kk), k_major<BC>(sK + (j % STAGES) * TILE, 0, kk),
-                               kk > 0);
-        wgmma_commit();
-    };
-    // tile j's scores (complete in s): release K_j, mask, and the online softmax in place (s becomes P);
-    // alpha rescales what O holds
-    auto softmax = [&](int j) {
-        accumulator_fence(s);
-        if (lane == 0) mbarrier_arrive(k_empty + 8 * (j % STAGES));
-        const int kv0 = (first_tile + j) * BC;
-        if (kv0 + BC - 1 > first_row) {  // the tile crosses the diagonal: keys after the query masked
+        for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+        accumulator_fence(o);  // the zeros are set before any wgmma is in flight (else ptxas serializes them)
+        // kv tile j of the item in the rings: its stage and the parity of its barriers' phase
+        auto stage = [&](int j) { return (consumed + j) % STAGES; };
+        auto parity = [&](int j) { return ((consumed + j) / STAGES) & 1; };
+
+        auto issue_s = [&](int j) {  // S = Q K_j^T (this warpgroup's 64 rows), in its turn
+            mbarrier_wait(k_full + 8 * stage(j), parity(j));
+            turns.take(first_item && j == 0);
+            wgmma_fence();
             #pragma unroll
-            for (int i = 0; i < BC / 2; i++)
-                if (kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) > row + 8 * ((i >> 1) & 1)) s[i] = -INFINITY;
-        }
-        if (MASKED && kv0 < last_start) {  // the tile starts before a row's document: keys before it masked
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BC, 0, 0>(s, k_major<BR>(sQ_item, CONSUMER_ROWS * c, kk),
+                                   k_major<BC>(sK + stage(j) * TILE, 0, kk), kk > 0);
+            wgmma_commit();
+        };
+        // tile j's scores (complete in s): release K_j (and after the item's last S its Q buffer), mask, and the
+        // online softmax in place (s becomes P); alpha rescales what O holds
+        auto softmax = [&](int j) {
+            accumulator_fence(s);
+            if (lane == 0) mbarrier_arrive(k_empty + 8 * stage(j));
+            if constexpr (Work::PERSISTENT)
+                if (lane == 0 && j + 1 == n_tiles) mbarrier_arrive(q_empty + 8 * qb);
+            const int kv0 = (first_tile + j) * BC;
+            if (kv0 + BC - 1 > first_row) {  // the tile crosses the diagonal: keys after the query masked
+                #pragma unroll
+                for (int i = 0; i < BC / 2; i++)
+                    if (kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) > row + 8 * ((i >> 1) & 1)) s[i] = -INFINITY;
+            }
+            if (MASKED && kv0 < last_start) {  // the tile starts before a row's document: keys before it masked
+                #pragma unroll
+                for (int i = 0; i < BC / 2; i++)
+                    if (kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) < start[(i >> 1) & 1]) s[i] = -INFINITY;
+            }
             #pragma unroll
-            for (int i = 0; i < BC / 2; i++)
-                if (kv0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1) < start[(i >> 1) & 1]) s[i] = -INFINITY;
+            for (int half = 0; half < 2; half++) {
+                float m = row_max[half];
+                #pragma unroll
+                for (int n = 0; n < BC / 8; n++) m = fmaxf(m, fmaxf(s[4 * n + 2 * half], s[4 * n + 2 * half + 1]));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                // Unmasked, every row sees key 0 in tile 0 and its max is finite from then on. Masked, a row may see
+                // no key of its first tiles: its max stays -inf, and exp2 of -inf - 0 makes its P and alpha 0
+                const float m_finite = MASKED && m == -INFINITY ? 0.0f : m;
+                alpha[half] = exp2f((row_max[half] - m_finite) * scale_log2);
+                row_max[half] = m;
+                const float m_scaled = m_finite * scale_log2;
+                float sum = 0.0f;
+                #pragma unroll
+                for (int n = 0; n < BC / 8; n++)
+                    #pragma unroll
+                    for (int e = 2 * half; e < 2 * half + 2; e++) {
+                        s[4 * n + e] = exp2f(fmaf(s[4 * n + e], scale_log2, -m_scaled));
+                        sum += s[4 * n + e];
+                    }
+                row_sum[half] = row_sum[half] * alpha[half] + sum;  // this lane's columns only
+            }
+        };
+
+        // Per tile j: issue S_{j+1}, rescale O, issue O += P_j V_j; tile j + 1's softmax then runs while P_j V_j does
+        mbarrier_wait(q_full + 8 * qb, (work.count / QB) & 1);
+        issue_s(0);
+        turns.pass(last_item && n_tiles == 1);
+        wgmma_wait<0>();
+        softmax(0);
+        pack_a<BC / 2>(p, s);
+        auto issue_pv = [&](int j) {  // O = O * alpha + P_j V_j
+            #pragma unroll
+            for (int i = 0; i < D / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+            mbarrier_wait(v_full + 8 * stage(j), parity(j));
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<D, 1>(o, p[kk], mn_major<BC>(sV + stage(j) * TILE, kk), 1);
+            wgmma_commit();
+        };
+        auto finish_pv = [&](int j) {  // P_j V_j done: O and p are free again, and V_j
+            wgmma_wait<0>();
+            accumulator_fence(o);
+            if (lane == 0) mbarrier_arrive(v_empty + 8 * stage(j));
+        };
+        // (each branch holds its own waits: ptxas serializes the wgmmas when it cannot pair a wait with its groups)
+        for (int j = 0; j + 1 < n_tiles; j++) {
+            issue_s(j + 1);
+            issue_pv(j);
+            turns.pass(last_item && j + 2 == n_tiles);
+            wgmma_wait<1>();  // S_{j+1}
+            softmax(j + 1);
+            finish_pv(j);
+            pack_a<BC / 2>(p, s);
         }
+        issue_pv(n_tiles - 1);
+        finish_pv(n_tiles - 1);
+
+        float inv[2], row_lse[2];
         #pragma unroll
         for (int half = 0; half < 2; half++) {
-            float m = row_max[half];
-            #pragma unroll
-            for (int n = 0; n < BC / 8; n++) m = fmaxf(m, fmaxf(s[4 * n + 2 * half], s[4 * n + 2 * half + 1]));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            // Unmasked, every row sees key 0 in tile 0 and its max is finite from then on. Masked, a row may see
-            // no key of its first tiles: its max stays -inf, and exp2 of -inf - 0 makes its P and alpha 0
-            const float m_finite = MASKED && m == -INFINITY ? 0.0f : m;
-            alpha[half] = exp2f((row_max[half] - m_finite) * scale_log2);
-            row_max[half] = m;
-            const float m_scaled = m_finite * scale_log2;
-            float sum = 0.0f;
-            #pragma unroll
-            for (int n = 0; n < BC / 8; n++)
-                #pragma unroll
-                for (int e = 2 * half; e < 2 * half + 2; e++) {
-                    s[4 * n + e] = exp2f(fmaf(s[4 * n + e], scale_log2, -m_scaled));
-                    sum += s[4 * n + e];
-                }
-            row_sum[half] = row_sum[half] * alpha[half] + sum;  // this lane's columns only
+            float sum = row_sum[half];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            inv[half] = 1.0f / sum;
+            row_lse[half] = (row_max[half] * scale_log2 + log2f(sum)) * LN2;
         }
-    };
-
-    // Per tile j: issue S_{j+1}, rescale O, issue O += P_j V_j; tile j + 1's softmax then runs while P_j V_j does
-    mbarrier_wait(q_full, 0);
-    issue_s(0);
-    turns.pass(n_tiles == 1);
-    wgmma_wait<0>();
-    softmax(0);
-    pack_a<BC / 2>(p, s);
-    auto issue_pv = [&](int j) {  // O = O * alpha + P_j V_j
         #pragma unroll
-        for (int i = 0; i < D / 2; i++) o[i] *= alpha[(i >> 1) & 1];
-        mbarrier_wait(v_full + 8 * (j % STAGES), (j / STAGES) & 1);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<D, 1>(o, p[kk], mn_major<BC>(sV + (j % STAGES) * TILE, kk), 1);
-        wgmma_commit();
-    };
-    auto finish_pv = [&](int j) {  // P_j V_j done: O and p are free again, and V_j
-        wgmma_wait<0>();
-        accumulator_fence(o);
-        if (lane == 0) mbarrier_arrive(v_empty + 8 * (j % STAGES));
-    };
-    // (each branch holds its own waits: ptxas serializes the wgmmas when it cannot pair a wait with its groups)
-    for (int j = 0; j + 1 < n_tiles; j++) {
-        issue_s(j + 1);
-        issue_pv(j);
-        turns.pass(j + 2 == n_tiles);
-        wgmma_wait<1>();  // S_{j+1}
-        softmax(j + 1);
-        finish_pv(j);
-        pack_a<BC / 2>(p, s);
-    }
-    issue_pv(n_tiles - 1);
-    finish_pv(n_tiles - 1);
-
-    float inv[2], row_lse[2];
-    #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        float sum = row_sum[half];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        inv[half] = 1.0f / sum;
-        row_lse[half] = (row_max[half] * scale_log2 + log2f(sum)) * LN2;
-    }
-    #pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] *= inv[(i >> 1) & 1];
-    store_rows<D>(out + (long long)b * T * H * D + h * D, (long long)H * D, reinterpret_cast<const float(*)[4]>(o),
-                  1.0f, first_row + 16 * warp, T, nullptr, nullptr, lane);
-    if (lane % 4 == 0) {
-        #pragma unroll
-        for (int half = 0; half < 2; half++)
-            if (row + 8 * half < T) lse[((long long)b * H + h) * T + row + 8 * half] = row_lse[half];
-    }
+        for (int i = 0; i < D / 2; i++) o[i] *= inv[(i >> 1) & 1];
+        store_rows<D>(out + (long long)work.b * T * H * D + work.h * D, (long long)H * D,
+                      reinterpret_cast<const float(*)[4]>(o), 1.0f, first_row + 16 * warp, T, nullptr, nullptr, lane);
+        if (lane % 4 == 0) {
+            #pragma unroll
+            for (int half = 0; half < 2; half++)
+                if (row + 8 * half < T) lse[((long long)work.b * H + work.h) * T + row + 8 * half] = row_lse[half];
+        }
+        consumed += n_tiles;
+    } while (next_item());
 }
 
 // ---- backward: dK, dV (and, fused, dQ)
@@ -752,12 +889,14 @@ __device__ __forceinline__ void masked_or_causal(const int* doc_start, Body body
 // the maps carry them), so that one launcher drives both builds; the fused backward adds the dQ buffer and its
 // per-tile counts (ORDERED; zeroed, with the buffer, before each launch); all but dq_store end with the document
 // mask's doc_start, doc_end (flash_attention.cuh; both null: plain causal). On anything but sm_90a they compile to
-// nothing and the plan never selects this build.
+// nothing and the plan never selects this build. The forward also takes the batch count after KV (a persistent
+// grid does not carry it).
 #define FLASH_FORWARD_ENTRY(D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_forward_d##D(                  \
-        const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, const int* doc_start, \
-        const int* doc_end) {                                                                                     \
-        FLASH_MASKED_BODY((flash_forward_wgmma<D, MASKED>(maps, out, lse, T, H, KV, doc_start)))                  \
+        const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, int B,             \
+        const int* doc_start, const int* doc_end) {                                                               \
+        FLASH_MASKED_BODY((flash_forward_wgmma<D, MASKED>(maps, out, lse, T, H, KV, doc_start,                    \
+                                                          ForwardWork<D>(T, H, B))))                              \
     }
 #define FLASH_BACKWARD_ENTRY(name, D, call)                                                                       \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \

@@ -24,9 +24,10 @@ DYNAMIC_TWINS = {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}  # GEMM versions and th
 FP8_ROW = 16  # FP8 rows hold a multiple of this many values: TMA reads rows of whole 16-byte units
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-core bf16, datasheets
 FP32_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}  # non-tensor fp32, datasheets
-# the flash attention build and its name in the plan's line: the ladder's v3 (kernels/flash_attention_wgmma.cu)
-# on Hopper, v2 (kernels/flash_attention.cu, mma.sync) on any other GPU from sm_80
-ATTENTION_HOPPER = HOPPER_ATTENTION, "flash v3 (wgmma + TMA)"
+# the flash attention build and its name in the plan's line: on Hopper kernels/flash_attention_wgmma.cu, the ladder's
+# v6 forward at head dim 64 (v3's at 128) and v3's backward; v2 (kernels/flash_attention.cu, mma.sync) on any other
+# GPU from sm_80
+ATTENTION_HOPPER = HOPPER_ATTENTION, "flash v6 (wgmma + TMA)"
 ATTENTION = FlashSource(), "flash v2 (mma.sync)"
 
 

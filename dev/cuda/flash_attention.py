@@ -1,7 +1,7 @@
 """Runner of the flash attention ladder (dev/cuda/flash_attention_v<N>.cu), as llm.c's dev/cuda:
 compile versions, check each against the float64 reference on random inputs, time them side by side.
 
-    python dev/cuda/flash_attention.py --versions 1 2 3 4 5 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
+    python dev/cuda/flash_attention.py --versions 1 2 3 4 5 6 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
 
 Checks forward (out, lse) and backward (dq, dk, dv; for v1 and v4 also their opt-in nondeterministic variant:
 atomic dQ, unordered dQ adds) at a small shape first (--check-T), then times forward, backward (and the
@@ -53,7 +53,7 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     for name, default in (("B", 8), ("H", 32), ("KV", 8), ("T", 2048), ("D", 64)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--check-T", type=int, default=1000,

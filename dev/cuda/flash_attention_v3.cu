@@ -1,5 +1,6 @@
-// v3 adds, over v2 (the kernels are kernels/flash_attention_wgmma.cu itself, included here: this version is the
-// one the plan runs on Hopper; v2 stays the build for every other GPU):
+// v3 adds, over v2 (the kernels are kernels/flash_attention_wgmma.cu, included here with v3's forward: a CTA per
+// query tile, the consumers independent; its backward is the one the plan runs on Hopper, v2 stays the build for
+// every other GPU):
 // - Hopper's own instructions: wgmma.m64nNk16 (S-like products from shared memory, P V / P^T dO / dS^T Q / dS K
 //   with P or dS from registers) fed by TMA boxes through mbarrier rings, in place of mma.sync + ldmatrix +
 //   cp.async; the packed qkv and dout are read through 3D tensor maps, rows past T zero-filled by TMA.
@@ -12,4 +13,6 @@
 // Predicted (H200, against v2; SDPA at 1.4-2.1x v2): forward 1.5-1.8x (from ~250 to ~400 TFLOP/s at T >= 2048,
 // D = 64, the exponentials now the co-bottleneck with the MMAs), backward 1.5-2x (7 products of which 2 are
 // recomputation: at most 5/7 of the kernels' rate, so ~250-300 TFLOP/s by the 2.5x-forward count).
+#define FLASH_FORWARD_WORK(D) OneItemPerCta
+#define FLASH_FORWARD_SCHEDULE(D) IndependentConsumers
 #include "flash_attention_wgmma.cu"

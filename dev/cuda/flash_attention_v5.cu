@@ -1,5 +1,5 @@
 // v5 adds, over v3 (the kernels are kernels/flash_attention_wgmma.cu, included here with the forward's schedule
-// below; the backward is v3's, unchanged):
+// PingPongConsumers, defined there; a CTA per query tile, as v3; the backward is v3's, unchanged):
 // - Forward: FA3's inter-warpgroup ping-pong. The two consumer warpgroups take turns issuing their GEMMs (S_0, then
 //   per kv tile S_{j+1} with P_j V_j), ordered by two named barriers: consumer c waits on barrier TURN_BARRIER + c
 //   before issuing and arrives on the other's after, so that the tensor cores run one consumer's S and P V, then the
@@ -13,33 +13,6 @@
 //   stored, 204 loaded); at 40 neither spills.
 // Predicted (H100, against v3; the reasoning in dev/cuda/README.md): forward 1.15-1.25x at D = 64 for T >= 2048,
 // 1.1-1.2x at (16,12,4,1024,64), 1.0-1.1x at D = 128; backward unchanged.
-#include "wgmma.cuh"
-
-#ifdef WGMMA_ENABLED
-namespace fa5 {
-// named barriers 2 (consumer 0's turn) and 3 (consumer 1's); v3 uses 0 (__syncthreads) and 1 (the fused
-// backward's dS^T), so no kernel of this build gives an id two uses
-constexpr int TURN_BARRIER = 2, CONSUMER_THREADS = 256;
-}  // namespace fa5
-
-// Consumer c's turn is barrier TURN_BARRIER + c. Consumer 0 takes the first turn; then each waits for the other's
-// pass. Consumer 1 does not pass its last turn (no turn follows it), so that no arrival is left when the CTA exits.
-// The consumer index is broadcast from lane 0 so that ptxas knows it is warp-uniform (uniform predicates, and the
-// ids immediates: no general register held, where D = 128 has none to spare).
-struct PingPongConsumers {
-    static constexpr int PRODUCER_REGISTERS = 40, CONSUMER_REGISTERS = 232;
-    int consumer;
-    __device__ explicit PingPongConsumers(int c) : consumer(__shfl_sync(0xffffffffu, c, 0)) {}
-    __device__ void take(bool first) const {
-        if (consumer == 0 && !first) named_barrier_sync(fa5::TURN_BARRIER, fa5::CONSUMER_THREADS);
-        if (consumer == 1) named_barrier_sync(fa5::TURN_BARRIER + 1, fa5::CONSUMER_THREADS);
-    }
-    __device__ void pass(bool last) const {
-        if (consumer == 0) named_barrier_arrive(fa5::TURN_BARRIER + 1, fa5::CONSUMER_THREADS);
-        if (consumer == 1 && !last) named_barrier_arrive(fa5::TURN_BARRIER, fa5::CONSUMER_THREADS);
-    }
-};
-#define FLASH_FORWARD_SCHEDULE PingPongConsumers
-#endif  // WGMMA_ENABLED
-
+#define FLASH_FORWARD_WORK(D) OneItemPerCta
+#define FLASH_FORWARD_SCHEDULE(D) PingPongConsumers
 #include "flash_attention_wgmma.cu"

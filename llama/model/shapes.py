@@ -11,7 +11,7 @@ from ..config import LlamaConfig
 from ..cuda import FP8
 from ..ops.flash_attention import FlashSource, flash_attention_scratch_size
 
-HOPPER_ATTENTION = FlashSource("flash_attention_wgmma", tma=True)  # the ladder's v3, what the memory check sizes by default
+HOPPER_ATTENTION = FlashSource("flash_attention_wgmma", tma=True)  # the Hopper build, what the memory check sizes by default
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "attention_scratch")  # the other activations are bf16
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from ..cuda import BF16, DeviceArray, runtime
-from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant
+from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant, multiprocessors
 from .document_mask import check_document_bounds
 from .gemm_wgmma import device_maps, tensor_map
 
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
 FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
-FUSED_DQ_VERSIONS = (4,)  # the ladder rungs that form dQ inside the dK/dV kernel (v5 runs v3's backward)
+FUSED_DQ_VERSIONS = (4,)  # the ladder rungs that form dQ inside the dK/dV kernel (v5, v6 run v3's backward)
 FIRST_DOCUMENT_MASK_VERSION = 2  # ladder rungs from this one on (the production builds) take doc_start, doc_end
 DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fused backward's fp32 dQ tiles' rows
 
@@ -28,8 +28,8 @@ DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fu
 class FlashSource:
     """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
     flash_attention_wgmma.cu (tma: its kernels take TMA maps first; fused_dq: its backward forms dQ in the
-    dK/dV kernel, through an fp32 buffer in the scratch), or a rung of the dev/cuda ladder (document_mask: its
-    kernels take doc_start, doc_end last, as the production builds')."""
+    dK/dV kernel, through an fp32 buffer in the scratch; its forward takes the batch count after KV), or a rung of
+    the dev/cuda ladder (document_mask: its kernels take doc_start, doc_end last, as the production builds')."""
     module: str = "flash_attention"
     directory: Path | None = None
     tma: bool = False
@@ -48,6 +48,7 @@ class _FlashLaunch:
     threads: int
     rows: int  # rows of T per CTA
     shared: int  # dynamic shared memory, bytes
+    persistent: bool = False  # the forward's grid is a CTA per SM (at most one per work item), looping over them
 
 
 _FLASH_CONFIGS = {}
@@ -55,7 +56,8 @@ _FLASH_CONFIGS = {}
 
 def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
     """The launch shape of one kernel ('forward', 'dkdv', 'dq' or, in the wgmma build, 'fused'), from the
-    module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
+    module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file (the wgmma
+    build's rows end with whether its forward is persistent at that head dim)."""
     if source not in _FLASH_CONFIGS:
         rt = runtime()
         pointer, nbytes = rt.module(source.module, source.directory).get_global("flash_attention_config")
@@ -64,7 +66,8 @@ def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
         _FLASH_CONFIGS[source] = table
     row = _FLASH_CONFIGS[source][{64: 0, 128: 1}[D]]
     at = 3 * ("forward", "dkdv", "dq", "fused").index(which)
-    return _FlashLaunch(*(int(x) for x in row[at:at + 3]))
+    persistent = which == "forward" and len(row) > 12 and bool(row[12])
+    return _FlashLaunch(*(int(x) for x in row[at:at + 3]), persistent)
 
 
 def flash_shapes(qkv: DeviceArray, n_heads: int, n_kv_heads: int) -> tuple[int, int, int, int, int]:
@@ -115,9 +118,13 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
     mask_signature, mask = _document_mask(source, doc_start, doc_end, B, T)
     launch = flash_config(source, D, "forward")
     maps = _tma_maps(qkv) if source.tma else ()
-    kernel(source.module, f"flash_attention_forward_d{D}", "P" * len(maps) + "PPPiii" + mask_signature,
-           source.directory)((H, B, math.ceil(T / launch.rows)), launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H,
-                             KV, *mask, shared=launch.shared)
+    grid = (H, B, math.ceil(T / launch.rows))
+    if launch.persistent:  # a CTA per multiprocessor, at most one per work item
+        grid = (min(multiprocessors(), math.prod(grid)), 1, 1)
+    batch = (B,) if source.tma else ()
+    signature = "P" * len(maps) + "PPPiii" + "i" * len(batch) + mask_signature
+    kernel(source.module, f"flash_attention_forward_d{D}", signature, source.directory)(
+        grid, launch.threads, *maps, out.ptr, lse.ptr, qkv.ptr, T, H, KV, *batch, *mask, shared=launch.shared)
 
 
 def flash_attention_scratch_size(B: int, T: int, H: int, D: int, source: FlashSource) -> int:

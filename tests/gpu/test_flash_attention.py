@@ -1,10 +1,11 @@
 """bf16 flash attention, every rung of the dev/cuda ladder (v1; v2 = kernels/flash_attention.cu; v3, v4 =
-kernels/flash_attention_wgmma.cu, Hopper only, v4 with the fused dQ; v5 = v3 with the ping-pong forward) against the
-float64 reference of the same bf16-rounded inputs: O, LSE, dQ, dK, dV at GQA ratios 1, 2, 4, 8, T = 1, 17, 128, 1000,
-2048, 8192, D = 64 and 128, B = 1 and 3; outputs NaN-poisoned first; determinism, the fused inverse RoPE, no
-allocation growing with T; v5's forward bit for bit v3's. The document mask on the production builds (v2, v3, v4) and
-v5: against the float64 document-masked reference, bit for bit the unmasked kernels with one document per row, and
-each packed document's results those of the unmasked kernels on it alone."""
+kernels/flash_attention_wgmma.cu, Hopper only, v4 with the fused dQ; v5 = v3 with the ping-pong forward; v6 = v5 with
+a persistent forward) against the float64 reference of the same bf16-rounded inputs: O, LSE, dQ, dK, dV at GQA ratios
+1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, 8192, D = 64 and 128, B = 1 and 3; outputs NaN-poisoned first; determinism,
+the fused inverse RoPE, no allocation growing with T; v5's, v6's and the production Hopper build's forward bit for
+bit v3's, and v6's with several query tiles per CTA against the reference. The document mask on the production builds (v2, v3, v4), v5 and v6:
+against the float64 document-masked reference, bit for bit the unmasked kernels with one document per row, and each
+packed document's results those of the unmasked kernels on it alone."""
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ CASES = [(1, 1, 8, 1), (3, 17, 4, 2), (3, 128, 2, 2), (1, 128, 8, 1), (1, 1000, 
          (1, 2048, 2, 1), (1, 8192, 1, 1)]
 
 
-VERSIONS = [1, 2, 3, 4, 5]  # v2 to v5 include the production builds (flash_attention.cu, flash_attention_wgmma.cu)
+VERSIONS = [1, 2, 3, 4, 5, 6]  # v2 to v6 include the production builds (flash_attention.cu, flash_attention_wgmma.cu)
 NONDETERMINISTIC_VERSIONS = [1, 4]  # the rungs with an opt-in nondeterministic backward (atomic or unordered dQ)
 
 
@@ -36,9 +37,13 @@ def ops():
     return ops
 
 
+PRODUCTION = "production"  # the Hopper build the plan runs (kernels/flash_attention_wgmma.cu): v6's forward at D = 64
+
+
 def flash_source(ops, version):
     from llama.cuda import runtime
-    source = ops.FlashSource.ladder(version, LADDER)
+    from llama.plan import ATTENTION_HOPPER
+    source = ATTENTION_HOPPER[0] if version == PRODUCTION else ops.FlashSource.ladder(version, LADDER)
     if source.tma and runtime().code != "sm_90a":
         pytest.skip(f"flash attention v{version} is built for Hopper (sm_90a) only")
     return source
@@ -195,8 +200,8 @@ def test_flash_attention_nondeterministic_variant(ops, D, version):
 
 # ---- the document mask
 
-MASK_VERSIONS = [2, 3, 4, 5]  # the production builds: flash_attention.cu, flash_attention_wgmma.cu (v4: fused dQ;
-# v5: its ping-pong forward)
+MASK_VERSIONS = [2, 3, 4, 5, 6]  # the production builds: flash_attention.cu, flash_attention_wgmma.cu (v4: fused
+# dQ; v5: its ping-pong forward; v6: persistent)
 BOS = 128000
 # documents of length 1, shorter than every tile, at and around the tile sizes (32, 64, 128), longer
 DOCUMENT_LENGTHS = [1, 1, 2, 7, 31, 64, 65, 127, 128, 129, 200, 1, 333]
@@ -250,18 +255,51 @@ def bits(array) -> np.ndarray:
     return array.download().view(np.uint16 if array.dtype == BF16 else np.uint32)
 
 
+# (B, T, H, KV): query tiles of 1 to 16 kv tiles; and 576 query tiles of 1 to 3 kv tiles, 4 or more per CTA of v6 on
+# a GPU of at most 144 SMs (an H100 or H200 has 132), so that its Q buffers and rings go round several times
+MANY_TILES = (3, 300, 64, 8)
+SCHEDULE_CASES = [(3, 2000, 4, 2), MANY_TILES]
+
+
+@pytest.mark.parametrize("version", [5, 6, PRODUCTION])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-def test_ping_pong_forward_is_v3s_bit_for_bit(ops, D, masked):
-    """v5 changes when its two consumer warpgroups issue their GEMMs (and the registers setmaxnreg gives them), not
-    what they compute: its out and lse are v3's bits, plain causal and document-masked, with query tiles of 1 to 16
-    kv tiles and T not a multiple of the tiles."""
-    B, T, H, KV = 3, 2000, 4, 2
+@pytest.mark.parametrize("B, T, H, KV", SCHEDULE_CASES)
+def test_forward_schedules_are_v3s_bit_for_bit(ops, B, T, H, KV, D, masked, version):
+    """v5 changes when its two consumer warpgroups issue their GEMMs (and the registers setmaxnreg gives them), v6
+    also which CTA runs which query tile (a CTA per SM, looping over them) and when their loads are issued, not what
+    they compute: their out and lse are v3's bits, plain causal and document-masked, with T not a multiple of the
+    tiles; so are the production build's (v6's forward at D = 64, v3's at 128)."""
     qkv_d = to_bf16(bf16_randn(B, T, (H + 2 * KV) * D))
     mask = device_mask(document_rows(B, T)) if masked else {}
-    v3, v5 = ([bits(a) for a in run_forward(ops, qkv_d, B, T, H, KV, D, version, **mask)] for version in (3, 5))
-    for name, expected, got in zip(("out", "lse"), v3, v5):
-        assert np.array_equal(expected, got), f"{name}: v5's forward differs from v3's"
+    v3, other = ([bits(a) for a in run_forward(ops, qkv_d, B, T, H, KV, D, v, **mask)] for v in (3, version))
+    for name, expected, got in zip(("out", "lse"), v3, other):
+        assert np.array_equal(expected, got), f"{name}: v{version}'s forward differs from v3's"
+
+
+@pytest.mark.parametrize("version, persistent", [(3, {64: False, 128: False}), (5, {64: False, 128: False}),
+                                                 (6, {64: True, 128: True}), (PRODUCTION, {64: True, 128: False})])
+def test_which_forwards_are_persistent(ops, version, persistent):
+    """The launch table each build compiles says where its forward is persistent (a CTA per SM): v6 at both head
+    dims, production at D = 64 only (at 128 the persistent forward measured slower: dev/cuda/README.md)."""
+    from llama.ops.flash_attention import flash_config
+    source = flash_source(ops, version)
+    assert {D: flash_config(source, D, "forward").persistent for D in (64, 128)} == persistent
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_persistent_forward_with_several_tiles_per_cta(ops, D, masked):
+    """v6's CTAs each take several query tiles (MANY_TILES): out and lse against the float64 reference, plain causal
+    and document-masked, outputs poisoned first (a tile no CTA takes stays NaN)."""
+    B, T, H, KV = MANY_TILES
+    qkv = bf16_randn(B, T, (H + 2 * KV) * D)
+    tokens = document_rows(B, T)
+    mask = device_mask(tokens) if masked else {}
+    out, lse = run_forward(ops, to_bf16(qkv), B, T, H, KV, D, 6, **mask)
+    ref_out, ref_lse = flash_attention_forward(qkv, H, KV, document_ids(tokens, BOS) if masked else None)
+    check(f"flash_attention_v6_persistent_out{'_masked' * masked}", out, ref_out, tol=TOL)
+    check(f"flash_attention_v6_persistent_lse{'_masked' * masked}", lse, ref_lse, tol=TOL)
 
 
 @pytest.mark.parametrize("version", MASK_VERSIONS)

@@ -55,3 +55,31 @@ def test_forward_rejects(changes, message):
 def test_backward_rejects(changes, message):
     with pytest.raises(ValueError, match=message):
         ops.flash_attention_backward(**backward_args(**changes))
+
+
+@pytest.mark.parametrize("source, persistent, T, grid, batch", [
+    (ops.FlashSource(), False, 10, (H, B, 1), ()),  # mma.sync: a CTA per (head, batch, query tile), no batch count
+    (ops.FlashSource("flash_attention_wgmma", tma=True), False, 10, (H, B, 1), (B,)),  # wgmma: the same grid
+    (ops.FlashSource("flash_attention_wgmma", tma=True), True, 10, (H * B, 1, 1), (B,)),  # fewer items (8) than SMs
+    (ops.FlashSource("flash_attention_wgmma", tma=True), True, 5000, (132, 1, 1), (B,)),  # 320 items: a CTA per SM
+])
+def test_forward_grid(monkeypatch, source, persistent, T, grid, batch):
+    """The forward's launch: a grid of query tiles, or where the build's table says its forward is persistent at
+    this head dim one CTA per SM (at most one per work item); a wgmma build takes the batch count after KV, since a
+    persistent grid does not carry it."""
+    from llama.ops import flash_attention as launcher
+    launches = []
+    monkeypatch.setattr(launcher, "kernel", lambda module, name, signature, directory: (
+        lambda grid, threads, *args, shared: launches.append((signature, grid, args))))
+    monkeypatch.setattr(launcher, "flash_config",
+                        lambda source, D, which: launcher._FlashLaunch(384, 128, 1024, persistent))
+    monkeypatch.setattr(launcher, "_tma_maps", lambda qkv: (4096,))
+    monkeypatch.setattr(launcher, "multiprocessors", lambda: 132)
+    args = forward_args(out=fake((B, T, H * D)), lse=fake((B, H, T), np.float32), qkv=fake((B, T, (H + 2 * KV) * D)),
+                        source=source)
+    ops.flash_attention_forward(**args)
+    [(signature, launched, values)] = launches
+    maps = (4096,) if source.tma else ()
+    assert launched == grid
+    assert signature == "P" * len(maps) + "PPPiii" + "i" * len(batch) + "PP"
+    assert values == (*maps, 256, 256, 256, T, H, KV, *batch, 0, 0)

@@ -1,4 +1,4 @@
-"""The plan runs the wgmma flash attention (ladder v3, TMA maps) on Hopper and the mma.sync build (v2) on other
+"""The plan runs the wgmma flash attention (ladder v6's forward at D = 64, v3's otherwise; TMA maps) on Hopper and the mma.sync build (v2) on other
 GPUs; checked without a GPU through a stand-in runtime."""
 
 from types import SimpleNamespace
@@ -20,7 +20,7 @@ def use_stand_in_gpu(monkeypatch, capability=(9, 0), code="sm_90a"):
 
 
 @pytest.mark.parametrize("capability, code, module, tma, name", [
-    ((9, 0), "sm_90a", "flash_attention_wgmma", True, "flash v3 (wgmma + TMA)"),
+    ((9, 0), "sm_90a", "flash_attention_wgmma", True, "flash v6 (wgmma + TMA)"),
     ((8, 0), "sm_80", "flash_attention", False, "flash v2 (mma.sync)"),
 ])
 def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, name):
@@ -31,11 +31,13 @@ def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, nam
 
 
 def test_ladder_sources_take_tma_maps_from_v3():
-    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3, 4, 5)] == [False, False, True, True, True]
+    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3, 4, 5, 6)] == [False, False, True, True, True, True]
     assert FlashSource.ladder(3, None).module == "flash_attention_v3"
 
 
 def test_only_v4_forms_dq_in_the_dkdv_kernel():
-    """v5 is v3's build with another forward: its backward is v3's (the separate dQ kernel), with the mask."""
-    assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5)] == [False, False, False, True, False]
-    assert FlashSource.ladder(5, None).document_mask
+    """v5 and v6 are v3's build with another forward: their backward is v3's (the separate dQ kernel), with the
+    mask."""
+    assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5, 6)] == [False] * 3 + [True, False, False]
+    assert FlashSource.ladder(5, None).document_mask and FlashSource.ladder(6, None).document_mask
+
