@@ -91,3 +91,16 @@ def check_increment(name: str, device_array, before: np.ndarray, increment: np.n
     ERRORS.append((name, err))
     assert err < tol, f"{name}: relative error {err:.3e} >= {tol}"
     return err
+
+
+def one_step_losses(cpu, gpu, tokens, targets, tag: str) -> None:
+    """One batch through the float64 reference `cpu` and the bf16 GPU model `gpu`, each with its backward at loss
+    scale 0.5: their losses agree within 1% (logged as TAG_loss_rel); the gradients are left in cpu.grads and
+    gpu.grads."""
+    cpu_loss = cpu.forward(tokens, targets)
+    cpu.backward(loss_scale=0.5)
+    gpu.zero_grad()
+    gpu_loss = gpu.forward(tokens, targets, loss_scale=0.5)
+    gpu.backward()
+    ERRORS.append((f"{tag}_loss_rel", abs(gpu_loss - cpu_loss) / cpu_loss))
+    assert abs(gpu_loss - cpu_loss) < 1e-2 * cpu_loss

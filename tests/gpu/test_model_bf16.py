@@ -13,7 +13,7 @@ from llama.cuda import BF16, zeros
 from llama.optim import AdamWConfig
 from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
-from tests.gpu_helpers import ERRORS
+from tests.gpu_helpers import ERRORS, one_step_losses
 
 pytestmark = pytest.mark.gpu
 CONFIG = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=512, multiple_of=64,
@@ -46,14 +46,7 @@ def test_one_step_gradients(tied, recompute):
     params = bf16_params(config, seed=5)
     cpu = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
     gpu = bf16_model(config, 4, 96, params, recompute)
-    tokens, targets = batch(1)
-    cpu_loss = cpu.forward(tokens, targets)
-    cpu.backward(loss_scale=0.5)
-    gpu.zero_grad()
-    gpu_loss = gpu.forward(tokens, targets, loss_scale=0.5)
-    gpu.backward()
-    ERRORS.append(("bf16_model_loss_rel", abs(gpu_loss - cpu_loss) / cpu_loss))
-    assert abs(gpu_loss - cpu_loss) < 1e-2 * cpu_loss
+    one_step_losses(cpu, gpu, *batch(1), "bf16_model")
     grads = gpu.grads.download()
     worst = ("", 0.0)
     for name, t in cpu.layout.tensors.items():

@@ -18,7 +18,7 @@ from tests.gradcheck import rel_error
 from tests.gpu.test_model_bf16 import CONFIG, bf16_params
 from tests.gpu.test_model_fp8 import FP8_TWIN_BOUND
 from tests.gpu.test_multi_gpu import relative, train
-from tests.gpu_helpers import ERRORS, gpu_count
+from tests.gpu_helpers import ERRORS, gpu_count, one_step_losses
 from tests.runs import BASE, check_resume_is_exact, losses
 from tests.unit.test_sft import sft_data, write_chat_shards
 
@@ -72,14 +72,7 @@ def test_bf16_model_with_the_document_mask(dtype, recompute):
     params = bf16_params(CONFIG, seed=5)
     cpu = reference(CONFIG, params, fp8="row" if dtype == "fp8" else None)
     gpu = gpu_bf16(CONFIG, params, dtype, recompute)
-    tokens, targets = packed_batch(1)
-    cpu_loss = cpu.forward(tokens, targets)
-    cpu.backward(loss_scale=0.5)
-    gpu.zero_grad()
-    gpu_loss = gpu.forward(tokens, targets, loss_scale=0.5)
-    gpu.backward()
-    ERRORS.append((f"doc_mask_{dtype}_{recompute}_loss_rel", abs(gpu_loss - cpu_loss) / cpu_loss))
-    assert abs(gpu_loss - cpu_loss) < 1e-2 * cpu_loss
+    one_step_losses(cpu, gpu, *packed_batch(1), f"doc_mask_{dtype}_{recompute}")
     errors = gradient_errors(gpu.grads.download(), cpu, f"doc_mask_{dtype}_{recompute}")
     worst = max(errors, key=errors.get)
     assert errors[worst] < (FP8_TWIN_BOUND if dtype == "fp8" else 2e-2), worst
