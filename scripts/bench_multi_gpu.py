@@ -76,9 +76,10 @@ VOCAB = 128256
 OPEN_SHOWN = 6  # --trace: the longest stretches of communication with no compute beside it, per run
 
 
-def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str) -> tuple[float, dict, object]:
+def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str, built=None) -> tuple[float, dict, object]:
     """Median ms of a captured training step at ZeRO stage `zero` with the GEMM choice `gemm` ('static' or
-    'dynamic'), the memory it holds, and the model."""
+    'dynamic'), the memory it holds, and the model; built() runs once the model exists (its weights gathered),
+    before the first step."""
     from llama.cuda import allocated_bytes, time_ms
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.plan import make_plan
@@ -88,6 +89,8 @@ def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str) -> tup
                                         gpus=comm.world_size if comm else 1, zero=zero))
     plan = replace(plan, gemm=replace(plan.gemm, dynamic=gemm == "dynamic"))
     model = GPUModelBF16(config, B, T, comm=comm, plan=plan)
+    if built is not None:
+        built()
     rng = np.random.default_rng(comm.rank if comm else 0)
     batches = [[(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
                for _ in range(4)]
@@ -167,14 +170,15 @@ def worker(args) -> None:
     if comm is not None and bench.breakdown:
         del model, z
         gc.collect()
-        skip = lambda *a, **k: None  # noqa: E731
-        comm.reduce_scatter = skip  # the step without its reductions
-        result["no_reduce_ms"], _, model = step_ms(config, bench, args.steps, comm, zero, gemm)
+        def skip(*names):  # the collectives `names` no longer run, once the model has gathered its first weights
+            # (skipped before, every rank would train on its own shard of them and whatever the rest of the buffer held)
+            return lambda: [setattr(comm, name, lambda *a, **k: None) for name in names]
+        result["no_reduce_ms"], _, model = step_ms(config, bench, args.steps, comm, zero, gemm,
+                                                   skip("reduce_scatter"))  # the step without its reductions
         del model
         gc.collect()
-        for name in ("all_gather", "all_reduce"):  # the same work with no communication
-            setattr(comm, name, skip)
-        result["no_comm_ms"], _, _ = step_ms(config, bench, args.steps, comm, zero, gemm)
+        result["no_comm_ms"], _, _ = step_ms(config, bench, args.steps, comm, zero, gemm,  # no communication
+                                             skip("all_gather", "all_reduce"))
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
     if comm is not None:
