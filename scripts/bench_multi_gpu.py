@@ -170,15 +170,20 @@ def worker(args) -> None:
     if comm is not None and bench.breakdown:
         del model, z
         gc.collect()
-        def skip(*names):  # the collectives `names` no longer run, once the model has gathered its first weights
-            # (skipped before, every rank would train on its own shard of them and whatever the rest of the buffer held)
-            return lambda: [setattr(comm, name, lambda *a, **k: None) for name in names]
+        def skipping(*names):
+            """step_ms's built(): from then on the collectives `names` do nothing. Only once the model has gathered
+            its first weights: skipped before, each rank would train on its own shard and whatever the rest of the
+            buffer held."""
+            def skip():
+                for name in names:
+                    setattr(comm, name, lambda *a, **k: None)
+            return skip
         result["no_reduce_ms"], _, model = step_ms(config, bench, args.steps, comm, zero, gemm,
-                                                   skip("reduce_scatter"))  # the step without its reductions
+                                                   skipping("reduce_scatter"))  # the step without its reductions
         del model
         gc.collect()
         result["no_comm_ms"], _, _ = step_ms(config, bench, args.steps, comm, zero, gemm,  # no communication
-                                             skip("all_gather", "all_reduce"))
+                                             skipping("all_gather", "all_reduce"))
     if env.is_main:
         Path(args.out).write_text(json.dumps(result))
     if comm is not None:
