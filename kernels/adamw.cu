@@ -13,14 +13,14 @@
 //   also takes the n % 8 tail.
 #include "bf16.cuh"
 
-// weight i's decay, 0.0f or 1.0f: bit i % 8 of byte i / 8 of the packed mask
-__device__ __forceinline__ float decay_bit(const unsigned char* decay_mask, long long i) {
-    return (float)((decay_mask[i >> 3] >> (i & 7)) & 1);  // i >= 0: i / 8, i % 8
-}
-
 // bit k (0..7) of a mask byte, 0.0f or 1.0f
 __device__ __forceinline__ float bit_of(unsigned int mask_byte, int k) {
     return (float)((mask_byte >> k) & 1u);
+}
+
+// weight i's decay, 0.0f or 1.0f: bit i % 8 of byte i / 8 of the packed mask
+__device__ __forceinline__ float decay_bit(const unsigned char* decay_mask, long long i) {
+    return bit_of(decay_mask[i >> 3], (int)(i & 7));  // i >= 0: i / 8, i % 8
 }
 
 extern "C" __global__ void adamw_update(float* params, const float* grads, float* m, float* v,

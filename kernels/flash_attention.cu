@@ -398,12 +398,13 @@ __host__ __device__ constexpr int dq_shared_bytes() { return tile_bytes<D>(2 * Q
 }  // namespace bwd
 
 // launch configuration, read by the host (llama/ops/flash_attention.py) from the module: per head dim (64, 128), for the
-// forward, dkdv and dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes
-__constant__ int flash_attention_config[2][9] = {
+// forward, dkdv and dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes; then whether the
+// forward is persistent (never here)
+__constant__ int flash_attention_config[2][10] = {
     {fwd::THREADS, fwd::BR, fwd::shared_bytes<64>(), bwd::KV_THREADS, bwd::kv_rows<64>(), bwd::dkdv_shared_bytes<64>(),
-     bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<64>()},
+     bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<64>(), 0},
     {fwd::THREADS, fwd::BR, fwd::shared_bytes<128>(), bwd::KV_THREADS, bwd::kv_rows<128>(),
-     bwd::dkdv_shared_bytes<128>(), bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<128>()},
+     bwd::dkdv_shared_bytes<128>(), bwd::Q_THREADS, bwd::Q_ROWS, bwd::dq_shared_bytes<128>(), 0},
 };
 
 template <int D>

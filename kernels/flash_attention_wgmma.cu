@@ -149,16 +149,16 @@ struct Choose<false, A, B> { using type = B; };
 template <int D>
 using ForwardWork = FLASH_FORWARD_WORK(D);
 
-// launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv, dq
-// and fused (dK, dV and dQ) kernels in turn: threads per CTA, rows per CTA (query, kv, query, kv), shared bytes;
-// then whether the forward is persistent (its grid a CTA per SM)
+// launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv and
+// dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes; then whether the forward is
+// persistent (its grid a CTA per SM); then the fused (dK, dV and dQ) kernel's threads, kv rows and shared bytes
 __constant__ int flash_attention_config[2][13] = {
     {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64, ForwardWork<64>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<64, true>(), ForwardWork<64>::PERSISTENT},
+     fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), ForwardWork<64>::PERSISTENT,
+     fa3::THREADS, fa3::DKDV_KV_ROWS, fa3::dkdv_shared<64, true>()},
     {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128, ForwardWork<128>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), fa3::THREADS,
-     fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>(), ForwardWork<128>::PERSISTENT},
+     fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), ForwardWork<128>::PERSISTENT,
+     fa3::THREADS, fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>()},
 };
 
 #ifdef WGMMA_ENABLED

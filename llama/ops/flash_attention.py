@@ -52,12 +52,15 @@ class _FlashLaunch:
 
 
 _FLASH_CONFIGS = {}
+# flash_attention_config's columns: (threads, rows, shared bytes) of the forward, dkdv and dq kernels, whether the
+# forward is persistent, then (in the wgmma build) the fused kernel's three
+_CONFIG_COLUMNS = {"forward": 0, "dkdv": 3, "dq": 6, "fused": 10}
+_FORWARD_PERSISTENT = 9
 
 
 def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
     """The launch shape of one kernel ('forward', 'dkdv', 'dq' or, in the wgmma build, 'fused'), from the
-    module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file (the wgmma
-    build's rows end with whether its forward is persistent at that head dim)."""
+    module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
     if source not in _FLASH_CONFIGS:
         rt = runtime()
         pointer, nbytes = rt.module(source.module, source.directory).get_global("flash_attention_config")
@@ -65,8 +68,8 @@ def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
         rt.drv.memcpy_dtoh(table, pointer)
         _FLASH_CONFIGS[source] = table
     row = _FLASH_CONFIGS[source][{64: 0, 128: 1}[D]]
-    at = 3 * ("forward", "dkdv", "dq", "fused").index(which)
-    persistent = which == "forward" and len(row) > 12 and bool(row[12])
+    at = _CONFIG_COLUMNS[which]
+    persistent = which == "forward" and bool(row[_FORWARD_PERSISTENT])
     return _FlashLaunch(*(int(x) for x in row[at:at + 3]), persistent)
 
 

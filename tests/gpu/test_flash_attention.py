@@ -277,11 +277,13 @@ def test_forward_schedules_are_v3s_bit_for_bit(ops, B, T, H, KV, D, masked, vers
         assert np.array_equal(expected, got), f"{name}: v{version}'s forward differs from v3's"
 
 
-@pytest.mark.parametrize("version, persistent", [(3, {64: False, 128: False}), (5, {64: False, 128: False}),
+@pytest.mark.parametrize("version, persistent", [(1, {64: False, 128: False}), (2, {64: False, 128: False}),
+                                                 (3, {64: False, 128: False}), (5, {64: False, 128: False}),
                                                  (6, {64: True, 128: True}), (PRODUCTION, {64: True, 128: False})])
 def test_which_forwards_are_persistent(ops, version, persistent):
     """The launch table each build compiles says where its forward is persistent (a CTA per SM): v6 at both head
-    dims, production at D = 64 only (at 128 the persistent forward measured slower: dev/cuda/README.md)."""
+    dims, production at D = 64 only (at 128 the persistent forward measured slower: dev/cuda/README.md), the
+    mma.sync builds (v1, v2) never."""
     from llama.ops.flash_attention import flash_config
     source = flash_source(ops, version)
     assert {D: flash_config(source, D, "forward").persistent for D in (64, 128)} == persistent
