@@ -2,11 +2,15 @@
 compile versions, check each against the float64 reference on random inputs, time them side by side.
 
     python dev/cuda/flash_attention.py --versions 1 2 3 4 5 6 [--B 8 --H 32 --KV 8 --T 2048 --D 64] [--repeats 20]
+    ncu --kernel-name regex:"backward_dkdv|backward_dq_d" --launch-skip 2 --launch-count 2 \
+        python dev/cuda/flash_attention.py --versions 6 --T 32768 --B 1 --profile
 
 Checks forward (out, lse) and backward (dq, dk, dv; for v1 and v4 also their opt-in nondeterministic variant:
 atomic dQ, unordered dQ adds) at a small shape first (--check-T), then times forward, backward (and the
 nondeterministic backward) with CUDA events
 (llama.cuda.time_ms) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal), backward 2.5x that.
+--profile instead runs each version's forward and backward twice at the shape, unchecked and untimed, for a
+profiler: the second backward's kernels are the ones to look at (the first pays for loading the module).
 """
 
 from __future__ import annotations
@@ -59,10 +63,20 @@ def main() -> None:
     parser.add_argument("--check-T", type=int, default=1000,
                         help="T of the correctness check (B=2, H/KV query heads sharing one kv head)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--profile", action="store_true",
+                        help="forward and backward twice per version, unchecked and untimed (for ncu)")
     args = parser.parse_args()
     B, H, KV, T, D = args.B, args.H, args.KV, args.T, args.D
     if H % KV:
         sys.exit(f"{H} query heads cannot share {KV} kv heads")
+    if args.profile:
+        buf = FlashAttentionProblem(B, T, H, KV, D)
+        for version in args.versions:
+            for _ in range(2):
+                buf.forward(source(version))
+                buf.backward(source(version))
+        runtime().stream.synchronize()
+        return
     print(f"flash attention ladder on {runtime().name}")
     for version in args.versions:
         errors = check(version, 2, args.check_T, H // KV, 1, D)
