@@ -1,6 +1,9 @@
 """The flash attention launchers reject bad shapes, dtypes and alignment before touching the device
 (so this runs without a GPU: the arrays are descriptors of no memory)."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -83,3 +86,62 @@ def test_forward_grid(monkeypatch, source, persistent, T, grid, batch):
     assert launched == grid
     assert signature == "P" * len(maps) + "PPPiii" + "i" * len(batch) + "PP"
     assert values == (*maps, 256, 256, 256, T, H, KV, *batch, 0, 0)
+
+
+class _Table:
+    """A stand-in for the runtime that flash_config reads a module's launch table from."""
+
+    def __init__(self, table):
+        self.table = table
+        self.drv = self
+
+    def module(self, name, directory):
+        return self
+
+    def get_global(self, name):
+        assert name == "flash_attention_config"
+        return 0, self.table.nbytes
+
+    def memcpy_dtoh(self, out, pointer):
+        out[...] = self.table
+
+
+@pytest.mark.parametrize("columns", [10, 13])  # mma.sync builds; wgmma builds (the fused kernel's three at the end)
+def test_flash_config_reads_the_named_columns(monkeypatch, columns):
+    """Each kernel's (threads, rows, shared bytes) and the forward's persistence come from the columns every build's
+    table has: forward 0-2, dkdv 3-5, dq 6-8, persistence 9, then the wgmma build's fused kernel 10-12."""
+    from llama.ops import flash_attention as launcher
+    table = np.arange(100, 100 + 2 * columns, dtype=np.int32).reshape(2, columns)
+    table[:, 9] = [1, 0]  # persistent at D = 64 only
+    monkeypatch.setattr(launcher, "runtime", lambda: _Table(table))
+    monkeypatch.setattr(launcher, "_FLASH_CONFIGS", {})
+    source = ops.FlashSource(f"flash_attention_test_{columns}")
+    config = lambda D, which: launcher.flash_config(source, D, which)  # noqa: E731
+    assert config(64, "forward") == launcher._FlashLaunch(100, 101, 102, True)
+    assert config(128, "forward") == launcher._FlashLaunch(100 + columns, 101 + columns, 102 + columns, False)
+    assert config(64, "dkdv") == launcher._FlashLaunch(103, 104, 105)
+    assert config(64, "dq") == launcher._FlashLaunch(106, 107, 108)
+    if columns == 13:
+        assert config(64, "fused") == launcher._FlashLaunch(110, 111, 112)
+
+
+def top_level_values(row: str) -> int:
+    """How many comma-separated values a C initializer row holds, commas inside <...> and (...) not counted."""
+    depth, count = 0, 1
+    for c in row:
+        depth += c in "<("
+        depth -= c in ">)"
+        count += c == "," and depth == 0
+    return count
+
+
+@pytest.mark.parametrize("path, columns", [("kernels/flash_attention.cu", 10), ("kernels/flash_attention_wgmma.cu", 13),
+                                          ("dev/cuda/flash_attention_v1.cu", 10)])
+def test_every_launch_table_fills_the_columns_the_launcher_reads(path, columns):
+    """A row one value short would leave the last column 0 (C fills it silently): each build's table declares the
+    width flash_config reads and both rows (D = 64, 128) give every value."""
+    text = (Path(__file__).resolve().parents[2] / path).read_text()
+    declared = re.search(r"int flash_attention_config\[2\]\[(\d+)\] = \{(.*?)\n\};", text, re.S)
+    assert int(declared.group(1)) == columns
+    rows = re.findall(r"\{([^{}]*)\}", declared.group(2))
+    assert len(rows) == 2 and all(top_level_values(row) == columns for row in rows)
