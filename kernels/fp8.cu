@@ -20,6 +20,12 @@
 //            swizzled) so that each thread writes 16 bytes of a q_cols row (16 rows of x's column).
 //            The blocks of the first tile column write row_scales, those of the first tile row col_scales.
 //            tensor != 0: every row and column takes its scale from row_amax[0] = col_amax[0] (x's amax).
+// fp8_cast_rows_<V>: q_rows and row_scales in one pass over x, for the row-wise cast alone with C at most
+//            V * 256 * 8 (V = 1, 2, 4 or FP8_ROW_VECTORS; the launcher takes the least that holds C): one
+//            block of 256 threads per row holds the row in registers (V 16-byte vectors of 8 columns a
+//            thread), takes its amax through the warps and shared memory, and writes its scale and 8 bytes a
+//            vector. The same bits as
+//            fp8_amax + fp8_cast (max is exact); x is read once instead of twice, and no amax scratch.
 //
 // x 16-byte aligned with C a multiple of 8; q_rows needs C, q_cols R a multiple of 16 (16-byte rows,
 // 16-byte aligned). fp8 bytes as llama.cuda.FP8 (ml_dtypes.float8_e4m3fn).
@@ -29,6 +35,7 @@
 #define FP8_AMAX_ROWS 64      // rows of x per fp8_amax block
 #define FP8_AMAX_ROW_WARPS 8  // blockDim.y of fp8_amax: warps, each one row at a time
 #define FP8_TILE 64           // fp8_cast's tile of x: FP8_TILE rows, FP8_TILE columns
+#define FP8_ROW_VECTORS 8     // fp8_cast_rows_<V>: V, 16-byte vectors of a row per thread, at most this
 
 // e of the scale 2^e for a slice's amax (the bits of a non-negative float): with amax = m * 2^E,
 // m in [1, 2), amax <= 448 * 2^e = 1.75 * 2^(e + 8) first holds at e = E - 8 if m <= 1.75, else E - 7.
@@ -52,15 +59,21 @@ __device__ __forceinline__ float fp8_unscale(float x, int e) {
     return e >= -127 ? x * __int_as_float((127 - e) << 23) : ldexpf(x, -e);
 }
 
-// 16 values scaled by 2^-e and rounded to nearest even into e4m3 (SATFINITE saturates at +-448), as 16 bytes
-__device__ __forceinline__ uint4 pack_fp8x16(const float v[16], int e) {
-    uint4 raw;
+// 8 values scaled by 2^-e and rounded to nearest even into e4m3 (SATFINITE saturates at +-448), as 8 bytes
+__device__ __forceinline__ uint2 pack_fp8x8(const float v[8], int e) {
+    uint2 raw;
     __nv_fp8x2_storage_t* pairs = reinterpret_cast<__nv_fp8x2_storage_t*>(&raw);
 #pragma unroll
-    for (int k = 0; k < 8; k++)
+    for (int k = 0; k < 4; k++)
         pairs[k] = __nv_cvt_float2_to_fp8x2(make_float2(fp8_unscale(v[2 * k], e), fp8_unscale(v[2 * k + 1], e)),
                                             __NV_SATFINITE, __NV_E4M3);
     return raw;
+}
+
+// 16 values as pack_fp8x8 casts them, as 16 bytes
+__device__ __forceinline__ uint4 pack_fp8x16(const float v[16], int e) {
+    const uint2 lo = pack_fp8x8(v, e), hi = pack_fp8x8(v + 8, e);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * FP8_AMAX_ROW_WARPS) fp8_amax(
@@ -156,3 +169,46 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast(
     for (int k = 0; k < 16; k++) v[k] = __bfloat162float(tile[tile_index(b + k, a)]);
     *reinterpret_cast<uint4*>(q_cols + (long long)(c0 + a) * R + r0 + b) = pack_fp8x16(v, col_exponent[a]);
 }
+
+template <int VECTORS>
+__device__ __forceinline__ void cast_rows(unsigned char* q_rows, float* row_scales, const bf16* x, int C) {
+    __shared__ unsigned int warp_max[8];
+    const int row = blockIdx.x, t = threadIdx.x;
+    const bf16* x_row = x + (long long)row * C;
+    uint4 v[VECTORS];       // (row, 8 * (t + 256 k) ..): this thread's vectors of the row, zeros past C
+    unsigned int pair = 0;  // the max |x| of its values, as bf16 bits, in both halves of a word (__vmaxu2)
+#pragma unroll
+    for (int k = 0; k < VECTORS; k++) {
+        const int c = (t + 256 * k) * 8;
+        v[k] = c < C ? *reinterpret_cast<const uint4*>(x_row + c) : make_uint4(0, 0, 0, 0);
+        pair = __vmaxu2(pair, __vmaxu2(__vmaxu2(v[k].x & 0x7FFF7FFFu, v[k].y & 0x7FFF7FFFu),
+                                       __vmaxu2(v[k].z & 0x7FFF7FFFu, v[k].w & 0x7FFF7FFFu)));
+    }
+    const unsigned int m = __reduce_max_sync(0xffffffffu, max(pair & 0xFFFFu, pair >> 16));
+    if (t % 32 == 0) warp_max[t / 32] = m;
+    __syncthreads();
+    unsigned int amax = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) amax = max(amax, warp_max[w]);
+    const int e = fp8_exponent(amax << 16);  // bf16 bits -> float bits
+    if (t == 0) row_scales[row] = ldexpf(1.0f, e);
+#pragma unroll
+    for (int k = 0; k < VECTORS; k++) {
+        const int c = (t + 256 * k) * 8;
+        if (c >= C) break;
+        float f[8];
+        unpack_bf16x8(f, v[k]);
+        *reinterpret_cast<uint2*>(q_rows + (long long)row * C + c) = pack_fp8x8(f, e);
+    }
+}
+
+// fp8_cast_rows_<V>: rows of up to V * 256 * 8 columns
+#define FP8_CAST_ROWS(V)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) fp8_cast_rows_##V(unsigned char* q_rows, float* row_scales, \
+                                                                        const bf16* x, int C) {               \
+        cast_rows<V>(q_rows, row_scales, x, C);                                                               \
+    }
+FP8_CAST_ROWS(1)
+FP8_CAST_ROWS(2)
+FP8_CAST_ROWS(4)
+FP8_CAST_ROWS(8)

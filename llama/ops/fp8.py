@@ -21,6 +21,8 @@ U32 = np.dtype(np.uint32)
 AMAX_ROWS, AMAX_ROW_WARPS = kernel_constant("fp8", "FP8_AMAX_ROWS"), kernel_constant("fp8", "FP8_AMAX_ROW_WARPS")
 AMAX_COLUMNS = 32 * 8  # fp8_amax's block: AMAX_ROWS rows of x, warps of 32 lanes that load 8 columns each
 TILE = kernel_constant("fp8", "FP8_TILE")  # fp8_cast's tile of x: TILE rows and columns
+ROW_VECTORS = kernel_constant("fp8", "FP8_ROW_VECTORS")  # fp8_cast_rows_<V>: V 16-byte vectors a thread, at most
+ROW_COLUMNS = 256 * 8  # columns of a row per vector: 256 threads, 8 bf16 each
 _AMAX = {}
 
 
@@ -39,8 +41,10 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
     rows (R, C) fp8 with row_scales (R,) fp32 = twins.fp8.quantize_fp8(x, axis=-1, scaling), and/or
     cols (C, R) fp8 = the transpose of the values of quantize_fp8(x, axis=0, scaling), with col_scales (C,) fp32.
     x / scale is exact and rounds to nearest even. scaling "tensor": every scale is the one of x's amax.
-    amax: uint32 or int32 scratch of at least R + C elements (zeroed here before each use), else a workspace
-    of this module's.
+    The row-wise cast alone of rows up to ROW_VECTORS * ROW_COLUMNS values runs in one pass over x
+    (cast_rows_one_pass); the others take two, the amax then the cast (cast_two_passes), whose scratch amax
+    is uint32 or int32 of at least R + C elements (zeroed here before each use), else a workspace of this
+    module's.
     x 16-byte aligned with C a multiple of 8; rows need C, cols R a multiple of 16; both 16-byte aligned."""
     if len(x.shape) == 3:
         x = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
@@ -71,6 +75,25 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
     check_aligned(x=x, **outputs)
     if amax is not None and (amax.dtype not in (U32, I32) or amax.size < R + C):
         raise ValueError(f"amax: needs {R + C} uint32 or int32, has {amax.size} {amax.dtype}")
+    if scaling == "row" and cols is None and C <= ROW_VECTORS * ROW_COLUMNS:
+        cast_rows_one_pass(x, rows, row_scales)
+    else:
+        cast_two_passes(x, rows, row_scales, cols, col_scales, amax, scaling)
+
+
+def cast_rows_one_pass(x: DeviceArray, rows: DeviceArray, row_scales: DeviceArray) -> None:
+    """fp8_cast_rows_<V> (v2): the row-wise cast of the checked bf16 x (R, C) in one pass, a block a row holding
+    it in registers, with V the least of 1, 2, 4, 8 16-byte vectors a thread that holds C."""
+    R, C = x.shape
+    vectors = next(v for v in (1, 2, 4, ROW_VECTORS) if C <= v * ROW_COLUMNS)
+    kernel("fp8", f"fp8_cast_rows_{vectors}", "PPPi")((R,), 256, rows.ptr, row_scales.ptr, x.ptr, C)
+
+
+def cast_two_passes(x: DeviceArray, rows: DeviceArray | None, row_scales: DeviceArray | None,
+                    cols: DeviceArray | None, col_scales: DeviceArray | None, amax: DeviceArray | None,
+                    scaling: str) -> None:
+    """fp8_amax then fp8_cast (v1) of the checked bf16 x (R, C): the requested outputs, any scaling."""
+    R, C = x.shape
     amax = (amax if amax is not None else _amax_workspace(R + C)).view(0, (R + C,))
     amax.fill_zero()
     tensor = int(scaling == "tensor")

@@ -1,8 +1,8 @@
 """The FP8 casts (kernels/fp8.cu) against llama/twins/fp8.py's quantize_fp8 of the same bf16 inputs,
-bit for bit (values and scales): both layouts, shapes that are not multiples of the tiles, rows and
-columns of wildly different magnitudes, of zeros and of denormals, amax at the scales' boundaries, ties,
-NaN-poisoned outputs, a reused amax scratch, reruns and a CUDA-graph replay that give the same bits; and the
-tensor-wise casts (one scale for all of x) the same way."""
+bit for bit (values and scales): both layouts, the row-wise cast in one pass and in two, shapes that are not
+multiples of the tiles, rows and columns of wildly different magnitudes, of zeros and of denormals, amax at
+the scales' boundaries, ties, NaN-poisoned outputs, a reused amax scratch, reruns and a CUDA-graph replay that
+give the same bits; and the tensor-wise casts (one scale for all of x) the same way."""
 
 import numpy as np
 import pytest
@@ -72,6 +72,24 @@ def test_cast_is_the_twin_bit_for_bit(R, C, layouts):
     for name in got:
         np.testing.assert_array_equal(bits(again[name]), bits(got[name]), err_msg=f"rerun {name}")
 
+
+
+@pytest.mark.parametrize("R, C", [(3, 16), (37, 2048), (24, 2064), (9, 4096), (40, 4112), (17, 8192), (5, 14336),
+                                  (6, 16384), (4, 16400)])
+def test_one_pass_row_cast_is_the_two_pass_one_and_the_twin(R, C):
+    """The row-wise cast alone runs in one pass (fp8_cast_rows_<V>, V = 1 up to 8 vectors a thread, each at the
+    widest rows it takes and past them), or in two past 16,384 columns: the twin's bits, and the two passes'
+    on the same x."""
+    from llama.ops.fp8 import ROW_COLUMNS, ROW_VECTORS, cast_rows_one_pass, cast_two_passes
+    x = wild(R, C)
+    assert_twin(x, cast(x, cols=False))
+    if C > ROW_VECTORS * ROW_COLUMNS:
+        return
+    one, two = outputs(R, C, cols=False), outputs(R, C, cols=False)
+    cast_rows_one_pass(dev_bf16(x), **one)
+    cast_two_passes(dev_bf16(x), **two, cols=None, col_scales=None, amax=None, scaling="row")
+    for name in one:
+        np.testing.assert_array_equal(bits(one[name].download()), bits(two[name].download()), err_msg=name)
 
 @pytest.mark.parametrize("R, C, layouts", [
     (16, 16, "both"), (1000, 784, "rows"), (16384, 768, "both"), (33 * 16, 48, "cols"), (130, 208, "rows"),
