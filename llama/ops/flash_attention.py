@@ -1,7 +1,8 @@
 """Launchers of the bf16 flash attention (kernels/flash_attention.cu on mma.sync, kernels/flash_attention_wgmma.cu
 on Hopper, or a rung of the dev/cuda ladder; twin llama/twins/flash_attention.py): causal grouped-query
 attention reading q, k, v from the packed projection, O(T) memory, optionally document-masked (doc_start, doc_end
-from llama/ops/document_mask.py). The wgmma build reads its inputs through TMA maps, encoded here. The ladder's own launchers and its benchmark problem: dev/cuda/flash_attention_ladder.py."""
+from llama/ops/document_mask.py). The wgmma build reads its inputs through TMA maps, encoded here. The ladder's
+own launchers and its benchmark problem: dev/cuda/flash_attention_ladder.py."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fu
 @dataclass(frozen=True)
 class FlashSource:
     """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
-    flash_attention_wgmma.cu (tma: its kernels take TMA maps first; fused_dq: its backward forms dQ in the
-    dK/dV kernel, through an fp32 buffer in the scratch; its forward takes the batch count after KV), or a rung of
+    flash_attention_wgmma.cu (tma: its kernels take TMA maps first, and its forward the batch count after KV;
+    fused_dq: its backward forms dQ in the dK/dV kernel, through an fp32 buffer in the scratch), or a rung of
     the dev/cuda ladder (document_mask: its kernels take doc_start, doc_end last, as the production builds')."""
     module: str = "flash_attention"
     directory: Path | None = None

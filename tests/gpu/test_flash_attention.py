@@ -3,9 +3,9 @@ kernels/flash_attention_wgmma.cu, Hopper only, v4 with the fused dQ; v5 = v3 wit
 a persistent forward) against the float64 reference of the same bf16-rounded inputs: O, LSE, dQ, dK, dV at GQA ratios
 1, 2, 4, 8, T = 1, 17, 128, 1000, 2048, 8192, D = 64 and 128, B = 1 and 3; outputs NaN-poisoned first; determinism,
 the fused inverse RoPE, no allocation growing with T; v5's, v6's and the production Hopper build's forward bit for
-bit v3's, and v6's with several query tiles per CTA against the reference. The document mask on the production builds (v2, v3, v4), v5 and v6:
-against the float64 document-masked reference, bit for bit the unmasked kernels with one document per row, and each
-packed document's results those of the unmasked kernels on it alone."""
+bit v3's, and v6's with several query tiles per CTA against the reference. The document mask on the production
+builds (v2, v3, v4), v5 and v6: against the float64 document-masked reference, bit for bit the unmasked kernels
+with one document per row, and each packed document's results those of the unmasked kernels on it alone."""
 
 import numpy as np
 import pytest
@@ -188,7 +188,8 @@ def test_flash_attention_nondeterministic_variant(ops, D, version):
     out, lse = run_forward(ops, qkv_d, B, T, H, KV, D, version)
     source = flash_source(ops, version)
     if source.fused_dq:
-        dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), version, deterministic=False)
+        dqkv = run_backward(ops, to_bf16(dout), out, lse, qkv_d, H, KV, dev(cos), dev(sin), version,
+                            deterministic=False)
     else:
         dqkv = poisoned(qkv_d.shape, BF16)
         flash_attention_backward_atomic_dq(dqkv, scratch(ops, qkv_d.shape, H, KV, source), empty((B, T, H, D)),
