@@ -9,8 +9,9 @@ way, and the milliseconds a single pass at copy speed would take.
 
 Layouts: rows (the forward's input, along its rows), cols (the backward's input, transposed, for dW), both (the
 output's gradient, for dX and dW). v1: fp8_amax then fp8_cast (two passes over x, the amax scratch zeroed first);
-v2: fp8_cast_rows_<V>, rows only (one pass, a block a row in registers). llama/ops/fp8.py's cast_fp8 runs v2
-where it applies.
+v2: fp8_cast_rows_<V>, rows only (one pass, a block a row in registers); v3: fp8_cast alone, from the maxima
+x's producer wrote (gate+up's gradient, whose maxima SwiGLU's backward writes: its cost is timed after the
+table). llama/ops/fp8.py's cast_fp8 runs v2 where it applies, v3 where the producer gives the maxima.
 """
 
 import argparse
@@ -21,7 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llama.cuda import BF16, FP8, empty, time_ms, to_device  # noqa: E402
-from llama.ops.fp8 import cast_rows_one_pass, cast_two_passes  # noqa: E402
+from llama import ops  # noqa: E402
+from llama.ops.fp8 import cast_from_amax, cast_rows_one_pass, cast_two_passes  # noqa: E402
 from llama.twins.fp8 import quantize_fp8  # noqa: E402
 
 # (layout, version): (launch(x, outputs), passes over x); outputs as cast_fp8 names them
@@ -29,7 +31,9 @@ CASES = {("rows", "v1"): (lambda x, o: cast_two_passes(x, o["rows"], o["row_scal
          ("rows", "v2"): (lambda x, o: cast_rows_one_pass(x, o["rows"], o["row_scales"]), 1),
          ("cols", "v1"): (lambda x, o: cast_two_passes(x, None, None, o["cols"], o["col_scales"], None, "row"), 2),
          ("both", "v1"): (lambda x, o: cast_two_passes(x, o["rows"], o["row_scales"], o["cols"], o["col_scales"], None,
-                                                       "row"), 2)}
+                                                       "row"), 2),
+         ("both", "v3"): (lambda x, o: cast_from_amax(x, o["rows"], o["row_scales"], o["cols"], o["col_scales"],
+                                                      o["amax"], "row"), 1)}
 # the llama3.2-1b step at 16,384 tokens: its linear inputs (2048, 8192) and output gradients (3072, 2048, 16384)
 SHAPES = ["16384x2048", "16384x8192", "16384x3072", "16384x16384"]
 ROTATE = 4  # input sets cycled through while timing, so that L2 does not hold the next one
@@ -66,10 +70,29 @@ def is_twin(host: np.ndarray, out: dict) -> bool:
                               want[name].view(np.uint8 if want[name].dtype == FP8 else np.uint32)) for name in out)
 
 
+def amax_of(host: np.ndarray):
+    """The row then column maxima of |host| as float bits on the device, as a producer writes them (v3 reads them)."""
+    magnitudes = np.abs(host.astype(np.float32))
+    return to_device(np.concatenate([magnitudes.max(axis=1), magnitudes.max(axis=0)]).view(np.uint32))
+
+
+def swiglu_amax_cost(N: int, F: int) -> None:
+    """SwiGLU's bf16 backward at (N, F) alone and writing its gradient's maxima (what v3's amax costs its producer)."""
+    rng = np.random.default_rng(1)
+    gate_up, dout = (to_device(rng.standard_normal(shape, np.float32).astype(BF16)) for shape in ((N, 2 * F), (N, F)))
+    dgate_up, amax = empty((N, 2 * F), BF16), empty((N + 2 * F,), np.uint32)
+    plain = time_ms(lambda: ops.swiglu_backward_bf16(dgate_up, dout, gate_up))
+    fused = time_ms(lambda: ops.swiglu_backward_bf16(dgate_up, dout, gate_up, amax=amax))
+    moved = N * F * 2 * 5  # bytes: gate, up and dout read, dgate and dup written
+    print(f"swiglu backward {N}x{F}: {plain * 1e3:.1f} us ({moved / plain / 1e6:.0f} GB/s), with its gradient's amax "
+          f"{fused * 1e3:.1f} us ({moved / fused / 1e6:.0f} GB/s)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", type=shape, default=[shape(s) for s in SHAPES])
     parser.add_argument("--layouts", nargs="+", choices=("rows", "cols", "both"), default=["rows", "cols", "both"])
+    parser.add_argument("--swiglu", type=shape, default=(16384, 8192), help="N x F of the SwiGLU backward timed")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print(f"{'R x C':>14}{'layout':>7}{'version':>8}{'us':>9}{'GB/s':>7}{'of copy':>8}{'1 pass at copy us':>19}")
@@ -91,16 +114,18 @@ def main() -> int:
             if layout not in args.layouts:
                 continue
             checked = outputs(len(small), C, layout)
-            launch(small_x, checked)
+            launch(small_x, checked | {"amax": amax_of(small)})
             if not is_twin(small, checked):
                 print(f"{layout} {version} at {len(small)}x{C}: not the twin's bits")
                 return 1
             out = outputs(R, C, layout)
-            ms = time_ms(rotating(lambda x: launch(x, out)))
+            maxima = {"amax": amax_of(host)} if version == "v3" else {}  # the inputs rotate, their maxima not: timing
+            ms = time_ms(rotating(lambda x: launch(x, out | maxima)))
             written = sum(array.nbytes for array in out.values())
             moved, single = passes * R * C * 2 + written, R * C * 2 + written
             print(f"{R:>7}x{C:<6}{layout:>7}{version:>8}{ms * 1e3:>9.1f}{moved / ms / 1e6:>7.0f}"
                   f"{moved / ms / 1e6 / copy_bandwidth:>8.0%}{single / copy_bandwidth / 1e3:>19.1f}", flush=True)
+    swiglu_amax_cost(*args.swiglu)
     return 0
 
 

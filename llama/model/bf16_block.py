@@ -25,11 +25,17 @@ class BF16Block:
         self.gemm(out, x, weight, trans_b=True, rope=rope)
 
     def linear_backward(self, dx: DeviceArray, dweight: DeviceArray, dout: DeviceArray, x: DeviceArray,
-                        weight: DeviceArray) -> None:
+                        weight: DeviceArray, dout_amax: DeviceArray | None = None) -> None:
         """dweight (fp32) += dout (N, OC)^T @ x (N, IC), then dx (N, IC) = dout @ weight (dx may be x's
-        buffer)."""
+        buffer). dout_amax: what swiglu_backward returned for dout (FP8Linears' casts take it; None here)."""
         self.gemm(dweight, dout, x, trans_a=True, accumulate=True)
         self.gemm(dx, dout, weight)
+
+    def swiglu_backward(self, dgate_up: DeviceArray, dout: DeviceArray, gate_up: DeviceArray) -> DeviceArray | None:
+        """dgate_up (N, 2F) from dout (N, F) (ops.swiglu_backward_bf16, in place if dgate_up is gate_up); returns
+        what linear_backward takes as dgate_up's dout_amax: None here, its maxima in FP8Linears."""
+        ops.swiglu_backward_bf16(dgate_up, dout, gate_up)
+        return None
 
     def _attention_norm(self, i: int, a: dict, h: DeviceArray, branch: DeviceArray) -> None:
         """Layer i's first RMSNorm into a["ln1"], a["rstd1"]: of its input a["x"] for the first layer, else of

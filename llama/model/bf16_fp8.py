@@ -42,6 +42,14 @@ class FP8Linears(BF16Block):
         """ops.cast_fp8 of x into outputs, with the plan's scaling and the casts' amax scratch."""
         ops.cast_fp8(x, **outputs, amax=self.fp8_scratch["amax"], scaling=self.plan.fp8_scaling)
 
+    def swiglu_backward(self, dgate_up: DeviceArray, dout: DeviceArray, gate_up: DeviceArray) -> DeviceArray | None:
+        """BF16Block's; FP8 with row-wise scales: dgate_up's row and column maxima too, in the scratch it returns,
+        so that gate+up's backward casts dgate_up without an amax pass of its own."""
+        if not self.fp8 or self.plan.fp8_scaling != "row":
+            return super().swiglu_backward(dgate_up, dout, gate_up)
+        ops.swiglu_backward_bf16(dgate_up, dout, gate_up, amax=self.fp8_scratch["grad_amax"])
+        return self.fp8_scratch["grad_amax"]
+
     def linear_forward(self, out: DeviceArray, x: DeviceArray, weight: DeviceArray, rope: tuple | None = None) -> None:
         """BF16Block's; FP8: on the casts of x along its rows and of the weight (reference.matmul_fp8_forward)."""
         if not self.fp8:
@@ -54,15 +62,20 @@ class FP8Linears(BF16Block):
         ops.gemm_fp8(out, x_q, x_scales, w_q, w_scales, rope=rope, version=self.plan.fp8_gemm)
 
     def linear_backward(self, dx: DeviceArray, dweight: DeviceArray, dout: DeviceArray, x: DeviceArray,
-                        weight: DeviceArray) -> None:
-        """BF16Block's; FP8: on the casts reference.matmul_fp8_backward takes, each along its GEMM's K."""
+                        weight: DeviceArray, dout_amax: DeviceArray | None = None) -> None:
+        """BF16Block's; FP8: on the casts reference.matmul_fp8_backward takes, each along its GEMM's K (dout's
+        from the maxima its producer wrote into dout_amax, where it did)."""
         if not self.fp8:
             super().linear_backward(dx, dweight, dout, x, weight)
             return
         (N, IC), OC, f = x.shape, dout.shape[-1], self.fp8_scratch
         g_q, g_scales = f["grad"].prefix(N, OC), f["grad_scales"].prefix(N)
         g_t, g_t_scales = f["grad_t"].prefix(OC, N), f["grad_t_scales"].prefix(OC)
-        self._cast_fp8(dout, rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales)
+        outputs = dict(rows=g_q, row_scales=g_scales, cols=g_t, col_scales=g_t_scales)
+        if dout_amax is None:
+            self._cast_fp8(dout, **outputs)
+        else:
+            ops.cast_fp8(dout, **outputs, amax=dout_amax, amax_ready=True)
         x_t, x_t_scales = f["input"].prefix(IC, N), f["input_scales"].prefix(IC)
         self._cast_fp8(x, cols=x_t, col_scales=x_t_scales)
         ops.gemm_fp8(dweight, g_t, g_t_scales, x_t, x_t_scales, accumulate=True, version=self.plan.fp8_gemm)

@@ -235,10 +235,10 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
         self.linear_backward(dffn, grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
                              self.weight(pre + "feed_forward.w2.weight"))
-        ops.swiglu_backward_bf16(dgate_up, dffn, a["gate_up"])
+        dgate_up_amax = self.swiglu_backward(dgate_up, dffn, a["gate_up"])
         if partial:
             ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
-        self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self.weight(L.w13(i)))
+        self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self.weight(L.w13(i)), dgate_up_amax)
         ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
                                   self.master(pre + "ffn_norm.weight"), a["rstd2"])
         self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,

@@ -42,14 +42,15 @@ def activation_shapes(config: LlamaConfig, b: int, t: int, recompute: str, atten
 def fp8_shapes(config: LlamaConfig, b: int, t: int) -> dict:
     """The FP8 casts' scratch for a (b, t) batch (--dtype fp8), name -> (shape, dtype): a linear layer's input
     (the forward's row cast, or the backward's transposed one), its output's gradient (rows and transposed),
-    their scales, and the casts' amax."""
+    their scales, the casts' amax, and the amax of gate+up's gradient that SwiGLU's backward writes."""
     c = config
     N, widest_in = b * t, max(c.dim, c.n_heads * c.head_dim, c.ffn_hidden_dim)
     widest_out = max((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim, 2 * c.ffn_hidden_dim)
     return {"input": ((N * widest_in,), FP8), "input_scales": ((max(N, widest_in),), np.float32),
             "grad": ((N * widest_out,), FP8), "grad_scales": ((N,), np.float32),
             "grad_t": ((N * widest_out,), FP8), "grad_t_scales": ((widest_out,), np.float32),
-            "amax": ((max(N, widest_in) + widest_in + widest_out,), np.uint32)}  # any cast's rows + columns
+            "amax": ((max(N, widest_in) + widest_in + widest_out,), np.uint32),  # any cast's rows + columns
+            "grad_amax": ((N + widest_out,), np.uint32)}  # an output gradient's, from the kernel that writes it
 
 
 def linear_weights(layout, layer: int) -> list:

@@ -20,6 +20,7 @@ import numpy as np
 from ..cuda import DeviceArray, kernel_dir, runtime
 
 F32, F64, I32, U8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.uint8)
+U32 = np.dtype(np.uint32)
 BLOCK = 256
 ROWS_PER_BLOCK = BLOCK // 32  # kernels with one warp per row
 VECTOR = 8  # bf16 elements per 16-byte vector: rows of the bf16 kernels hold a multiple of this

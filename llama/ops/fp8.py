@@ -8,16 +8,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import numpy as np
-
 from ..cuda import BF16, FP8, DeviceArray, empty
 from ..options import FP8_SCALINGS
-from .common import I32, check, check_aligned, kernel, kernel_constant
+from .common import I32, U32, check, check_aligned, kernel, kernel_constant
 from .gemm import gemm_epilogue, launch_gemm
 from .gemm_problem import GemmProblem
 from .gemm_wgmma import gemm_wgmma5, gemm_wgmma6
 
-U32 = np.dtype(np.uint32)
 AMAX_ROWS, AMAX_ROW_WARPS = kernel_constant("fp8", "FP8_AMAX_ROWS"), kernel_constant("fp8", "FP8_AMAX_ROW_WARPS")
 AMAX_COLUMNS = 32 * 8  # fp8_amax's block: AMAX_ROWS rows of x, warps of 32 lanes that load 8 columns each
 TILE = kernel_constant("fp8", "FP8_TILE")  # fp8_cast's tile of x: TILE rows and columns
@@ -36,7 +33,7 @@ def _amax_workspace(size: int) -> DeviceArray:
 
 def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: DeviceArray | None = None,
              cols: DeviceArray | None = None, col_scales: DeviceArray | None = None,
-             amax: DeviceArray | None = None, scaling: str = "row") -> None:
+             amax: DeviceArray | None = None, scaling: str = "row", amax_ready: bool = False) -> None:
     """The FP8 casts of the bf16 x (R, C) (a 3D (B, T, C) is taken as (B * T, C)), as requested:
     rows (R, C) fp8 with row_scales (R,) fp32 = twins.fp8.quantize_fp8(x, axis=-1, scaling), and/or
     cols (C, R) fp8 = the transpose of the values of quantize_fp8(x, axis=0, scaling), with col_scales (C,) fp32.
@@ -44,7 +41,8 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
     The row-wise cast alone of rows up to ROW_VECTORS * ROW_COLUMNS values runs in one pass over x
     (cast_rows_one_pass); the others take two, the amax then the cast (cast_two_passes), whose scratch amax
     is uint32 or int32 of at least R + C elements (zeroed here before each use), else a workspace of this
-    module's.
+    module's. amax_ready (row-wise): amax already holds x's row maxima then its column maxima, as fp8_amax
+    leaves them (ops.swiglu_backward_bf16 writes them with x), so the cast skips its amax pass.
     x 16-byte aligned with C a multiple of 8; rows need C, cols R a multiple of 16; both 16-byte aligned."""
     if len(x.shape) == 3:
         x = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
@@ -75,7 +73,11 @@ def cast_fp8(x: DeviceArray, rows: DeviceArray | None = None, row_scales: Device
     check_aligned(x=x, **outputs)
     if amax is not None and (amax.dtype not in (U32, I32) or amax.size < R + C):
         raise ValueError(f"amax: needs {R + C} uint32 or int32, has {amax.size} {amax.dtype}")
-    if scaling == "row" and cols is None and C <= ROW_VECTORS * ROW_COLUMNS:
+    if amax_ready:
+        if amax is None or scaling != "row":
+            raise ValueError("cast_fp8: amax_ready needs the amax it names and row-wise scaling")
+        cast_from_amax(x, rows, row_scales, cols, col_scales, amax, scaling)
+    elif scaling == "row" and cols is None and C <= ROW_VECTORS * ROW_COLUMNS:
         cast_rows_one_pass(x, rows, row_scales)
     else:
         cast_two_passes(x, rows, row_scales, cols, col_scales, amax, scaling)
@@ -96,17 +98,31 @@ def cast_two_passes(x: DeviceArray, rows: DeviceArray | None, row_scales: Device
     R, C = x.shape
     amax = (amax if amax is not None else _amax_workspace(R + C)).view(0, (R + C,))
     amax.fill_zero()
+    row_amax, col_amax = _amax_pointers(amax, R, rows, cols, scaling)
     tensor = int(scaling == "tensor")
-    if tensor:  # one amax, in the first element, for the rows and the columns
-        row_amax, col_amax = amax.ptr, amax.ptr
-    else:
-        row_amax = 0 if rows is None else amax.ptr  # null: not computed
-        col_amax = 0 if cols is None else amax.ptr + R * amax.dtype.itemsize
     kernel("fp8", "fp8_amax", "PPPiii")((math.ceil(R / AMAX_ROWS), math.ceil(C / AMAX_COLUMNS)), (32, AMAX_ROW_WARPS),
                                         row_amax, 0 if tensor else col_amax, x.ptr, R, C, tensor)
+    cast_from_amax(x, rows, row_scales, cols, col_scales, amax, scaling)
+
+
+def cast_from_amax(x: DeviceArray, rows: DeviceArray | None, row_scales: DeviceArray | None,
+                   cols: DeviceArray | None, col_scales: DeviceArray | None, amax: DeviceArray, scaling: str) -> None:
+    """fp8_cast of the checked bf16 x (R, C) into the requested outputs, from the row then column maxima in amax
+    (for "tensor", x's max in its first element)."""
+    R, C = x.shape
+    row_amax, col_amax = _amax_pointers(amax, R, rows, cols, scaling)
     kernel("fp8", "fp8_cast", "PPPPPPPiii")((math.ceil(R / TILE), math.ceil(C / TILE)), 256, _ptr(rows),
                                             _ptr(row_scales), _ptr(cols), _ptr(col_scales), x.ptr, row_amax, col_amax,
-                                            R, C, tensor)
+                                            R, C, int(scaling == "tensor"))
+
+
+def _amax_pointers(amax: DeviceArray, R: int, rows: DeviceArray | None, cols: DeviceArray | None,
+                   scaling: str) -> tuple[int, int]:
+    """Where the row and the column maxima of x (R, C) sit in amax: rows first, then columns, null (0) for an
+    output not requested; "tensor": both at the first element, which holds x's max."""
+    if scaling == "tensor":
+        return amax.ptr, amax.ptr
+    return 0 if rows is None else amax.ptr, 0 if cols is None else amax.ptr + R * amax.dtype.itemsize
 
 
 def _ptr(array: DeviceArray | None) -> int:

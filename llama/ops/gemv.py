@@ -15,14 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cuda import BF16, DeviceArray, runtime, zeros
-from .common import F32, I32, check, check_aligned, kernel, kernel_constant, multiprocessors
+from .common import F32, I32, U32, check, check_aligned, kernel, kernel_constant, multiprocessors
 
 GEMV_ROWS = kernel_constant("gemv", "GEMV_ROWS")  # rows of W per tile (SwiGLU: 16 gate rows and their 16 up rows)
 GEMV_THREADS = kernel_constant("gemv", "GEMV_THREADS")
 MAX_BATCH = kernel_constant("gemv", "GEMV_MAX_BATCH")
 MAX_SPLITS = kernel_constant("gemv", "GEMV_MAX_SPLITS")  # blocks of a tile: a cluster (8 is the portable size)
 SPLIT_K = 512  # the K a block's warps load in one round (4 warps x 4 k-steps of 32)
-U32 = np.dtype(np.uint32)
 
 # kernels/gemv.cu's GemvArgs, field for field (align=True lays it out as the C compiler does)
 GEMV_ARGS = np.dtype([

@@ -91,6 +91,22 @@ def test_one_pass_row_cast_is_the_two_pass_one_and_the_twin(R, C):
     for name in one:
         np.testing.assert_array_equal(bits(one[name].download()), bits(two[name].download()), err_msg=name)
 
+
+@pytest.mark.parametrize("N, F, layouts", [(48, 104, "both"), (1008, 1032, "both"), (64, 256, "rows"), (80, 24, "cols")])
+def test_cast_from_swiglu_backwards_amax_is_the_twin(N, F, layouts):
+    """gate+up's gradient cast from the maxima SwiGLU's backward wrote with it (amax_ready: no amax pass) is
+    the twin's cast of that gradient, bit for bit."""
+    from llama import ops
+    from llama.cuda import to_device
+    gate_up = (rng.standard_normal((N, 2 * F)) * 2).astype(BF16)
+    dout = wild(N, F)
+    dgate_up, amax = dev_bf16(gate_up), to_device(np.full(N + 2 * F, 7, np.uint32))
+    ops.swiglu_backward_bf16(dgate_up, dev_bf16(dout), dgate_up, amax=amax)
+    rows, cols = layouts in ("rows", "both"), layouts in ("cols", "both")
+    out = outputs(N, 2 * F, rows, cols)
+    ops.cast_fp8(dgate_up, **out, amax=amax, amax_ready=True)
+    assert_twin(dgate_up.download(), {name: array.download() for name, array in out.items()})
+
 @pytest.mark.parametrize("R, C, layouts", [
     (16, 16, "both"), (1000, 784, "rows"), (16384, 768, "both"), (33 * 16, 48, "cols"), (130, 208, "rows"),
 ])

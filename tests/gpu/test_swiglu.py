@@ -1,5 +1,6 @@
 """SwiGLU's kernels (kernels/swiglu.cu, llama/ops/swiglu.py) against their float64 twins
-(llama/twins/swiglu.py): fp32 and bf16 forward and backward, the bf16 backward in place too."""
+(llama/twins/swiglu.py): fp32 and bf16 forward and backward, the bf16 backward in place too, and with the amax
+of its gradient (--dtype fp8) the same bits and the exact maxima."""
 
 import numpy as np
 import pytest
@@ -40,3 +41,27 @@ def test_swiglu_bf16(N, F):
     check("swiglu_backward_bf16", dgate_up, swiglu_backward(dout, gate_up), TOL["swiglu_bf16"])
     ops.swiglu_backward_bf16(gate_up_d, dev_bf16(dout), gate_up_d)  # in place
     assert np.array_equal(bits(gate_up_d), bits(dgate_up))
+
+
+@pytest.mark.parametrize("N, F", [(1, 8), (37, 104), (65, 256), (200, 2056), (1001, 64)])
+def test_swiglu_backward_writes_the_amax_of_its_gradient(N, F):
+    """With amax (a dirty one: the launcher zeroes it), the bf16 backward writes the same dgate_up bits, in place
+    too, and the max |dgate_up| of each row then of each of its 2F columns as float bits: what fp8_amax leaves
+    for the FP8 cast. Rows and columns of magnitudes e^-20 .. e^20 apart, shapes off the 64 x 256 tiles."""
+    from llama.cuda import BF16, to_device
+    scale = np.exp(rng.uniform(-20, 20, (N, 1))) * np.exp(rng.uniform(-5, 5, (1, F)))
+    gate_up = randn_bf16(rng, N, 2 * F, scale=2.0)
+    dout = (randn(rng, N, F) * scale).astype(BF16)
+    gate_up_d, dout_d = dev_bf16(gate_up), dev_bf16(dout)
+    plain, fused = poisoned_bf16((N, 2 * F)), poisoned_bf16((N, 2 * F))
+    ops.swiglu_backward_bf16(plain, dout_d, gate_up_d)
+    amax = to_device(np.full(N + 2 * F + 3, 0xFFFFFFFF, np.uint32))
+    ops.swiglu_backward_bf16(fused, dout_d, gate_up_d, amax=amax)
+    np.testing.assert_array_equal(bits(fused), bits(plain))
+    magnitudes = np.abs(fused.download().astype(np.float32))
+    expected = np.concatenate([magnitudes.max(axis=1), magnitudes.max(axis=0)]).view(np.uint32)
+    np.testing.assert_array_equal(amax.download()[:N + 2 * F], expected)
+    in_place = dev_bf16(gate_up)
+    ops.swiglu_backward_bf16(in_place, dout_d, in_place, amax=amax)
+    np.testing.assert_array_equal(bits(in_place), bits(plain))
+    np.testing.assert_array_equal(amax.download()[:N + 2 * F], expected)

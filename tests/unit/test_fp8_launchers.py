@@ -41,6 +41,21 @@ def test_cast_rejects(changes, message):
         ops.cast_fp8(**both(**changes))
 
 
+def test_a_ready_amax_must_be_given_and_row_wise():
+    with pytest.raises(ValueError, match="amax_ready needs the amax it names and row-wise scaling"):
+        ops.cast_fp8(**both(amax=None), amax_ready=True)
+    with pytest.raises(ValueError, match="amax_ready needs the amax it names and row-wise scaling"):
+        ops.cast_fp8(**both(), scaling="tensor", amax_ready=True)
+
+
+def test_swiglu_backward_rejects_an_amax_too_small_or_not_uint32():
+    grads = fake((R, 2 * C)), fake((R, C)), fake((R, 2 * C))
+    with pytest.raises(ValueError, match="amax: needs 112 uint32, has 111 uint32"):
+        ops.swiglu_backward_bf16(*grads, amax=fake((R + 2 * C - 1,), U32))
+    with pytest.raises(ValueError, match="amax: needs 112 uint32, has 112 int32"):
+        ops.swiglu_backward_bf16(*grads, amax=fake((R + 2 * C,), I32))
+
+
 def test_cast_rejects_rows_that_vector_accesses_cannot_take():
     with pytest.raises(ValueError, match="x: needs C a multiple of 8"):
         ops.cast_fp8(fake((R, 20)), cols=fake((20, R), FP8), col_scales=fake((20,), F32), amax=fake((R + 20,), I32))
