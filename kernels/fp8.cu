@@ -24,8 +24,8 @@
 //            V * 256 * 8 (V = 1, 2, 4 or FP8_ROW_VECTORS; the launcher takes the least that holds C): one
 //            block of 256 threads per row holds the row in registers (V 16-byte vectors of 8 columns a
 //            thread), takes its amax through the warps and shared memory, and writes its scale and 8 bytes a
-//            vector. The same bits as
-//            fp8_amax + fp8_cast (max is exact); x is read once instead of twice, and no amax scratch.
+//            vector. The same bits as fp8_amax + fp8_cast (max is exact); x is read once instead of twice, and
+//            no amax scratch.
 //
 // x 16-byte aligned with C a multiple of 8; q_rows needs C, q_cols R a multiple of 16 (16-byte rows,
 // 16-byte aligned). fp8 bytes as llama.cuda.FP8 (ml_dtypes.float8_e4m3fn).
