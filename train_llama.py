@@ -5,7 +5,7 @@
     python train_llama.py -o runs/d12 --resume             # continue from the newest complete checkpoint
     python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o runs/1b
 
-This file parses the command line; the run itself is llama/trainer.py's Trainer. On several GPUs
+This file parses the command line; the run itself is llama/run/trainer.py's Trainer. On several GPUs
 (llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data parallel with ZeRO
 (stages 1-3, --zero) over NCCL (llama/parallel/zero.py); -d counts the tokens of a step over all GPUs, and rank 0 alone
 prints, logs and writes checkpoints, which resume on any number of GPUs.
@@ -18,7 +18,7 @@ out_3, ... when out already holds one.
 The header (run folder, device, memory, data) and progress go to stdout: progress as a bar on the
 terminal a person watches (stdout's, or stderr's when stdout goes to a file), else as one llm.c line per
 step (a pipe such as | tee, or files: no bars there), so `| tee log` keeps it all; notes and errors go
-to stderr. main.log in the run folder has llm.c's format (llama/progress.py). Ctrl-C or SIGTERM: the
+to stderr. main.log in the run folder has llm.c's format (llama/runtime/progress.py). Ctrl-C or SIGTERM: the
 step finishes, a checkpoint is written, and the exit code is 130 or 143 (a second Ctrl-C stops at once,
 without saving; Ctrl-C before training begins ends at once, with 130, and leaves no folder).
 """
@@ -31,22 +31,22 @@ import os
 import sys
 from pathlib import Path
 
-from llama.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int, positive_float,
-                       positive_int, resume_mode, step_count)
+from llama.runtime.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int,
+                               positive_float, positive_int, resume_mode, step_count)
 from llama.config import ConfigError
 from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError
 from llama.io.checkpoint import CheckpointError, complete_checkpoints
 from llama.io.hf import HFError
 from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, describe_contents
-from llama.kernel_build import KernelBuildError
-from llama.memory import NotEnoughMemory
+from llama.runtime.kernel_build import KernelBuildError
+from llama.runtime.machine import NotEnoughMemory
 from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES,
                            ZERO_STAGES)
 from llama.parallel.distributed import DistributedEnv, DistributedError
-from llama.plan import RECIPES, PlanError
-from llama.signals import StopNow
-from llama.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
+from llama.run.plan import RECIPES, PlanError
+from llama.runtime.signals import StopNow
+from llama.run.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
 
 PATH_NAMES = {"cpu": "the CPU reference", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32"}
 
@@ -225,7 +225,7 @@ def check_resume(args: argparse.Namespace, holds: str) -> None:
 def connect(env: DistributedEnv, timeout: float):
     """The NCCL communicator of this rank, on the GPU of its LOCAL_RANK; a missing GPU or NCCL is one line
     from each rank, before the ranks meet."""
-    from llama.cuda import cuda_unavailable, select_device
+    from llama.runtime.cuda import cuda_unavailable, select_device
     from llama.parallel.nccl import Communicator, NCCLError, version
     select_device(env.local_rank)
     why = cuda_unavailable()

@@ -14,7 +14,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from llama.cli import positive_int
+from llama.runtime.cli import positive_int
 from llama.data.download import DownloadError, download
 from llama.data.prepare import PrepareError, PrepareOptions, prepare_dataset
 from llama.data.tokenizer import TokenizerError, load_tokenizer

@@ -37,7 +37,7 @@ __device__ __forceinline__ float block_max(float v) {
     return warp_max(lane < blockDim.x / 32 ? partial[lane] : -INFINITY);
 }
 
-// Programmatic dependent launch (sm_90). A kernel launched with dependent=True (llama/cuda.py) may start
+// Programmatic dependent launch (sm_90). A kernel launched with dependent=True (llama/runtime/cuda.py) may start
 // while the kernel before it on the stream is still running: until wait_for_previous_grid() returns it
 // must not read what that kernel writes (it may read weights, or prefetch them), and after it the
 // earlier kernel's writes are visible. allow_next_grid() lets the next dependent launch start its own
@@ -62,7 +62,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned int bytes) {
 #endif
 }
 
-// Thread-block clusters (sm_90; a launch with a cluster shape, llama/cuda.py's cluster=): this block's
+// Thread-block clusters (sm_90; a launch with a cluster shape, llama/runtime/cuda.py's cluster=): this block's
 // rank in its cluster, a barrier of all the cluster's threads (writes to shared memory before it are
 // seen by every block of the cluster after it), and a float read from (written to) the shared memory
 // of block `rank` at the address that `p` has in this block. Not available before sm_90 (launch

@@ -1,4 +1,4 @@
-// Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. The build llama/plan.py runs on
+// Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. The build llama/run/plan.py runs on
 // H100/H200 (flash_attention.cu, v2 on mma.sync, everywhere else): ladder version 6's forward at D = 64 (persistent
 // CTAs, the consumers in ping-pong), version 3's forward at D = 128 and version 3's backward at both (dev/cuda/
 // flash_attention_v3.cu to v6.cu include this file and pick their forward through its two hooks, below). Same

@@ -28,7 +28,7 @@
 //            no amax scratch.
 //
 // x 16-byte aligned with C a multiple of 8; q_rows needs C, q_cols R a multiple of 16 (16-byte rows,
-// 16-byte aligned). fp8 bytes as llama.cuda.FP8 (ml_dtypes.float8_e4m3fn).
+// 16-byte aligned). fp8 bytes as llama.runtime.cuda.FP8 (ml_dtypes.float8_e4m3fn).
 #include <cuda_fp8.h>
 #include "bf16.cuh"
 

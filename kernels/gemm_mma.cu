@@ -139,7 +139,7 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16* A, const __nv_bflo
 }
 
 // Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
-// (llama/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+// (llama/runtime/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
 #ifndef KERNEL_ENTRY
 #define KERNEL_ENTRY(name) 1
 #endif

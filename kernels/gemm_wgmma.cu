@@ -1,5 +1,5 @@
 // bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's versions 2 to 8 (dev/cuda/README.md);
-// production on H100/H200 is version 5 or 6 per shape, their twins 8 or 7 on several GPUs (llama/plan.py GemmChooser).
+// production on H100/H200 is version 5 or 6 per shape, their twins 8 or 7 on several GPUs (llama/run/plan.py GemmChooser).
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
 // (gemm_epilogue.cuh), strided-batched, layouts nt (forward), nn (dX), tn (dW), no transposes.
@@ -528,7 +528,7 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
 #endif  // WGMMA_ENABLED
 
 // Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
-// (llama/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+// (llama/runtime/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
 #ifndef KERNEL_ENTRY
 #define KERNEL_ENTRY(name) 1
 #endif

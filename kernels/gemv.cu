@@ -302,7 +302,7 @@ __device__ void gemv(const GemvArgs& a) {
 // per multiprocessor (the launcher's splits count on it): the normalizing GEMVs are held to 128
 // registers; the residual GEMV, uncapped, takes fewer (68 at b8, 108 at b16).
 // Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
-// (llama/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+// (llama/runtime/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
 #ifndef KERNEL_ENTRY
 #define KERNEL_ENTRY(name) 1
 #endif

@@ -1,5 +1,5 @@
 // Token sampling on the GPU: one id per row of logits, with the rules of sample_token in
-// llama/generate.py (its numpy twin; sampling_probabilities there gives the distribution drawn from).
+// llama/model/generate.py (its numpy twin; sampling_probabilities there gives the distribution drawn from).
 // Made for a decoder captured in a CUDA graph: no host sync, no allocation, the RNG position read
 // from device memory, and deterministic: the id is a pure function of (logits, settings, seed,
 // *counter, row), run after run, whatever the scheduling (integer sums only, no float atomics).

@@ -3,7 +3,7 @@
 `cache_dir()` is $LLAMA_CUDA_CACHE when set, else $XDG_CACHE_HOME/llama-cuda, else ~/.cache/llama-cuda.
 It holds the Llama 3 tokenizer (tokenizer/tokenizer.model), the built-in corpus's shards (builtin/), the
 starter pack (tinyshakespeare/), the evaluation tasks' files (eval/) and the compiled kernels (kernels/,
-llama/kernel_build.py). The variables are read on every call, so a test or a job can move
+llama/runtime/kernel_build.py). The variables are read on every call, so a test or a job can move
 the cache for what it runs.
 """
 

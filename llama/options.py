@@ -1,5 +1,5 @@
 """Every option list of a run, in one dependency-free module: the command line offers these, the plan
-(llama/plan.py) checks against them, the models and the optimizer accept them. Nothing here imports the
+(llama/run/plan.py) checks against them, the models and the optimizer accept them. Nothing here imports the
 rest of the package, so any layer can read it.
 """
 
@@ -34,7 +34,7 @@ def zero_stages(dtype: str | None) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What a run asks of the plan (llama/plan.py make_plan); None leaves the choice to the plan. gpus and
+    """What a run asks of the plan (llama/run/plan.py make_plan); None leaves the choice to the plan. gpus and
     batch ((B, T) per GPU) size the ZeRO stage the plan picks on several GPUs."""
     device: str | None = None  # DEVICES
     dtype: str | None = None  # DTYPES

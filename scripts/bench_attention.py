@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ladder's module, dev/cuda
 from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
-from llama.cli import require  # noqa: E402
-from llama.cuda import runtime, time_ms  # noqa: E402
+from llama.runtime.cli import require  # noqa: E402
+from llama.runtime.cuda import runtime, time_ms  # noqa: E402
 from llama.ops.flash_attention import FlashSource  # noqa: E402
 
 SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128), (1, 32, 8, 32768, 64)]

@@ -132,8 +132,8 @@ def bench_streamed_resume(model, folder: Path) -> None:
     """A checkpoint read into the model as --resume does on one GPU, cold: the read alone (parts into page-locked
     buffers, dropped), the upload alone (the same parts from a page-locked buffer), both streamed together
     (load_checkpoint_state), and the way before: read_data into host arrays, then set_state."""
-    from llama.cuda import runtime
-    from llama.io.pinned import PinnedArrays
+    from llama.runtime.cuda import runtime
+    from llama.runtime.pinned import PinnedArrays
     checkpoint, drv = load_checkpoint(folder, read=False), runtime().drv
     pieces = checkpoint_pieces(checkpoint)
     nbytes, targets = sum(n for _, _, n, _, _ in pieces), model.state_buffers()
@@ -157,11 +157,11 @@ def bench_gpu(config, args) -> None:
     steps run, the probe batch's forward that runs beside the copies, the weights' RMS on the device, the first
     checkpoint's stall and a later one's; then the background writer's part, the snapshot written into --dir, and
     with --resume that checkpoint read back into the model as --resume does (removed after)."""
-    from llama.cuda import runtime
-    from llama.kernel_build import build, kernels_for
+    from llama.runtime.cuda import runtime
+    from llama.runtime.kernel_build import build, kernels_for
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.options import RunOptions
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
 
     options = RunOptions(device="cuda", dtype="bf16", recompute=args.recompute, optimizer=args.optimizer,
                          in_backward=args.optimizer_in_backward, batch=(args.batch_size, args.seq_len))
@@ -198,8 +198,8 @@ def write_snapshot(model, config, folder: Path) -> Path:
 def bench_pinning(nbytes: int = 8 << 30) -> None:
     """What page-locking host memory costs per GB: the driver's allocation (download_state's before), and
     PinnedArrays' registration piece by piece (reserve_state's, here waited for)."""
-    from llama.cuda import runtime
-    from llama.io.pinned import PinnedArrays
+    from llama.runtime.cuda import runtime
+    from llama.runtime.pinned import PinnedArrays
     timed("pagelocked_empty", nbytes, lambda: runtime().drv.pagelocked_empty(nbytes, np.uint8))
     timed("PinnedArrays (pieces)", nbytes, lambda: PinnedArrays({"bytes": ((nbytes,), np.uint8)}).wait())
 

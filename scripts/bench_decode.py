@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.cli import require
+from llama.runtime.cli import require
 from llama.config import get_preset
-from llama.cuda import DEPENDENT_LAUNCHES, empty, runtime, to_device
+from llama.runtime.cuda import DEPENDENT_LAUNCHES, empty, runtime, to_device
 from llama.model.sampling import Sampling
 from llama.model.gpu_decoder import GPUDecoder
 from llama.params import ParameterLayout

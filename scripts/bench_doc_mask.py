@@ -14,7 +14,7 @@ Values first: the GPU's doc_start/doc_end against the numpy twin's, then out, dq
 and against SDPA per document (and flex against SDPA, torch's own spread), each as the largest elementwise
 difference over the reference's largest magnitude; one above TOLERANCE stops the run (exit 1) before timing.
 Then milliseconds of the forward (a training forward: it keeps what the backward needs), the backward and
-both, the median of --repeats between CUDA events after warm-up (llama/cuda.py's time_ms, as
+both, the median of --repeats between CUDA events after warm-up (llama/runtime/cuda.py's time_ms, as
 scripts/bench_attention.py times), and the speeds: each other's time over ours (above 1: ours is faster),
 and ours in TFLOP/s of the work the mask leaves (2*H*D*L^2 per document of L tokens forward, 2.5x that
 backward, as bench_attention.py counts the causal half). Beside them, torch's SDPA over the whole row
@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # llama, dev.cuda and scripts, run from anywhere
 from dev.cuda.flash_attention_ladder import FlashAttentionProblem  # noqa: E402
 from llama import ops  # noqa: E402
-from llama.cli import refuse, require  # noqa: E402
-from llama.cuda import empty, runtime, time_ms, to_device  # noqa: E402
-from llama.plan import ATTENTION, ATTENTION_HOPPER  # noqa: E402
+from llama.runtime.cli import refuse, require  # noqa: E402
+from llama.runtime.cuda import empty, runtime, time_ms, to_device  # noqa: E402
+from llama.run.plan import ATTENTION, ATTENTION_HOPPER  # noqa: E402
 from llama.twins import attention as attention_twin  # noqa: E402
 from scripts.bench_attention import bench_sdpa  # noqa: E402
 

@@ -13,9 +13,9 @@ import statistics
 import numpy as np
 
 from llama import ops
-from llama.cli import require
+from llama.runtime.cli import require
 from llama.config import get_preset
-from llama.cuda import empty, runtime, time_ms, to_device
+from llama.runtime.cuda import empty, runtime, time_ms, to_device
 from llama.model.gpu_fp32 import GPUModelFP32
 from llama.optim import AdamWConfig
 from llama.params import count_parameters

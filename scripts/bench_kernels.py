@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 from llama import ops
-from llama.cuda import BF16, empty, runtime, time_ms, to_device, zeros
+from llama.runtime.cuda import BF16, empty, runtime, time_ms, to_device, zeros
 from llama.optim import QUANT_BLOCK, AdamWConfig
 
 

@@ -7,7 +7,7 @@ it prints TFLOP/s of every GEMM version the device runs, cuBLAS's, their ratios,
 geometric mean of the ratios per version. Timing: CUDA
 events, median of many batches after warm-up, on random data, rotating input buffers so that L2
 does not flatter small shapes; with --graph, each side's launches are captured in a CUDA graph (ours through
-llama.cuda.Graph, cuBLAS's through torch.cuda.graph) and the replays timed, so that host launch overhead is out
+llama.runtime.cuda.Graph, cuBLAS's through torch.cuda.graph) and the replays timed, so that host launch overhead is out
 of both numbers (device time only). Our dW accumulates into fp32 (as training does); the others store bf16.
 FP8: every GEMM runs with both operands K-major (dX and dW on the transposed copies the casts write), e4m3
 with one fp32 scale per row of each operand; _scaled_mm's outputs are bf16 (what it takes with row-wise
@@ -25,10 +25,10 @@ import math
 import numpy as np
 
 from llama import ops
-from llama.cli import require
+from llama.runtime.cli import require
 from llama.config import get_preset
-from llama.cuda import BF16, FP8, DeviceArray, Graph, runtime, time_ms
-from llama.plan import gemm_chooser
+from llama.runtime.cuda import BF16, FP8, DeviceArray, Graph, runtime, time_ms
+from llama.run.plan import gemm_chooser
 
 TOKENS = 16384
 L2_FLUSH_BYTES = 256 << 20  # rotate input sets until they span this much
@@ -57,7 +57,7 @@ def problems(presets=("d12", "llama3.2-1b")):
 
 def device_ms(fn, graph: bool, torch_launches: bool = False) -> float:
     """Device milliseconds of one fn() call: time_ms on eager calls, or with graph=True the replay of a CUDA
-    graph of GRAPH_LAUNCHES calls, captured by torch (torch_launches: cuBLAS) or by llama.cuda.Graph (ours)."""
+    graph of GRAPH_LAUNCHES calls, captured by torch (torch_launches: cuBLAS) or by llama.runtime.cuda.Graph (ours)."""
     if not graph:
         return time_ms(fn)
     import torch
@@ -148,7 +148,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--versions", nargs="+", default=None,
-                        help="GEMM versions to time; 'auto' is the production choice of llama/plan.py (default: all)")
+                        help="GEMM versions to time; 'auto' is the production choice of llama/run/plan.py "
+                             "(default: all)")
     parser.add_argument("--only", default=None, help="only problems whose label contains this")
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                         help="operands: bf16 (against torch.matmul) or FP8 e4m3 with row-wise scales (sm_90, "

@@ -29,10 +29,11 @@ GEMMs: by default each GPU count runs the plan's versions (5 and 6 on one GPU; o
 which claim their tiles from a counter: GemmChooser(dynamic=True)); --gemm static dynamic runs both pairs on
 every GPU count, a row each.
 With --trace, every rank also writes the timeline of one eager step (CUDA events around every launcher and
-collective on both streams, llama/timeline.py) to DIR/<config>_<GPUs>gpus_zero<stage>_<gemm>_rank<rank>.json, in the
-Trace Event Format that chrome://tracing and Perfetto open (load the ranks' files together), and the table is
+collective on both streams, llama/runtime/timeline.py) to
+DIR/<config>_<GPUs>gpus_zero<stage>_<gemm>_rank<rank>.json, in the Trace Event Format that chrome://tracing and
+Perfetto open (load the ranks' files together), and the table is
 followed, per run, by rank 0's communication with no compute beside it: its milliseconds by collective (kind and
-size), and the longest stretches with the launcher that ran next (llama/timeline.py `Timeline.alone`).
+size), and the longest stretches with the launcher that ran next (llama/runtime/timeline.py `Timeline.alone`).
 """
 
 import argparse
@@ -50,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llama.cli import require  # noqa: E402
+from llama.runtime.cli import require  # noqa: E402
 from llama.config import get_preset  # noqa: E402
 from llama.optim import AdamWConfig  # noqa: E402
 from llama.options import RunOptions  # noqa: E402
@@ -80,9 +81,9 @@ def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str, built=
     """Median ms of a captured training step at ZeRO stage `zero` with the GEMM choice `gemm` ('static' or
     'dynamic'), the memory it holds, and the model; built() runs once the model exists (its weights gathered),
     before the first step."""
-    from llama.cuda import allocated_bytes, time_ms
+    from llama.runtime.cuda import allocated_bytes, time_ms
     from llama.model.gpu_bf16 import GPUModelBF16
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     B, T = bench.B, bench.T
     before = allocated_bytes()
     plan = make_plan(config, RunOptions("cuda", "bf16", bench.recompute, bench.optimizer,
@@ -139,7 +140,7 @@ def open_communication(timeline) -> dict:
 
 
 def worker(args) -> None:
-    from llama.cuda import runtime, select_device, time_ms
+    from llama.runtime.cuda import runtime, select_device, time_ms
     from llama.parallel.distributed import DistributedEnv
     env = DistributedEnv.from_environ()
     comm = None

@@ -21,12 +21,12 @@ from types import SimpleNamespace
 import numpy as np
 
 from bench_step import CONFIGS, VOCAB, gpu_line, run_spec
-from llama.cli import require
+from llama.runtime.cli import require
 from llama.config import get_preset
-from llama.cuda import check_driver, driver, runtime, time_ms
+from llama.runtime.cuda import check_driver, driver, runtime, time_ms
 from llama.optim import AdamWConfig
 from llama.options import RunOptions
-from llama.plan import make_plan
+from llama.run.plan import make_plan
 
 
 def step_graphs(model):
@@ -38,7 +38,7 @@ def step_graphs(model):
 
 def stream_with_priority(priority: int | None) -> SimpleNamespace:
     """A new stream (blocking: it waits for the legacy default stream's timing events) with the device's least
-    priority (None) or its greatest (-1), as llama.cuda.Runtime.launching_on takes it."""
+    priority (None) or its greatest (-1), as llama.runtime.cuda.Runtime.launching_on takes it."""
     lib, least, greatest = driver(), ctypes.c_int(), ctypes.c_int()
     check_driver(lib.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
                  "cuCtxGetStreamPriorityRange")

@@ -9,7 +9,7 @@ of its first compiled step, inductor's and Triton's caches empty, then filled).
     python3 scripts/bench_startup.py --scratch /tmp/s --models d12     # then --scratch /tmp/s --models ...: warm
 
 train_llama.py runs as a subprocess with its output in a pipe, where every phase that takes a while says
-`NAME: done in S s` (llama/progress.py; LLAMA_PHASE_TIMES=1 makes even the short ones say so); the table
+`NAME: done in S s` (llama/runtime/progress.py; LLAMA_PHASE_TIMES=1 makes even the short ones say so); the table
 shows each phase's seconds and `other`, the rest: Python's imports, the data, the plan, step 1 itself. Cold
 points PYCUDA_CACHE_DIR and LLAMA_KERNEL_CACHE at an empty folder. --make-hf-folder first writes a folder of
 random weights of llama3.1-8b with transformers on the GPU (bf16 safetensors shards, about 16 GB); the HF row
@@ -36,10 +36,11 @@ RECIPES = {  # train_llama.py's arguments, and the torch twin's (B, T, activatio
 RUN = ["-x", "2", "-v", "0", "-s", "0", "-n", "0", "--overwrite"]  # killed once step 1 is done
 STEP_ONE = re.compile(r"^step\s+1/\d+ \|")
 PHASE_DONE = re.compile(r"^(?P<name>.+): done in (?P<seconds>[\d.]+) s$")
-KERNEL_BUILD = re.compile(r"^compiling \d+ kernels? for .* \.\.\. (?P<seconds>[\d.]+) s$")  # llama/kernel_build.py
+# llama/runtime/kernel_build.py's line
+KERNEL_BUILD = re.compile(r"^compiling \d+ kernels? for .* \.\.\. (?P<seconds>[\d.]+) s$")
 PHASES = (("initializing the weights", "init"), ("reading ", "weight load"), ("capturing", "graph capture"))
 TORCH_DONE = "first compiled step done"
-VOCAB = re.compile(r"\| model .*, vocab (\d+) \|")  # the run's announcement (llama/trainer.py)
+VOCAB = re.compile(r"\| model .*, vocab (\d+) \|")  # the run's announcement (llama/run/trainer.py)
 
 
 def phase_column(name: str) -> str:

@@ -8,7 +8,7 @@ global-norm clipping, torch.compile; with --dtype fp8 torch runs bf16, and again
 training (row-wise scales, the blocks' linear layers; torchao carried to the device as a wheel). It prints
 the GPU's name and clocks, then for each config ms/step, tok/s and peak device memory (torch:
 max_memory_allocated; ours: what our allocations hold), the ratios, and a per-kernel breakdown of one eager
-step of ours (CUDA events around every launcher call, llama/timeline.py; --trace DIR writes that step as a
+step of ours (CUDA events around every launcher call, llama/runtime/timeline.py; --trace DIR writes that step as a
 Chrome trace that chrome://tracing and Perfetto open).
 
     python3 scripts/bench_step.py [--configs d12 llama3.2-1b] [--dtype bf16] [--steps 12] [--json out.json]
@@ -29,15 +29,16 @@ from pathlib import Path
 import numpy as np
 
 from llama import ops
-from llama.cli import require
+from llama.runtime.cli import require
 from llama.config import get_preset
-from llama.cuda import allocated_bytes, runtime, time_ms
-from llama.memory import gpu_free, size_text, training_buffers
+from llama.runtime.cuda import allocated_bytes, runtime, time_ms
+from llama.run.memory import training_buffers
+from llama.runtime.machine import gpu_free, size_text
 from llama.optim import AdamWConfig
 from llama.options import RunOptions
-from llama.plan import make_plan
-from llama.timeline import Timeline
-from llama.trainer import matmul_flops_per_token
+from llama.run.plan import make_plan
+from llama.runtime.timeline import Timeline
+from llama.run.trainer import matmul_flops_per_token
 
 CONFIGS = {"d12": (16, 1024), "llama3.2-1b": (8, 2048)}  # preset: (B, T)
 VOCAB = 128256

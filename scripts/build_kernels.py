@@ -1,4 +1,4 @@
-"""Build the CUDA kernels ahead into the persistent cache (llama/kernel_build.py), for a GPU architecture: on a
+"""Build the CUDA kernels ahead into the persistent cache (llama/runtime/kernel_build.py), for a GPU architecture: on a
 machine without a GPU too (a container image's build, a login node before a job is queued).
 
     python3 scripts/build_kernels.py --arch sm_90a        # what training (and its sampler) can launch there
@@ -15,8 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama.kernel_build import KernelBuildError, build, cache_dir, kernel_dir, kernels_for, units_of  # noqa: E402
-from llama.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan  # noqa: E402
+from llama.runtime.kernel_build import (KernelBuildError, build, cache_dir, kernel_dir, kernels_for,  # noqa: E402
+                                        units_of)
+from llama.run.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan  # noqa: E402
 
 
 def training_plans(code: str) -> list[Plan]:

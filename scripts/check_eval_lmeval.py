@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_eval_transformers import CHECK_CONFIG, compare, our_scores, random_hf_folder, the_task  # noqa: E402
 
-from llama.cli import positive_int  # noqa: E402
+from llama.runtime.cli import positive_int  # noqa: E402
 from llama.data.tokenizer import Llama3Tokenizer  # noqa: E402
 from llama.eval.scoring import ItemScore, metrics  # noqa: E402
 from llama.eval.tasks import TARGET_DELIMITER, Item  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.cli import positive_int
+from llama.runtime.cli import positive_int
 from llama.config import LlamaConfig, get_preset
 from llama.data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
 from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
@@ -34,7 +34,7 @@ from llama.eval.scoring import ItemScore, metrics
 from llama.eval.tasks import HELLASWAG, Item, Task, TaskError, load_task
 from llama.io.hf import transformers_config
 from llama.io.model_folder import load_model
-from llama.trainer import build_model
+from llama.run.trainer import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK_CONFIG = get_preset("d12").replace(n_layers=2)  # part 1's model: d12's layers (head_dim 64), two of them

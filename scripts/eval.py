@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from llama.cli import existing_path, positive_int
+from llama.runtime.cli import existing_path, positive_int
 from llama.data.tokenizer import TokenizerError
 from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
 from llama.eval.scoring import metrics
@@ -28,8 +28,8 @@ from llama.io.checkpoint import CheckpointError
 from llama.io.hf import HFError
 from llama.io.model_folder import load_model
 from llama.options import DEVICES, DTYPES
-from llama.progress import bar
-from llama.trainer import build_model
+from llama.runtime.progress import bar
+from llama.run.trainer import build_model
 
 DEFAULT_ROWS = {"cuda": 128, "cpu": 8}  # rows (choices) a forward pass
 

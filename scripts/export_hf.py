@@ -16,7 +16,7 @@ exit code 130 and leaves the folder as it was.
 import argparse
 import sys
 
-from llama.cli import existing_path, positive_float
+from llama.runtime.cli import existing_path, positive_float
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
 from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, run_tokenizer_path, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer

@@ -18,23 +18,23 @@ import sys
 
 import numpy as np
 
-from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
+from llama.runtime.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
 from llama.io.checkpoint import CheckpointError
 from llama.io.model_folder import load_model
-from llama.generate import TextStream, generate
+from llama.model.generate import TextStream, generate
 from llama.model.reference import ReferenceDecoder
 from llama.model.sampling import Sampling
 from llama.io.hf import HFError
-from llama.kernel_build import build, kernels_for
+from llama.runtime.kernel_build import build, kernels_for
 from llama.options import DEVICES, RunOptions
-from llama.plan import Plan, make_plan
+from llama.run.plan import Plan, make_plan
 from llama.data.tokenizer import Llama3Tokenizer, TokenizerError
 
 
 def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):
     if plan.device == "cpu":
         return ReferenceDecoder(config, params, max_len=max_len)
-    from llama.cuda import runtime, to_device
+    from llama.runtime.cuda import runtime, to_device
     from llama.model.gpu_decoder import GPUDecoder
     build(kernels_for(plan, runtime().code, decoder=True))  # in parallel, one line on screen unless cached
     decoder = GPUDecoder(config, to_device(params), max_len=max_len, plan=plan)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.cli import positive_int
+from llama.runtime.cli import positive_int
 from llama.data.shards import ShardError, open_shard
 from llama.data.tokenizer import TokenizerError, load_tokenizer
-from llama.trainer import UserError, resolve_data
+from llama.run.trainer import UserError, resolve_data
 
 CHOICES = 4
 MIN_CHARS = 8  # an answer's or a distractor's length without its surrounding spaces

@@ -1,5 +1,5 @@
 """What a training run would allocate, buffer by buffer, and whether it fits, before it starts: the same
-accounting the trainer's memory check uses (llama/memory.py), for any preset, batch, length, GPU count
+accounting the trainer's memory check uses (llama/run/memory.py), for any preset, batch, length, GPU count
 and memory recipe, on any machine (no GPU needed).
 
     python scripts/memory_plan.py llama3.2-1b -b 8 -t 2048
@@ -17,11 +17,12 @@ memory available here. A run that does not fit gets the least change that would 
 import argparse
 import sys
 
-from llama.cli import HelpFormatter, positive_float, positive_int
+from llama.runtime.cli import HelpFormatter, positive_float, positive_int
 from llama.config import ConfigError, get_preset
-from llama.memory import gpu_free, host_available, size_text, training_buffers, what_would_fit
+from llama.run.memory import training_buffers, what_would_fit
+from llama.runtime.machine import gpu_free, host_available, size_text
 from llama.options import DEVICES, DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
-from llama.plan import ATTENTION_HOPPER, Plan, PlanError, check_zero, choose_recipe, choose_device
+from llama.run.plan import ATTENTION_HOPPER, Plan, PlanError, check_zero, choose_recipe, choose_device
 
 GIB = 2**30
 # total memory of the GPUs we train on, as nvidia-smi reports it

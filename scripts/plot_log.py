@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from llama.cli import positive_int
+from llama.runtime.cli import positive_int
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
 EVAL_LINE = re.compile(r"^s:(\d+) (\w+):([0-9.]+) \2_norm:([0-9.]+)")

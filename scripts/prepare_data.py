@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from llama.cli import HelpFormatter, nonnegative_int, positive_int
+from llama.runtime.cli import HelpFormatter, nonnegative_int, positive_int
 from llama.data.prepare import PrepareError, PrepareOptions, prepare_dataset
 from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError, load_tokenizer

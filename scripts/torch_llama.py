@@ -8,7 +8,7 @@ installed."""
 import torch
 import torch.nn.functional as F
 
-from llama.cuda import time_ms
+from llama.runtime.cuda import time_ms
 from llama.model.base import rope_cos_sin
 
 

@@ -4,7 +4,7 @@ or more on a 2-core CPU. `python3 -m pytest -q` runs everything, `python3 -m pyt
 
 import pytest
 
-from llama import kernel_build
+from llama.runtime import kernel_build
 from llama.data.datasets import prepare_tinyshakespeare
 from llama.data.tokenizer import ByteTokenizer
 from tests.gpu_helpers import gpu_available

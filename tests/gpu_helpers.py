@@ -27,25 +27,25 @@ def gpu_count() -> int:
 
 
 def dev(x):
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     x = np.asarray(x)
     return to_device(x.astype(np.int32 if x.dtype.kind in "iu" else np.float32))
 
 
 def dev_bf16(x):
     """A bf16 device array holding x rounded to bf16."""
-    from llama.cuda import BF16, to_device
+    from llama.runtime.cuda import BF16, to_device
     return to_device(np.asarray(x).astype(BF16))
 
 
 def bf16_round(x):
     """x rounded to bf16, back in float64: the inputs a bf16 kernel really sees."""
-    from llama.cuda import BF16
+    from llama.runtime.cuda import BF16
     return np.asarray(x).astype(BF16).astype(np.float64)
 
 
 def poisoned(shape, dtype=np.float32):
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     return to_device(np.full(shape, np.nan, dtype=np.float32).astype(dtype))
 
 
@@ -67,13 +67,13 @@ def randn(rng, *shape, scale: float = 1.0, dtype=np.float32):
 
 def randn_bf16(rng, *shape, scale: float = 1.0):
     """randn rounded to bf16: the inputs of the bf16 kernels."""
-    from llama.cuda import BF16
+    from llama.runtime.cuda import BF16
     return randn(rng, *shape, scale=scale, dtype=BF16)
 
 
 def poisoned_bf16(shape):
     """A bf16 output full of NaN, so that an element the kernel leaves unwritten fails the check."""
-    from llama.cuda import BF16, to_device
+    from llama.runtime.cuda import BF16, to_device
     return to_device(np.full(shape, np.nan, dtype=BF16))
 
 

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from llama.cuda import BF16, Graph, empty, runtime, select_device, to_device
+from llama.runtime.cuda import BF16, Graph, empty, runtime, select_device, to_device
 from llama.parallel.distributed import DistributedEnv
 from llama.options import ZERO_STAGES as STAGES
 from llama.parallel.zero import ShardLayout, Zero
@@ -26,7 +26,7 @@ def eager_steps_match_captured(comm, stage: int) -> None:
     from llama.optim import AdamWConfig
     from llama.params import init_parameters
     from llama.options import RunOptions
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     config = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=3, vocab_size=512, multiple_of=64,
                                         max_seq_len=64)
     params, opt = init_parameters(config, 3).astype(BF16).astype(np.float32), AdamWConfig()
@@ -129,7 +129,7 @@ def device_init_matches_host_init(comm, stage: int) -> None:
     from llama.model.gpu_fp32 import GPUModelFP32
     from llama.options import RunOptions
     from llama.params import ParameterLayout, init_parameters
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     bf16_config = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=3, vocab_size=512,
                                              multiple_of=64, max_seq_len=64)
     fp32_config = get_preset("tiny").replace(dim=48, n_heads=3, n_kv_heads=1)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import train_llama
-from llama import trainer
+from llama.run import trainer
 from llama.io.checkpoint import DONE, load_checkpoint, moment_tensors
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from llama import cuda  # noqa: E402
-from llama.cli import require  # noqa: E402
+from llama.runtime import cuda  # noqa: E402
+from llama.runtime.cli import require  # noqa: E402
 from llama.config import get_preset  # noqa: E402
-from llama.cuda import Graph, time_ms, to_device  # noqa: E402
+from llama.runtime.cuda import Graph, time_ms, to_device  # noqa: E402
 from llama.model.sampling import Sampling  # noqa: E402
 from llama.model.gpu_decoder import GPUDecoder  # noqa: E402
 from llama.params import init_parameters  # noqa: E402

@@ -8,7 +8,7 @@ compile versions, check each against the float64 reference on random inputs, tim
 Checks forward (out, lse) and backward (dq, dk, dv; for v1 and v4 also their opt-in nondeterministic variant:
 atomic dQ, unordered dQ adds) at a small shape first (--check-T), then times forward, backward (and the
 nondeterministic backward) with CUDA events
-(llama.cuda.time_ms) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal), backward 2.5x that.
+(llama.runtime.cuda.time_ms) at the given shape. FLOPs: forward 2*B*H*T^2*D (causal), backward 2.5x that.
 --profile instead runs each version's forward and backward twice at the shape, unchecked and untimed, for a
 profiler: the second backward's kernels are the ones to look at (the first pays for loading the module).
 """
@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
-from llama.cuda import runtime, time_ms  # noqa: E402
+from llama.runtime.cuda import runtime, time_ms  # noqa: E402
 from llama.ops.flash_attention import FlashSource  # noqa: E402
 from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward  # noqa: E402
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.cuda import BF16, DeviceArray, empty, runtime, to_device
+from llama.runtime.cuda import BF16, DeviceArray, empty, runtime, to_device
 from llama.ops.common import BLOCK, ROWS_PER_BLOCK, blocks, check, kernel
 from llama.ops.flash_attention import (FlashSource, flash_attention_backward, flash_attention_forward,
                                        flash_attention_scratch_size, flash_config, flash_shapes)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from llama.cuda import BF16, FP8, empty, time_ms, to_device  # noqa: E402
+from llama.runtime.cuda import BF16, FP8, empty, time_ms, to_device  # noqa: E402
 from llama import ops  # noqa: E402
 from llama.ops.fp8 import cast_from_amax, cast_rows_one_pass, cast_two_passes  # noqa: E402
 from llama.twins.fp8 import quantize_fp8  # noqa: E402

@@ -7,7 +7,7 @@ against the float64 product of the dequantized casts, timed next to torch._scale
     python3 dev/cuda/gemm.py --versions wgmma5 wgmma8 wgmma6 wgmma7 --layout tn --M 768 --N 768 --K 16384
     python3 dev/cuda/gemm.py --dtype fp8 --versions wgmma5 wgmma6 --M 8192 --N 8192 --K 8192
 
-Versions are the launchers ops.gemm takes (llama/plan.py picks the production one).
+Versions are the launchers ops.gemm takes (llama/run/plan.py picks the production one).
 """
 
 import argparse
@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llama import ops  # noqa: E402
-from llama.cuda import BF16, empty, time_ms, to_device  # noqa: E402
+from llama.runtime.cuda import BF16, empty, time_ms, to_device  # noqa: E402
 from llama.twins.fp8 import dequantize_fp8, quantize_fp8  # noqa: E402
 
 

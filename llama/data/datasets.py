@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..progress import bar
+from ..runtime.progress import bar
 from ..cache import cache_dir
 from .shards import write_shard
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 import urllib3
 
-from ..progress import bar
+from ..runtime.progress import bar
 
 GATED_HELP = ("The Llama 3 tokenizer is in a gated repository on the Hugging Face hub. To get it: "
               "1) sign in at huggingface.co and accept the license on the meta-llama/Llama-3.1-8B page; "

@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..progress import bar, choose_display
+from ..runtime.progress import bar, choose_display
 from .shards import mask_path, write_mask, write_shard
 
 INPUT_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")

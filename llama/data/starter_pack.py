@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli import nonnegative_int, positive_float
+from ..runtime.cli import nonnegative_int, positive_float
 from ..cache import CACHE_VARIABLE, cache_dir
 from .datasets import prepare_tinyshakespeare, starter_pack_shards
 from .download import GATED_HELP, DownloadError, download

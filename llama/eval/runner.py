@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..options import RECIPES, RunOptions
-from ..plan import Plan, make_plan
+from ..run.plan import Plan, make_plan
 from .scoring import ItemScore, item_requests, make_passes, pass_loglikelihoods
 from .tasks import Task
 

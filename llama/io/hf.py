@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import PRESETS, LlamaConfig
-from ..cuda import BF16
-from ..memory import FLOAT32, host_available, require
+from ..runtime.cuda import BF16
+from ..runtime.machine import host_available, require
 from ..params import ParameterLayout
 from .checkpoint import DONE, OPTIMIZER, STATE, all_finite
 from .run_dir import LOCK, LOG
@@ -326,7 +326,8 @@ def load_hf_folder(folder: str | Path, on_tensor=None) -> tuple[LlamaConfig, np.
     folder = Path(folder)
     config = read_hf_config(folder)
     layout = ParameterLayout(config)
-    require(FLOAT32 * layout.size, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
+    nbytes = np.dtype(np.float32).itemsize * layout.size
+    require(nbytes, host_available(), f"the {layout.size:,} parameters of {folder}", "host")
     params = np.empty(layout.size, dtype=np.float32)
     for tensor, values in _read_weights(folder, config, layout):
         params[tensor.offset:tensor.offset + tensor.size] = values.reshape(-1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..memory import host_available
+from ..runtime.machine import host_available
 from .safetensors_file import READ_PIECE, SafetensorsError, read_into
 
 THREADS = 4  # reads in flight

@@ -5,14 +5,14 @@ A layer runs _attention_norm (its first RMSNorm, fused with the residual add of 
 _layer_forward: the QKV GEMM with RoPE in its epilogue, _attention (flash attention over the batch; the
 decoder's writes its KV cache first), the wo GEMM, the residual fused with the second RMSNorm, the w1/w3 GEMM,
 SwiGLU and the w2 GEMM, whose branch the next layer's first norm (or the final norm) adds to h.
-Its users hold config, layout and plan (llama/plan.py: which GEMM and attention builds run), weight(tensor)
+Its users hold config, layout and plan (llama/run/plan.py: which GEMM and attention builds run), weight(tensor)
 (a matrix's bf16 copy, as the GEMMs read it), master(name) (a norm's fp32 weights) and _document_mask() (the flash
 attention launchers' doc_start and doc_end keywords of the batch in flight; none: the attention spans the row)."""
 
 from __future__ import annotations
 
 from .. import ops
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 
 
 class BF16Block:

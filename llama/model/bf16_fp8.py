@@ -8,7 +8,7 @@ layers of each block run their forward, dX and dW GEMMs on FP8 e4m3 casts with r
 from __future__ import annotations
 
 from .. import ops
-from ..cuda import FP8, DeviceArray, empty
+from ..runtime.cuda import FP8, DeviceArray, empty
 from .bf16_block import BF16Block
 from .shapes import fp8_shapes, linear_weights
 

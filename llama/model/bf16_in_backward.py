@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..cuda import DeviceArray, Graph, zeros
+from ..runtime.cuda import DeviceArray, Graph, zeros
 from ..optim import AdamWConfig
-from ..progress import phase
+from ..runtime.progress import phase
 from .base import check_batch
 from .bf16_step import CAPTURE, CapturedStep
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..cuda import empty, runtime, zeros
+from ..runtime.cuda import empty, runtime, zeros
 from ..optim import AdamWConfig
 
 

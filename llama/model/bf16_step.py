@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..cuda import DeviceArray, Graph
+from ..runtime.cuda import DeviceArray, Graph
 from ..optim import QUANT_BLOCK, AdamWConfig
-from ..progress import phase
+from ..runtime.progress import phase
 from .base import check_batch
 
 
-CAPTURE = "capturing the step's CUDA graphs"  # a progress phase (llama/progress.py)
+CAPTURE = "capturing the step's CUDA graphs"  # a progress phase (llama/runtime/progress.py)
 
 class CapturedStep:
     """Its user holds config, plan, B, T, zero, norm_weights, the device's norm_squared, norm_scratch,

@@ -10,14 +10,14 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, empty, runtime, to_device
+from ..runtime.cuda import DeviceArray, empty, runtime, to_device
 from ..io.checkpoint import read_moments, stream_checkpoint
-from ..io.pinned import PinnedArrays
+from ..runtime.pinned import PinnedArrays
 from ..io.read_ahead import ReadAhead
 from ..io.safetensors_file import READ_PIECE, READERS
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
-from ..progress import phase
+from ..runtime.progress import phase
 from .base import Model, rope_cos_sin
 
 CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronization with the legacy stream

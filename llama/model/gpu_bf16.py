@@ -15,7 +15,7 @@ What each layer keeps for its backward is the plan's recompute (LAYER_ACTIVATION
 only its input, the backward running the layer's forward again first ("full"). The recomputed
 activations are the same bits, so are the gradients. AdamW's moments are fp32, or 8-bit blocks on one
 GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16). Which GEMM version and flash
-attention build run is the plan's (llama/plan.py).
+attention build run is the plan's (llama/run/plan.py).
 
 The model is this module's buffers, forward and backward, composed with one helper per concern:
   bf16_block.py        the block's forward (BF16Block), shared with the GPU decoder's prefill
@@ -39,10 +39,10 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import BF16, DeviceArray, empty, zeros
+from ..runtime.cuda import BF16, DeviceArray, empty, zeros
 from ..options import RunOptions
 from ..parallel.zero import MasterReplica
-from ..plan import Plan, make_plan
+from ..run.plan import Plan, make_plan
 from .base import check_batch, counted_targets
 from .bf16_fp8 import FP8Linears
 from .bf16_in_backward import OptimizerInBackward
@@ -54,7 +54,7 @@ from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activatio
 class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
     def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
                  comm=None, plan: Plan | None = None, doc_mask_bos: int | None = None):
-        """plan: the run's (llama/plan.py), which says which GEMM and attention builds run, what the
+        """plan: the run's (llama/run/plan.py), which says which GEMM and attention builds run, what the
         backward recomputes and the optimizer, and with sft that the loss is divided by the step's counted
         targets (train_step's counted, read by the classifier from a device scalar); None makes the default bf16
         plan of this model on this GPU (a PlanError says why the model does not fit it). doc_mask_bos: None, or

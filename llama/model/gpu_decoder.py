@@ -1,4 +1,4 @@
-"""Generation on the GPU with a KV cache: the decoder interface of llama/generate.py on our kernels.
+"""Generation on the GPU with a KV cache: the decoder interface of llama/model/generate.py on our kernels.
 
 Weights: the bf16 copy of every matrix (a bf16 training model's own, read in place, or one made here
 from fp32 weights and remade by reset()); the RMSNorm weights are read in fp32 from the flat fp32
@@ -27,13 +27,13 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import BF16, DeviceArray, Graph, empty, to_device, zeros
+from ..runtime.cuda import BF16, DeviceArray, Graph, empty, to_device, zeros
 from ..ops.flash_attention import HEAD_DIMS
 from ..ops.decode import MAX_HEAD_DIM
 from ..ops.gemv import MAX_BATCH, DecodeScratch
 from ..options import RunOptions
 from ..params import ParameterLayout
-from ..plan import Plan, make_plan
+from ..run.plan import Plan, make_plan
 from .base import rope_cos_sin
 from .bf16_block import BF16Block
 
@@ -41,7 +41,7 @@ PREFILL_TOKENS = 4096  # positions of all sequences that one prefill chunk takes
 
 
 class GPUDecoder(BF16Block):
-    """The decoder interface of llama/generate.py with our kernels; see the module docstring."""
+    """The decoder interface of llama/model/generate.py with our kernels; see the module docstring."""
 
     def __init__(self, config: LlamaConfig, params: DeviceArray, batch: int = 1, max_len: int | None = None,
                  weights: DeviceArray | None = None, plan: Plan | None = None):

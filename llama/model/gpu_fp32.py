@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..cuda import DeviceArray, empty
+from ..runtime.cuda import DeviceArray, empty
 from ..optim import AdamWConfig
 from .base import check_batch, counted_targets, mean_counted_loss
 from .gpu_base import GPUModelBase

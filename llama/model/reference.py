@@ -336,7 +336,7 @@ class ReferenceModel(ReferenceBlock, Model):
 
 
 # ----------------------------------------------------------------------------------------------
-# Generation with a KV cache (the decoder interface of llama/generate.py)
+# Generation with a KV cache (the decoder interface of llama/model/generate.py)
 
 
 def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The host's sampling rules: the distribution a draw takes (sampling_probabilities, the GPU sampler's
 reference), one draw (sample_token), the settings (Sampling), and the prefill/decode of a decoder that draws
-on the host (HostSampling: llama/model/reference.py's ReferenceDecoder). llama/generate.py drives decoders."""
+on the host (HostSampling: llama/model/reference.py's ReferenceDecoder). llama/model/generate.py drives decoders."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The buffers a GPU model allocates, by shape: each layer's saved activations and the shared ones, the FP8
 casts' scratch, the linear weights as the GEMMs read them. Low in the package, so that the memory accounting
-(llama/memory.py) sizes a run without importing a model; llama/model/gpu_bf16.py allocates exactly these.
+(llama/run/memory.py) sizes a run without importing a model; llama/model/gpu_bf16.py allocates exactly these.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import LlamaConfig
-from ..cuda import FP8
+from ..runtime.cuda import FP8
 from ..ops.flash_attention import FlashSource, flash_attention_scratch_size
 
 HOPPER_ATTENTION = FlashSource("flash_attention_wgmma", tma=True)  # the Hopper build, what the memory check sizes by default

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from ..optim import DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, MIDPOINTS, QUANT_BLOCK, AdamWConfig
 from .common import BLOCK, U8, blocks, check, check_aligned, check_vectors, kernel, kernel_constant
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, kernel
 from .document_mask import check_document_bounds
 from .matmul import matmul

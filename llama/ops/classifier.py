@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray, runtime
+from ..runtime.cuda import BF16, DeviceArray, runtime
 from .common import I32, check, kernel, multiprocessors
 
 

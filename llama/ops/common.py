@@ -2,7 +2,7 @@
 read from their source so that each is defined once, in the .cu file), argument checks, grid sizes.
 
 A launcher checks the shapes and dtypes of its device arrays, raises ValueError on a mismatch,
-and launches asynchronously on the runtime's stream (llama/cuda.py). Outputs come first in the
+and launches asynchronously on the runtime's stream (llama/runtime/cuda.py). Outputs come first in the
 argument list, as in llm.c. Gradient outputs of parameters (dweight) are accumulated (+=),
 activations' gradients are overwritten except where a docstring says `+=`.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cuda import DeviceArray, kernel_dir, runtime
+from ..runtime.cuda import DeviceArray, kernel_dir, runtime
 
 F32, F64, I32, U8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.uint8)
 U32 = np.dtype(np.uint32)

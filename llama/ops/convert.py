@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from .common import BLOCK, blocks, check, kernel
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from .common import BLOCK, F32, I32, blocks, check, check_aligned, kernel, kernel_constant, multiprocessors
 from .gemv import DecodeScratch
 

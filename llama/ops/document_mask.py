@@ -4,7 +4,7 @@ token's document start and end from the BOS tokens of its row, the form the atte
 
 from __future__ import annotations
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import I32, check, kernel, kernel_constant
 
 BOUNDS_THREADS = kernel_constant("document_mask", "BOUNDS_THREADS")

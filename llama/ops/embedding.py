@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from .common import BLOCK, F32, I32, blocks, check, check_vectors, kernel, kernel_constant
 
 EMBEDDING_SEGMENT = kernel_constant("embedding", "EMBEDDING_SEGMENT")  # positions per segment of the bf16 backward

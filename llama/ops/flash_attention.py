@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray, runtime
+from ..runtime.cuda import BF16, DeviceArray, runtime
 from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant, multiprocessors
 from .document_mask import check_document_bounds
 from .gemm_wgmma import device_maps, tensor_map

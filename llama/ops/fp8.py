@@ -1,4 +1,4 @@
-"""--dtype fp8's launchers: the FP8 casts (kernels/fp8.cu), float8 e4m3fn (llama.cuda.FP8) with one power-of-two
+"""--dtype fp8's launchers: the FP8 casts (kernels/fp8.cu), float8 e4m3fn (llama.runtime.cuda.FP8) with one power-of-two
 fp32 scale per row or per column, bit for bit llama/twins/fp8.py's quantize_fp8; and the FP8 GEMM
 (kernels/gemm_wgmma.cu's versions 5 and 6 with FP8 operands), which multiplies the casts and applies their
 scales in its epilogue."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..cuda import BF16, FP8, DeviceArray, empty
+from ..runtime.cuda import BF16, FP8, DeviceArray, empty
 from ..options import FP8_SCALINGS
 from .common import I32, U32, check, check_aligned, kernel, kernel_constant
 from .gemm import gemm_epilogue, launch_gemm

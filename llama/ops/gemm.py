@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from ..cuda import BF16, FP8, DeviceArray, empty
+from ..runtime.cuda import BF16, FP8, DeviceArray, empty
 from .common import F32, check, multiprocessors
 from .gemm_mma import gemm_mma, splitk_reduce, splitk_splits
 from .gemm_problem import GemmProblem
 from .gemm_wgmma import (gemm_wgmma, gemm_wgmma3, gemm_wgmma4, gemm_wgmma5, gemm_wgmma6, gemm_wgmma7, gemm_wgmma8,
-                          splitk_splits3)
+                         splitk_splits3)
 
 GEMM_VERSIONS = {"mma": gemm_mma, "wgmma": gemm_wgmma, "wgmma3": gemm_wgmma3, "wgmma4": gemm_wgmma4,
                  "wgmma5": gemm_wgmma5, "wgmma6": gemm_wgmma6, "wgmma7": gemm_wgmma7,
@@ -31,7 +31,7 @@ def gemm(c: DeviceArray, a: DeviceArray, b: DeviceArray, trans_a: bool = False, 
     then leaves c untouched. rope = (cos, sin, T, rotated_columns) rotates the first columns of a
     (tokens, heads * D) bf16 output by RoPE at position row % T (the QKV projection).
     version: 'mma' or 'wgmma' .. 'wgmma8' (GEMM_VERSIONS), or a chooser called with (M, N, K) that names
-    one (the plan's: llama.plan.GemmChooser)."""
+    one (the plan's: llama.run.plan.GemmChooser)."""
     batched = len(c.shape) == 3
     batch = c.shape[0] if batched else 1
     M, N = c.shape[-2:]

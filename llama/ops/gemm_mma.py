@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import BLOCK, blocks, kernel, kernel_constant, kernel_entries, multiprocessors
 from .gemm_problem import GemmProblem
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..cuda import DeviceArray, driver, runtime, to_device, zeros
+from ..runtime.cuda import DeviceArray, driver, runtime, to_device, zeros
 from .common import kernel, kernel_constant, kernel_entries, multiprocessors
 from .gemm_problem import GemmProblem
 

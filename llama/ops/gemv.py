@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray, runtime, zeros
+from ..runtime.cuda import BF16, DeviceArray, runtime, zeros
 from .common import F32, I32, U32, check, check_aligned, kernel, kernel_constant, multiprocessors
 
 GEMV_ROWS = kernel_constant("gemv", "GEMV_ROWS")  # rows of W per tile (SwiGLU: 16 gate rows and their 16 up rows)

@@ -4,7 +4,7 @@ fp32 (two launches) and bf16 path (one); the optimizer-in-backward's clip estima
 
 from __future__ import annotations
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import BLOCK, F64, check, check_vectors, kernel
 
 NORM_BLOCKS = 512  # fixed, so that the grad norm is the same on every GPU

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cuda import DeviceArray, empty
+from ..runtime.cuda import DeviceArray, empty
 from ..params import ParameterLayout, initial_std
 from .common import F32, blocks, check, kernel
 

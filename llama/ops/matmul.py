@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import check, kernel, kernel_constant
 
 TILE_M, TILE_N = kernel_constant("matmul", "BM"), kernel_constant("matmul", "BN")  # c's tile of a block

@@ -3,7 +3,7 @@ into the next RMSNorm (ops.rmsnorm_residual_forward_bf16)."""
 
 from __future__ import annotations
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import BLOCK, blocks, check, kernel
 
 

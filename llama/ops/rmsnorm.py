@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from .common import BLOCK, F32, ROWS_PER_BLOCK, blocks, check, check_vectors, kernel
 
 RMSNORM_PARTS = 128  # the fp32 backward's row partition of the dweight sums

@@ -5,7 +5,7 @@ rotation is kernels/rope.cuh's."""
 
 from __future__ import annotations
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import BLOCK, blocks, check, kernel
 
 

@@ -1,5 +1,5 @@
 """Launcher of the token sampler (kernels/sample.cu): one id per row of logits, drawn on the GPU with the
-rules of sample_token in llama/generate.py, from a counter-based generator (Philox4x32-10) keyed by the
+rules of sample_token in llama/model/generate.py, from a counter-based generator (Philox4x32-10) keyed by the
 seed at the stream position read from device memory, so that a CUDA graph can replay it: the ids are a
 pure function of (logits, settings, seed, counter, row)."""
 
@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-from ..cuda import DeviceArray
+from ..runtime.cuda import DeviceArray
 from .common import I32, check, kernel
 
 SAMPLE_BLOCK = 1024  # threads per row

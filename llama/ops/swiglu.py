@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from .common import BLOCK, U32, blocks, check, check_vectors, kernel, kernel_constant
 
 AMAX_ROWS, AMAX_WARPS = kernel_constant("swiglu", "SWIGLU_AMAX_ROWS"), kernel_constant("swiglu", "SWIGLU_AMAX_WARPS")

@@ -2,7 +2,7 @@
 
 libnccl.so.2 comes from the `nvidia-nccl-cu13` wheel (the `[cuda]` extra), or from the system
 (LLAMA_NCCL_LIBRARY names another file). The calls take raw CUDA stream handles and device
-pointers, so they are also captured by CUDA graphs (llama.cuda.Graph).
+pointers, so they are also captured by CUDA graphs (llama.runtime.cuda.Graph).
 
 Communicator joins the ranks: rank 0 makes the NCCL unique id and hands it to the others over the
 TCP rendezvous (llama.parallel.distributed), each process takes the GPU of its LOCAL_RANK, and the
@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray, empty, runtime
+from ..runtime.cuda import BF16, DeviceArray, empty, runtime
 from .distributed import DistributedEnv, Rendezvous, Watchdog, abort
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

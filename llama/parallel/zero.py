@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import ops
-from ..cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
+from ..runtime.cuda import BF16, DeviceArray, empty, runtime, to_device, zeros
 from ..optim import (DYNAMIC_SIGNED, DYNAMIC_UNSIGNED, QUANT_BLOCK, ZERO_CODES, AdamW8bitState, Quantized,
                      dequantize_blocks, fp32_moments, quantize_blocks)
 from ..options import OPTIMIZERS, ZERO_STAGES

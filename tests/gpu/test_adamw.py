@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.optim import AdamWConfig, adamw_update
 from tests.gpu_helpers import ERRORS, bits, check, check_increment, dev, poisoned_bf16, randn
 
@@ -31,7 +31,7 @@ def test_adamw(grad_clip, step):
     opt = AdamWConfig(weight_decay=0.1, grad_clip=grad_clip)
     norm = math.sqrt(g @ g)
     dp, dm, dv = dev(p), dev(m), dev(v)
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     # a large lr, so that the update (measured as p_new - p) stands far above p's float32 rounding
     ops.adamw_update(dp, dev(g), dm, dv, to_device(ops.pack_decay_mask(mask)), dev(np.array([norm * norm])), step,
                      0.1, opt)
@@ -48,7 +48,7 @@ def test_adamw(grad_clip, step):
 
 @pytest.mark.parametrize("grad_clip, step, n", [(0.0, 1, 10_001), (1.0, 3, 8), (1e9, 7, 100_003), (1.0, 2, 5)])
 def test_adamw_bf16(grad_clip, step, n):
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     f32 = lambda x: x.astype(np.float32).astype(np.float64)  # noqa: E731
     p, g = f32(rng.standard_normal(n)), f32(rng.standard_normal(n))
     m, v = f32(rng.standard_normal(n) * 0.1), f32(np.abs(rng.standard_normal(n)) * 0.01)
@@ -72,7 +72,7 @@ def test_adamw_bf16(grad_clip, step, n):
 def test_adamw_bf16_on_a_range_reads_its_bits(start, n):
     """The optimizer in the backward's update of weights [start, n) (ops.decay_mask_range of the whole packed mask)
     is the twin's on that range, bit for bit against the whole buffers' update of the same values."""
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     f32 = lambda x: x.astype(np.float32).astype(np.float64)  # noqa: E731
     p, g = f32(rng.standard_normal(n)), f32(rng.standard_normal(n))
     m, v = f32(rng.standard_normal(n) * 0.1), f32(np.abs(rng.standard_normal(n)) * 0.01)
@@ -99,7 +99,7 @@ def test_adamw8bit_bf16_is_the_twin(n, clipped):
     """Three steps of 8-bit AdamW from random moments: the kernel is the twin (llama/optim.py
     AdamW8bitState) bit for bit, params, the bf16 copy, every code and scale (clipped, the twin is given
     the kernel's float32 clip factor, max_norm / sqrt(norm^2) rounded once each)."""
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     from llama.optim import AdamW8bitState
     p = (rng.standard_normal(n)).astype(np.float32)
     mask = (rng.random(n) < 0.7).astype(np.uint8)

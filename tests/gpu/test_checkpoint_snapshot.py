@@ -7,7 +7,7 @@ weights is measured on the device."""
 import numpy as np
 import pytest
 
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.io import pinned
 from llama.io.checkpoint import load_checkpoint, save_checkpoint, snapshot_moments
 from llama.io.guard import weights_rms

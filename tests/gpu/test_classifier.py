@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.twins.classifier import fused_classifier
 from tests.gpu_helpers import ERRORS, bits, check, dev, poisoned, randn, randn_bf16
 
@@ -38,7 +38,7 @@ def test_fused_classifier(N, V):
 @pytest.mark.parametrize("n, V", [(1, 5), (33, 50), (7, 1001), (4, 131), (16, 5000), (9, 128256),
                                   (300, 1001), (1000, 40), (140, 140001)])
 def test_fused_classifier_bf16(n, V):
-    from llama.cuda import empty
+    from llama.runtime.cuda import empty
     logits, targets = randn_bf16(rng, n, V, scale=4.0), rng.integers(0, V, n)
     confident = sorted({0, n - 1}) if V >= 50 else []  # losses ~1e-11, which cancellation would lose
     logits[confident, targets[confident]] = 40.0
@@ -76,7 +76,7 @@ def test_ignored_targets_and_a_device_scale(n, V):
     """A target < 0 (--sft's prompt tokens) gives loss 0 and a zero gradient row, in both kernels (row 0 too:
     its target may not be read before the logits); the bf16 kernel's dloss times the device scalar dloss_scale, and
     loss_accumulate_bf16's scale times scale_at."""
-    from llama.cuda import empty
+    from llama.runtime.cuda import empty
     logits, targets = randn_bf16(rng, n, V, scale=4.0), rng.integers(0, V, n)
     targets[::3] = -1
     targets[n - 1] = -5

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from tests.gpu_helpers import bits, dev, poisoned_bf16
 
 pytestmark = pytest.mark.gpu

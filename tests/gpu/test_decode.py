@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.cuda import BF16
-from llama.generate import generate
+from llama.runtime.cuda import BF16
+from llama.model.generate import generate
 from llama.model.sampling import Sampling
 from llama.model import reference as ref
 from llama.model.base import rope_cos_sin
@@ -263,7 +263,7 @@ def test_dependent_launches_change_no_bit(monkeypatch):
     """The decode kernels launched as programmatic dependents (each may start before the one before it
     ends, kernels/common.cuh) give the bits of ordinary launches, eagerly and replayed from the graph; the
     dependent launches did happen (on sm_90), so the comparison is not of ordinary launches twice."""
-    from llama import cuda
+    from llama.runtime import cuda
     rng = np.random.default_rng(10)
     params = (0.1 * rng.standard_normal(ParameterLayout(CONFIG).size)).astype(np.float32)
     model = bf16_model(CONFIG, 2, 48, params)

@@ -26,7 +26,7 @@ def rows(T: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("T", [1, 2, 31, 1000, 1024, 1025, 4097, 131072])
 def test_document_bounds(T):
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     tokens = rows(T, T)
     doc_start, doc_end = (to_device(np.full(tokens.shape, -7, dtype=np.int32)) for _ in range(2))
     ops.document_bounds(doc_start, doc_end, to_device(tokens), BOS)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.twins.embedding import embedding_backward, embedding_forward
 from tests.gpu_helpers import (ERRORS, bits, check, check_increment, dev, dev_bf16, poisoned, poisoned_bf16, randn,
                                randn_bf16)
@@ -44,7 +44,7 @@ def test_embedding_rejects_bad_tokens():
 
 @pytest.mark.parametrize("N, C, V", [(1, 8, 5), (40, 16, 3), (37, 104, 50), (1000, 768, 1000), (4099, 64, 30000)])
 def test_embedding_bf16(N, C, V):
-    from llama.cuda import to_device, zeros
+    from llama.runtime.cuda import to_device, zeros
     tokens = rng.integers(0, V, N)
     tokens[: N // 2] = tokens[0]  # one token with many segments
     wte = randn_bf16(rng, V, C)

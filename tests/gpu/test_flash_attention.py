@@ -12,7 +12,7 @@ import pytest
 
 from dev.cuda.flash_attention_ladder import LADDER, flash_attention_backward_atomic_dq
 from llama.config import get_preset
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.model.base import rope_cos_sin
 from llama.twins.attention import document_bounds, document_ids
 from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward
@@ -41,8 +41,8 @@ PRODUCTION = "production"  # the Hopper build the plan runs (kernels/flash_atten
 
 
 def flash_source(ops, version):
-    from llama.cuda import runtime
-    from llama.plan import ATTENTION_HOPPER
+    from llama.runtime.cuda import runtime
+    from llama.run.plan import ATTENTION_HOPPER
     source = ATTENTION_HOPPER[0] if version == PRODUCTION else ops.FlashSource.ladder(version, LADDER)
     if source.tma and runtime().code != "sm_90a":
         pytest.skip(f"flash attention v{version} is built for Hopper (sm_90a) only")
@@ -55,7 +55,7 @@ def bf16_randn(*shape) -> np.ndarray:
 
 
 def to_bf16(x: np.ndarray):
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     return to_device(x.astype(BF16))
 
 
@@ -146,7 +146,7 @@ def test_flash_attention_allocates_nothing(ops, version):
     """At T = 16384 a (B, H, T, T) tensor would take GBs: the launchers take preallocated buffers and the
     kernels must leave free device memory as it was, but for the wgmma build's TMA maps (256 bytes per
     new set of buffers, within one 2 MiB allocation granule)."""
-    from llama.cuda import runtime, zeros
+    from llama.runtime.cuda import runtime, zeros
     H, KV, D = 4, 1, 128
 
     def buffers(T):
@@ -179,7 +179,7 @@ def test_flash_attention_nondeterministic_variant(ops, D, version):
     """The opt-in nondeterministic backward that scripts/bench_attention.py times against the deterministic one
     (v1: dQ by fp32 atomics, dev/cuda/flash_attention_v1.cu; v4: the fused dQ partials added unordered) computes
     the same gradients."""
-    from llama.cuda import empty
+    from llama.runtime.cuda import empty
     B, T, H, KV = 2, 333, 4, 1
     cos, sin = (x.astype(np.float32).astype(np.float64) for x in
                 rope_cos_sin(get_preset("llama3.1-8b").replace(dim=H * D, n_heads=H, n_kv_heads=KV), T))

@@ -7,7 +7,7 @@ give the same bits; and the tensor-wise casts (one scale for all of x) the same 
 import numpy as np
 import pytest
 
-from llama.cuda import BF16, FP8
+from llama.runtime.cuda import BF16, FP8
 from llama.twins.fp8 import quantize_fp8
 from tests.gpu_helpers import dev, dev_bf16, poisoned
 
@@ -97,7 +97,7 @@ def test_cast_from_swiglu_backwards_amax_is_the_twin(N, F, layouts):
     """gate+up's gradient cast from the maxima SwiGLU's backward wrote with it (amax_ready: no amax pass) is
     the twin's cast of that gradient, bit for bit."""
     from llama import ops
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     gate_up = (rng.standard_normal((N, 2 * F)) * 2).astype(BF16)
     dout = wild(N, F)
     dgate_up, amax = dev_bf16(gate_up), to_device(np.full(N + 2 * F, 7, np.uint32))
@@ -170,7 +170,7 @@ def test_a_batch_of_sequences_is_cast_as_its_rows():
 @pytest.mark.parametrize("scaling", ["row", "tensor"])
 def test_graph_replay_casts_the_new_input(scaling):
     from llama import ops
-    from llama.cuda import Graph
+    from llama.runtime.cuda import Graph
     R, C = 256, 320
     x, out = dev_bf16(wild(R, C)), outputs(R, C)
     ops.cast_fp8(x, **out, scaling=scaling)  # compiled and its workspace allocated before the capture

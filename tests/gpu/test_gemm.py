@@ -9,7 +9,7 @@ import importlib
 import numpy as np
 import pytest
 
-from llama.plan import DYNAMIC_TWINS
+from llama.run.plan import DYNAMIC_TWINS
 from llama.twins.matmul import matmul_forward
 from llama.twins.rope import rotate_pairs
 from tests.gpu_helpers import bf16_round, check, dev, dev_bf16, poisoned
@@ -26,7 +26,7 @@ def ops():
 
 
 def versions():
-    from llama.cuda import runtime
+    from llama.runtime.cuda import runtime
     hopper = runtime().device.compute_capability() == (9, 0)
     return ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8"] if hopper else ["mma"]
 
@@ -62,7 +62,7 @@ CASES = [(layout, *shape) for layout, shapes in SHAPES.items() for shape in shap
 @pytest.mark.parametrize("layout, M, N, K, batch", CASES)
 @pytest.mark.parametrize("out", ["bf16", "f32"])
 def test_gemm(ops, version, layout, M, N, K, batch, out):
-    from llama.cuda import BF16
+    from llama.runtime.cuda import BF16
     a, b, opa, opb = operands(layout, M, N, K, batch)
     c = poisoned(((batch,) if batch > 1 else ()) + (M, N), BF16 if out == "bf16" else np.float32)
     ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.5, version=version)
@@ -89,7 +89,7 @@ def test_gemm_accumulate(ops, version, layout, M, N, K, batch):
 @pytest.mark.parametrize("B, T, H, KV, D", [(2, 37, 4, 2, 16), (1, 128, 12, 4, 64), (3, 5, 2, 1, 128)])
 def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     """The QKV projection with RoPE in its epilogue equals matmul_forward then RoPE on q and k."""
-    from llama.cuda import BF16, to_device
+    from llama.runtime.cuda import BF16, to_device
     C = 64
     x = bf16_round(rng.standard_normal((B * T, C)))
     w = bf16_round(rng.standard_normal(((H + 2 * KV) * D, C)) / 8)
@@ -127,7 +127,7 @@ DYNAMIC = {dynamic: static for static, dynamic in DYNAMIC_TWINS.items()}  # the 
 
 def run_gemm(ops, version, layout, a, b, c0, mode):
     """c = op(a) @ op(b) (mode 'bf16', 'f32') or c0 - 2 op(a) @ op(b) ('acc_f32') on `version`: c's bits."""
-    from llama.cuda import BF16
+    from llama.runtime.cuda import BF16
     c = dev(c0) if mode == "acc_f32" else poisoned(c0.shape, BF16 if mode == "bf16" else np.float32)
     ops.gemm(c, a, b, trans_a=layout == "tn", trans_b=layout == "nt", alpha=-2.0 if mode == "acc_f32" else 0.5,
              accumulate=mode == "acc_f32", version=version)
@@ -162,7 +162,7 @@ def test_dynamic_claiming_counter_resets(ops, version):
     time, and a captured graph replays them."""
     if version not in versions():
         pytest.skip(f"{version} needs sm_90a")
-    from llama.cuda import Graph
+    from llama.runtime.cuda import Graph
     from llama.ops.gemm_wgmma import tile_counter
     shapes = [(2000, 2056, 776), (17, 136, 72), (4000, 4104, 264)]
     operand_sets = [tuple(dev_bf16(x) for x in operands("nt", M, N, K, 1)[:2]) for M, N, K in shapes]
@@ -197,7 +197,7 @@ def test_dynamic_claiming_takes_its_tiles_from_the_counter(ops, version):
     9 x 16 tiles of 128 x 128 (too few for version 7's wide tiles; a bf16 c, so version 8 does not split K)."""
     if version not in versions():
         pytest.skip(f"{version} needs sm_90a")
-    from llama.cuda import BF16
+    from llama.runtime.cuda import BF16
     from llama.ops.common import multiprocessors
     from llama.ops.gemm_wgmma import tile_counter
     M, N, K, units, grid = 9 * 128, 16 * 128, 264, 9 * 16, multiprocessors()
@@ -231,7 +231,7 @@ def test_gemm_deterministic(ops, version):
 
 
 def test_gemm_rejects_bad_inputs(ops):
-    from llama.cuda import BF16
+    from llama.runtime.cuda import BF16
     with pytest.raises(ValueError, match="rows of a multiple of 8"):
         ops.gemm(poisoned((17, 8)), dev_bf16(np.ones((12, 17))), dev_bf16(np.ones((12, 8))), trans_a=True, version="mma")
     with pytest.raises(ValueError, match="b: expected bfloat16"):

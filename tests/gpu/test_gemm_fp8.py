@@ -12,7 +12,7 @@ own rounding (3.7%, tests/unit/test_fp8.py)."""
 import numpy as np
 import pytest
 
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.twins.fp8 import dequantize_fp8, quantize_fp8
 from llama.twins.rope import rotate_pairs
 from tests.gpu_helpers import check, dev, dev_bf16, poisoned
@@ -25,7 +25,7 @@ TOL = 5e-3
 @pytest.fixture(scope="module")
 def ops():
     from llama import ops
-    from llama.cuda import runtime
+    from llama.runtime.cuda import runtime
     if runtime().device.compute_capability() != (9, 0):
         pytest.skip("FP8 GEMMs need sm_90a")
     return ops
@@ -34,7 +34,7 @@ def ops():
 def fp8_operand(rows, K, spread=8.0):
     """A random (rows, K) operand with rows of different magnitudes, cast by the twin: (FP8 device array,
     scales device array, the dequantized values in float64)."""
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     x = rng.standard_normal((rows, K)) * np.exp(rng.uniform(-spread, spread, (rows, 1)))
     q, scales = quantize_fp8(x.astype(np.float32))
     return to_device(q), dev(scales), dequantize_fp8(q, scales).astype(np.float64)

@@ -34,7 +34,7 @@ def test_global_norm(n):
 
 @pytest.mark.parametrize("n", [1, 7, 1000, 1_000_003, 3 * 2 ** 22 + 5])
 def test_global_norm_squared_bf16(n):
-    from llama.cuda import zeros
+    from llama.runtime.cuda import zeros
     g = rng.standard_normal(n).astype(np.float32)
     g_d, scratch, results = dev(g), zeros(ops.NORM_BLOCKS + 1, np.float64), []
     for _ in range(2):  # the same scratch twice: its counter must be back at zero

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.cuda import BF16, empty
+from llama.runtime.cuda import BF16, empty
 from llama.params import ParameterLayout, init_parameters
 from llama.twins.init import standard_normals
 from tests.gpu_helpers import ERRORS
@@ -56,7 +56,7 @@ def test_a_model_without_params_draws_init_parameters(dtype):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.model.gpu_fp32 import GPUModelFP32
     from llama.options import RunOptions
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     expected = init_parameters(CONFIG, seed=4)
     if dtype == "bf16":
         model = GPUModelBF16(CONFIG, 2, 64, seed=4, plan=make_plan(CONFIG, RunOptions("cuda", "bf16")))

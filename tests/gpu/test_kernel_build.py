@@ -6,18 +6,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from llama import kernel_build
+from llama.runtime import kernel_build
 from llama.config import get_preset
-from llama.cuda import runtime
-from llama.generate import decoder_for, generate
-from llama.kernel_build import build, kernels_for
+from llama.runtime.cuda import runtime
+from llama.model.generate import decoder_for, generate
+from llama.runtime.kernel_build import build, kernels_for
 from llama.model.sampling import Sampling
 from llama.ops import common, flash_attention
 from llama.optim import AdamWConfig
 from llama.options import RunOptions
 from llama.params import init_parameters
-from llama.plan import fp8_unsupported, gemm_chooser, make_plan
-from llama.trainer import build_model
+from llama.run.plan import fp8_unsupported, gemm_chooser, make_plan
+from llama.run.trainer import build_model
 
 pytestmark = pytest.mark.gpu
 CONFIG = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=512, multiple_of=64,

@@ -9,7 +9,7 @@ import pytest
 
 from llama import ops
 from llama.config import get_preset
-from llama.cuda import BF16, zeros
+from llama.runtime.cuda import BF16, zeros
 from llama.optim import AdamWConfig
 from llama.model.reference import ReferenceModel
 from tests.gradcheck import rel_error
@@ -34,7 +34,7 @@ def bf16_params(config, seed):
 def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw", in_backward=False):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.options import RunOptions
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     plan = make_plan(config, RunOptions("cuda", "bf16", recompute=recompute, optimizer=optimizer, in_backward=in_backward))
     return GPUModelBF16(config, B, T, params=params, plan=plan)
 

@@ -48,7 +48,7 @@ def reference(config, params, **kwargs) -> ReferenceModel:
 def gpu_bf16(config, params, dtype="bf16", recompute="partial", in_backward=False, sft=False, B=4, T=96):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.options import RunOptions
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     plan = make_plan(config, RunOptions("cuda", dtype, recompute=recompute, in_backward=in_backward, sft=sft,
                                         doc_mask="on"))
     return GPUModelBF16(config, B, T, params=params, plan=plan, doc_mask_bos=BOS)
@@ -66,7 +66,7 @@ def gradient_errors(gpu_grads: np.ndarray, cpu: ReferenceModel, tag: str) -> dic
 @pytest.mark.parametrize("dtype, recompute", [("bf16", "partial"), ("bf16", "none"), ("bf16", "full"),
                                               ("fp8", "partial")])
 def test_bf16_model_with_the_document_mask(dtype, recompute):
-    from llama.cuda import runtime
+    from llama.runtime.cuda import runtime
     if dtype == "fp8" and runtime().code != "sm_90a":
         pytest.skip("FP8 GEMMs need sm_90a")
     params = bf16_params(CONFIG, seed=5)

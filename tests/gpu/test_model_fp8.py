@@ -24,7 +24,7 @@ FP8_TWIN_BOUND = 0.15
 
 @pytest.fixture(autouse=True)
 def hopper():
-    from llama.cuda import runtime
+    from llama.runtime.cuda import runtime
     if runtime().code != "sm_90a":
         pytest.skip("FP8 GEMMs need sm_90a")
 
@@ -32,7 +32,7 @@ def hopper():
 def fp8_model(config, B, T, params, recompute="partial", scaling="row"):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.options import RunOptions
-    from llama.plan import make_plan
+    from llama.run.plan import make_plan
     return GPUModelBF16(config, B, T, params=params,
                         plan=make_plan(config, RunOptions("cuda", "fp8", recompute=recompute, fp8_scaling=scaling)))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama import trainer
+from llama.run import trainer
 from llama.io.checkpoint import load_checkpoint
 from tests.gpu_helpers import gpu_count
 from tests.runs import BASE, REPO, log_lines, losses

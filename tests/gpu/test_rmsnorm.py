@@ -44,7 +44,7 @@ def test_rmsnorm(N, C):
 
 @pytest.mark.parametrize("N, C", [(1, 8), (37, 104), (300, 768), (1000, 48), (513, 2048), (3, 4096)])
 def test_rmsnorm_residual_bf16(N, C):
-    from llama.cuda import zeros
+    from llama.runtime.cuda import zeros
     eps = 1e-5
     x, branch, w = randn_bf16(rng, N, C), randn_bf16(rng, N, C), randn_bf16(rng, C)
     residual, ln, rstd = poisoned_bf16((N, C)), poisoned_bf16((N, C)), poisoned((N,))

@@ -149,7 +149,7 @@ def test_equal_weights_draw_exactly_the_philox_twins_id(top_k, top_p):
 
 
 def test_graph_replay_reads_the_counter_from_the_device():
-    from llama.cuda import Graph
+    from llama.runtime.cuda import Graph
     from llama.ops.sample import sample_tokens
     rng = np.random.default_rng(8)
     logits = dev(rng.standard_normal((8, 32000)).astype(np.float32))
@@ -165,7 +165,7 @@ def test_graph_replay_reads_the_counter_from_the_device():
 
 
 def test_bad_inputs():
-    from llama.cuda import BF16, to_device
+    from llama.runtime.cuda import BF16, to_device
     from llama.ops.sample import sample_tokens
     logits, ids, position = dev(np.zeros((2, 10))), dev(np.zeros(2, dtype=np.int32)), counter(0)
     good = dict(temperature=1.0, top_k=0, top_p=1.0, seed=0)

@@ -48,7 +48,7 @@ def test_swiglu_backward_writes_the_amax_of_its_gradient(N, F):
     """With amax (a dirty one: the launcher zeroes it), the bf16 backward writes the same dgate_up bits, in place
     too, and the max |dgate_up| of each row then of each of its 2F columns as float bits: what fp8_amax leaves
     for the FP8 cast. Rows and columns of magnitudes e^-20 .. e^20 apart, shapes off the 64 x 256 tiles."""
-    from llama.cuda import BF16, to_device
+    from llama.runtime.cuda import BF16, to_device
     scale = np.exp(rng.uniform(-20, 20, (N, 1))) * np.exp(rng.uniform(-5, 5, (1, F)))
     gate_up = randn_bf16(rng, N, 2 * F, scale=2.0)
     dout = (randn(rng, N, F) * scale).astype(BF16)

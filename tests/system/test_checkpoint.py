@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from llama import trainer
+from llama.run import trainer
 from llama.io.checkpoint import DONE, QUANTIZED_MOMENTS, CheckpointError, all_finite, load_checkpoint, moment_tensors
 from llama.optim import QUANT_BLOCK, Quantized, fp32_moments
 from llama.config import get_preset

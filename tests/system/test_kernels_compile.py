@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from llama.cuda import gpu_target, kernel_dir
+from llama.runtime.cuda import gpu_target, kernel_dir
 from tests.runs import REPO
 
 pytestmark = pytest.mark.slow  # nvcc on every source: minutes on a 2-core machine

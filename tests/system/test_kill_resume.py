@@ -32,7 +32,7 @@ DIE_INSIDE = """
 import os, random, runpy, signal, sys, threading, time
 sys.path.insert(0, %r)
 import llama.io.checkpoint as checkpoint
-import llama.trainer as trainer
+import llama.run.trainer as trainer
 how, nth, seed, phase_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 calls, steps, phase = [], [], ["training"]
 chance = random.Random(seed)

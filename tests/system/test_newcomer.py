@@ -9,11 +9,11 @@ import sys
 import pytest
 
 import train_llama
-from llama import trainer
+from llama.run import trainer
 from llama.data import datasets, starter_pack
 from llama.cache import cache_dir
 from llama.data.tokenizer import default_tokenizer_path
-from llama.plan import RECIPES, PlanError, choose_recipe
+from llama.run.plan import RECIPES, PlanError, choose_recipe
 from tests.runs import BASE, REPO, log_lines, run, signal_at
 from tests.sample_files import ranks_file_bytes
 

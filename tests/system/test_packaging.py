@@ -26,7 +26,7 @@ def test_wheel_carries_every_package_and_the_kernels(tmp_path):
     assert modules <= set(names), f"not in the wheel: {sorted(modules - set(names))}"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs by unpacking
-    found = subprocess.run([sys.executable, "-c", "import llama.cuda; print(llama.cuda.kernel_dir())"],
+    found = subprocess.run([sys.executable, "-c", "import llama.runtime.cuda; print(llama.runtime.cuda.kernel_dir())"],
                            capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(site)}, timeout=60)
     assert found.returncode == 0, found.stderr
     assert Path(found.stdout.strip()) == site / "llama" / "kernels"

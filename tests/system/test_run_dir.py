@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama import trainer
+from llama.run import trainer
 from llama.cache import cache_dir
 from llama.io.checkpoint import load_checkpoint
 from llama.io.run_dir import default_output_dir

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from llama import trainer
+from llama.run import trainer
 from llama.io.checkpoint import DONE, latest_checkpoint, load_checkpoint
 from tests.runs import BASE, REPO, check_resume_is_exact, log_lines, losses, run
 from tests.sample_files import ranks_file_bytes
@@ -132,7 +132,7 @@ def test_epochs_set_the_number_of_steps(corpus, tmp_path):
 
 
 GIB = 2**30
-# the refusal names what would fit: a recipe, a smaller batch, or both (llama/memory.py what_would_fit)
+# the refusal names what would fit: a recipe, a smaller batch, or both (llama/run/memory.py what_would_fit)
 NO_MEMORY = r"the run needs about [\d,]+\.\d GiB of host memory, [\d,]+\.\d [GM]iB available; [-\w ]+ would fit" \
             r"( \(-d keeps the tokens per step\))?"
 

@@ -15,11 +15,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import train_llama
-from llama import trainer
+from llama.run import trainer
 from llama.io.checkpoint import latest_checkpoint, load_checkpoint
 from llama.config import get_preset
 from llama.data.datasets import prepare_tinyshakespeare
-from llama.generate import generate
+from llama.model.generate import generate
 from llama.model.sampling import Sampling
 from llama.model.reference import ReferenceDecoder
 from llama.io.hf import load_hf_folder, save_hf_folder

@@ -14,7 +14,7 @@ from llama.ops import gemm_wgmma
 from llama.ops.embedding import EMBEDDING_SEGMENT, embedding_partial_rows
 from llama.ops.gemm_problem import GemmProblem
 from llama.ops.gemm_wgmma import UNIT_RING_BYTES, splitk_splits3
-from llama.cuda import BF16, DeviceArray
+from llama.runtime.cuda import BF16, DeviceArray
 from llama.optim import AdamWConfig
 
 F32, I32 = np.float32, np.int32
@@ -225,7 +225,7 @@ def test_wgmma3_splits(M, N, K):
 def test_the_hopper_gemm_chooser(M, N, K, version):
     """Production on Hopper: the ping-pong version 5 for few output tiles and for short K into outputs up to
     8192 wide, the cooperative 128x256 version 6 for long K and wide outputs; version 1 before Hopper."""
-    from llama.plan import GemmChooser
+    from llama.run.plan import GemmChooser
     assert GemmChooser(hopper=True)(M, N, K) == version
     assert GemmChooser(hopper=False)(M, N, K) == "mma"
     assert GemmChooser(hopper=True, dynamic=True)(M, N, K) == {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}[version]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from tests.unit.test_flash_attention_launcher import B, D, H, KV, T, backward_args, fake, forward_args
 
 I32, F32 = np.int32, np.float32

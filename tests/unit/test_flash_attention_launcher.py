@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16, DeviceArray
+from llama.runtime.cuda import BF16, DeviceArray
 
 B, T, H, KV, D = 2, 10, 4, 2, 64
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16, FP8
+from llama.runtime.cuda import BF16, FP8
 from tests.unit.test_bf16_launchers import fake
 
 F32, I32, U32 = np.float32, np.int32, np.uint32

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.generate import TextStream, decoder_for, generate
+from llama.model.generate import TextStream, decoder_for, generate
 from llama.model.sampling import Sampling, sample_token
 from llama.options import RunOptions
-from llama.plan import make_plan
+from llama.run.plan import make_plan
 from llama.model.reference import ReferenceDecoder
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer

@@ -10,9 +10,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from llama.config import get_preset
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.io.hf import HFError, config_from_hf, config_to_hf, hf_tokenizer_path, load_hf_folder, save_hf_folder
-from llama.memory import NotEnoughMemory
+from llama.runtime.machine import NotEnoughMemory
 from llama.model.base import apply_rope_scaling, rope_frequencies
 from llama.params import ParameterLayout, init_parameters
 from llama.data.tokenizer import Llama3Tokenizer

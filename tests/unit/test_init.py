@@ -10,7 +10,7 @@ import pytest
 
 import llama.twins.init as twin
 from llama.config import get_preset
-from llama.kernel_build import kernel_dir
+from llama.runtime.kernel_build import kernel_dir
 from llama.params import INIT_STD, ParameterLayout, init_parameters
 from llama.twins.init import _cos_sin_of_uniform, _log_of_uniform, philox4x32_10, standard_normals
 

@@ -8,7 +8,7 @@ import pytest
 
 from llama import ops
 from llama.config import get_preset
-from llama.cuda import DeviceArray
+from llama.runtime.cuda import DeviceArray
 from llama.params import ParameterLayout, init_parameters
 from llama.parallel.zero import ShardLayout, fill_shard, model_shards
 from llama.twins.init import standard_normals

@@ -1,5 +1,5 @@
-"""The kernel cache (llama/kernel_build.py) without a GPU: keys, corrupt entries, build errors, units of one entry
-point, and parallel builds with nvcc."""
+"""The kernel cache (llama/runtime/kernel_build.py) without a GPU: keys, corrupt entries, build errors, units of one
+entry point, and parallel builds with nvcc."""
 
 import re
 import runpy
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from llama import kernel_build
-from llama.kernel_build import (KernelBuildError, Unit, build, cached, cubin_of, kernel_dir, store, units_of,
-                                unit_of)
+from llama.runtime import kernel_build
+from llama.runtime.kernel_build import (KernelBuildError, Unit, build, cached, cubin_of, kernel_dir, store, units_of,
+                                        unit_of)
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 GUARDED = """#include "scale.cuh"
@@ -152,7 +152,7 @@ def test_real_kernels_build_in_parallel_as_nvcc_builds_them(sources):
 def test_the_build_script_builds_what_training_can_launch_or_everything(sources, monkeypatch, capsys):
     built = []
     monkeypatch.setattr(kernel_build, "compile_unit", built.append)  # nothing compiled, so nothing cached
-    main = runpy.run_path(str(Path(kernel_build.__file__).parents[1] / "scripts" / "build_kernels.py"))["main"]
+    main = runpy.run_path(str(Path(kernel_build.__file__).parents[2] / "scripts" / "build_kernels.py"))["main"]
     assert main(["--arch", "sm_90a"]) == 0
     names = {unit.name for unit in built}
     assert {"flash_attention_wgmma", "matmul", "fp8", "decode", "gemm_wgmma:gemm_wgmma5_nt",

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from llama import kernel_build
-from llama.kernel_build import (DECODER_MODULES, DOC_MASK_MODULE, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE, entries_of, kernel_dir,
-                                kernels_for, unit_of)
+from llama.runtime import kernel_build
+from llama.runtime.kernel_build import (DECODER_MODULES, DOC_MASK_MODULE, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE,
+                                        entries_of, kernel_dir, kernels_for, unit_of)
 from llama.ops.gemm import GEMM_VERSIONS
-from llama.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
+from llama.run.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
 
-LLAMA = Path(kernel_build.__file__).parent
+LLAMA = Path(kernel_build.__file__).parents[1]
 
 
 @functools.cache

@@ -8,14 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from llama import memory, trainer
+from llama.run import trainer
+from llama.runtime import machine
 from llama.config import get_preset
-from llama.memory import (NotEnoughMemory, gpu_training_buffers, reference_training_buffers, require,
-                          what_would_fit)
+from llama.run.memory import gpu_training_buffers, reference_training_buffers, what_would_fit
+from llama.runtime.machine import NotEnoughMemory, require
 from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
 from llama.params import count_parameters, init_parameters
-from llama.plan import Plan
+from llama.run.plan import Plan
 
 GIB = 2**30
 
@@ -63,10 +64,10 @@ def test_require_says_what_is_needed_and_refuses_what_does_not_fit():
 def test_host_memory_counts_a_container_limit(tmp_path, monkeypatch):
     (tmp_path / "max").write_text(f"{GIB}\n")
     (tmp_path / "current").write_text(f"{GIB // 4}\n")
-    monkeypatch.setattr(memory, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current")),))
-    assert memory._cgroup_room() == 3 * GIB // 4 and memory.host_available() <= 3 * GIB // 4
+    monkeypatch.setattr(machine, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current")),))
+    assert machine._cgroup_room() == 3 * GIB // 4 and machine.host_available() <= 3 * GIB // 4
     (tmp_path / "max").write_text("max\n")  # no limit
-    assert memory._cgroup_room() is None
+    assert machine._cgroup_room() is None
 
 
 def test_gpu_check_refuses_the_8b_model_on_80_gb_at_once(monkeypatch):

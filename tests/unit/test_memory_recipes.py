@@ -8,7 +8,7 @@ from llama.config import get_preset
 from llama.model.reference import ReferenceModel
 from llama.options import RECOMPUTE
 from llama.optim import QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
-from llama.plan import PlanError, choose_recipe
+from llama.run.plan import PlanError, choose_recipe
 
 CONFIG = get_preset("tiny").replace(dim=32, n_heads=4, n_kv_heads=2, vocab_size=61)
 

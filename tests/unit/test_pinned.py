@@ -1,4 +1,4 @@
-"""Page-locked host arrays pinned in the background (llama/io/pinned.py), with the driver's registration replaced
+"""Page-locked host arrays pinned in the background (llama/runtime/pinned.py), with the driver's registration replaced
 by a recorder: every byte registered once, in pieces, while the caller goes on; a failure reaches the waiter;
 the registrations end with the object."""
 
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from llama.io.pinned import PinnedArrays, piece_ranges
+from llama.runtime.pinned import PinnedArrays, piece_ranges
 
 
 class RecordedPinning:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llama import plan as plan_module
+from llama.run import plan as plan_module
 from llama.config import get_preset
 from llama.ops.flash_attention import FlashSource
 from llama.options import RunOptions

@@ -3,12 +3,12 @@ the one line it refuses it with, and the FP8 buffers the memory check counts."""
 
 import pytest
 
-from llama import plan as plan_module
+from llama.run import plan as plan_module
 from llama.config import get_preset
-from llama.memory import gpu_training_buffers
+from llama.run.memory import gpu_training_buffers
 from llama.options import RunOptions
 from llama.params import ParameterLayout
-from llama.plan import PlanError
+from llama.run.plan import PlanError
 from tests.unit.test_plan_attention import use_stand_in_gpu
 
 
@@ -59,7 +59,7 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpu):
 
 def test_on_the_cpu_fp8_is_the_reference_with_its_fp8_casts():
     from llama.model.reference import ReferenceModel
-    from llama.trainer import build_model
+    from llama.run.trainer import build_model
     config = get_preset("tiny")
     plans = {dtype: plan_module.make_plan(config, RunOptions(device="cpu", dtype=dtype)) for dtype in (None, "fp32", "fp8")}
     assert [plan.dtype for plan in plans.values()] == ["fp32", "fp32", "fp8"]

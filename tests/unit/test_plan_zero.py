@@ -1,12 +1,12 @@
-"""The plan's ZeRO stage and gradient reduction on several GPUs (llama/plan.py, llama/memory.py): the
+"""The plan's ZeRO stage and gradient reduction on several GPUs (llama/run/plan.py, llama/run/memory.py): the
 refusals, the summary, and the stage chosen from the memory a run needs."""
 
 import pytest
 
 from llama.config import get_preset
-from llama.memory import choose_zero, gpu_training_buffers, what_would_fit, zero_buffers
+from llama.run.memory import choose_zero, gpu_training_buffers, what_would_fit, zero_buffers
 from llama.options import RunOptions
-from llama.plan import GemmChooser, Plan, PlanError, make_plan
+from llama.run.plan import GemmChooser, Plan, PlanError, make_plan
 from tests.unit.test_plan_attention import use_stand_in_gpu
 
 GIB = 2**30
@@ -71,7 +71,7 @@ def test_the_stage_comes_from_the_free_memory_the_ranks_share(monkeypatch):
     """make_plan takes the stage from free_memory when given (the trainer passes the least over the ranks, so
     that a rank with more room does not pick a lower stage than the others and wait on collectives they never
     issue), else from this GPU's free memory."""
-    from llama import plan
+    from llama.run import plan
     use_stand_in_gpu(monkeypatch)
     monkeypatch.setattr(plan, "gpu_free", lambda: 10**15)  # this GPU: room for anything
     need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}

@@ -14,7 +14,7 @@ import pytest
 
 from llama.data.datasets import encode_documents
 from llama.data.tokenizer import ByteTokenizer
-from llama.progress import EVERY_PHASE, MIN_BAR, Display, TrainingProgress, choose_display, fit_stats, phase
+from llama.runtime.progress import EVERY_PHASE, MIN_BAR, Display, TrainingProgress, choose_display, fit_stats, phase
 
 ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -118,7 +118,7 @@ def test_phases_in_a_file_are_lines_with_their_time(tmp_path, monkeypatch):
     and its time; a short one: nothing, unless EVERY_PHASE asks for every phase's time."""
     err = open(tmp_path / "err.log", "w")
     monkeypatch.setattr("sys.stderr", err)
-    monkeypatch.setattr("llama.progress.LINE_EVERY", 0.0)
+    monkeypatch.setattr("llama.runtime.progress.LINE_EVERY", 0.0)
     monkeypatch.delenv(EVERY_PHASE, raising=False)
     lines_only = Display(None, step_lines=True)
     with phase("loading", total=2000, unit="param", report_after=0.05, display=lines_only) as progress:

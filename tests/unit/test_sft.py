@@ -19,7 +19,7 @@ from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
 from llama.params import init_parameters
 from llama.options import RunOptions
-from llama.plan import PlanError, make_plan
+from llama.run.plan import PlanError, make_plan
 from llama.twins.classifier import fused_classifier
 from tests.gradcheck import model_gradient_errors
 from tests.runs import check_resume_is_exact, losses

@@ -1,4 +1,4 @@
-"""llama/timeline.py without a GPU: launchers and collectives wrapped while recording (and restored after,
+"""llama/runtime/timeline.py without a GPU: launchers and collectives wrapped while recording (and restored after,
 also on an error), spans and totals from the events' times, and the Chrome trace's format."""
 
 import json
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llama.timeline import Timeline
+from llama.runtime.timeline import Timeline
 
 CLOCK = [0.0]  # milliseconds; a fake launcher's work advances it
 
@@ -101,7 +101,7 @@ def test_the_chrome_trace_has_a_process_per_rank_and_a_thread_per_stream_in_micr
 def test_alone_is_the_communication_no_compute_runs_beside_and_names_what_ran_next():
     """Compute 0-4 and 3-6 (one busy stretch 0-6) and 9-10; a reduce-scatter 5-8 is open 6-8 (2 ms) before the
     compute at 9; an all-gather 1-2 is hidden whole; one at 9.5-12 is open 10-12 at the step's end."""
-    from llama.timeline import Span
+    from llama.runtime.timeline import Span
     timeline = Timeline()
     spans = [Span("compute", "gemm", 0.0, 4.0), Span("communication", "all_gather 8 MB", 1.0, 2.0),
              Span("compute", "swiglu", 3.0, 6.0), Span("communication", "reduce_scatter 64 MB", 5.0, 8.0),

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from llama.data import tokenizer as tok
-from llama.generate import TextStream
+from llama.model.generate import TextStream
 from tests.runs import run
 from tests.sample_files import ranks_file_bytes
 

@@ -16,7 +16,7 @@ import pytest
 
 import llama.ops
 from llama.config import get_preset
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.params import ParameterLayout
 from llama.parallel import zero as zero_module
 from llama.parallel.zero import Zero

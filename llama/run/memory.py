@@ -1,9 +1,5 @@
-"""How much memory a run needs against what this machine has, checked before the large allocations, so
-that a run too big for the machine ends in one line instead of a MemoryError or the kernel's OOM killer.
-
-Host memory available is the least of: MemAvailable in /proc/meminfo (else the free pages that
-os.sysconf counts), a container's cgroup limit less its usage, and the address-space limit (ulimit -v)
-less what this process already maps. GPU memory available is what the driver reports free.
+"""How much memory a run needs, buffer by buffer, and the least change that would make one fit (what the machine
+has: llama/runtime/machine.py).
 
 What a run needs comes from what the models allocate, buffer by buffer, for the plan's memory recipe
 (what the backward recomputes, the optimizer's moments). The numpy reference (llama/model/reference.py),
@@ -21,88 +17,19 @@ the buffers.
 from __future__ import annotations
 
 import math
-import os
-import re
-import resource
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-from .config import LlamaConfig
-from .cuda import runtime
-from .model.shapes import FP32_BUFFERS, HOPPER_ATTENTION, activation_shapes, fp8_shapes, linear_weights
-from . import ops
-from .optim import QUANT_BLOCK, AdamW8bitState
-from .options import RECIPES, zero_stages
-from .params import ParameterLayout, count_parameters
-from .parallel.zero import flat_gather_length, home_lengths, model_shards
+from ..config import LlamaConfig
+from ..model.shapes import FP32_BUFFERS, HOPPER_ATTENTION, activation_shapes, fp8_shapes, linear_weights
+from .. import ops
+from ..optim import QUANT_BLOCK, AdamW8bitState
+from ..options import RECIPES, zero_stages
+from ..params import ParameterLayout, count_parameters
+from ..parallel.zero import flat_gather_length, home_lengths, model_shards
 
 FLOAT32 = 4
-# cgroup v2, then v1: (limit, usage) as a container sees them
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
-
-
-class NotEnoughMemory(MemoryError):
-    """A run or a model that does not fit in this machine's memory, found before allocating it; the
-    message is one line."""
-
-
-def size_text(nbytes: float) -> str:
-    """Bytes in binary units, e.g. '3.2 GiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if nbytes < 1024 or unit == "PiB":
-            return f"{nbytes:,.1f} {unit}"
-        nbytes /= 1024
-
-
-def _meminfo_available() -> int | None:
-    try:
-        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-    except OSError:
-        found = None
-    if found:
-        return int(found.group(1)) * 1024
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
-def _cgroup_room() -> int | None:
-    """A container's memory limit less its usage; None where there is no limit."""
-    for limit_path, usage_path in CGROUP_FILES:
-        try:
-            limit, usage = Path(limit_path).read_text().strip(), Path(usage_path).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # 'max', or v1's huge "no limit"
-            return max(int(limit) - int(usage), 0)
-    return None
-
-
-def _address_space_room() -> int | None:
-    """The address-space limit (ulimit -v) less what this process maps; None where it is unlimited."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit == resource.RLIM_INFINITY:
-        return None
-    try:
-        mapped = int(re.search(r"^VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)) * 1024
-    except (OSError, AttributeError):
-        mapped = 0
-    return max(limit - mapped, 0)
-
-
-def host_available() -> int | None:
-    """Bytes this process can still allocate on the host; None when nothing says."""
-    known = [room for room in (_meminfo_available(), _cgroup_room(), _address_space_room()) if room is not None]
-    return min(known) if known else None
-
-
-def gpu_free() -> int:
-    """Bytes free on this process's GPU."""
-    return runtime().drv.mem_get_info()[0]
 
 
 def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: str = "none",
@@ -214,7 +141,7 @@ def sampling_buffers(config: LlamaConfig, gpus: int) -> dict[str, int]:
 
 
 def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -> dict[str, int]:
-    """What the run that plan (llama/plan.py) describes allocates on each device, by buffer."""
+    """What the run that plan (llama/run/plan.py) describes allocates on each device, by buffer."""
     if plan.device == "cpu":
         return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
     return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention, plan.optimizer,
@@ -288,14 +215,3 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
         return f"{more[0]} GPUs{' with ' + plain if plain else ''} would fit (ZeRO-{more[1]} shards {ZERO_SHARDS[more[1]]})"
     return ("nothing fits at this length; train a smaller model"
             + ("; -e d12 and the Llama presets are meant for a GPU" if plan.device == "cpu" else ""))
-
-
-def require(needed: int, available: int | None, what: str, where: str, advice: str = "",
-            lower_bound: bool = False) -> str:
-    """The line that says what `what` needs of the `where` memory (about, or at least with lower_bound)
-    and how much is available; NotEnoughMemory (with advice) when it does not fit."""
-    have = f"{size_text(available)} available" if available is not None else "availability unknown"
-    line = f"{what} needs {'at least' if lower_bound else 'about'} {size_text(needed)} of {where} memory, {have}"
-    if available is not None and needed > available:
-        raise NotEnoughMemory(line + (f"; {advice}" if advice else ""))
-    return line

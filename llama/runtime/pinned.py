@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..cuda import check_driver, driver
-from ..progress import phase
+from .cuda import check_driver, driver
+from .progress import phase
 
 PIN_PIECE = 1 << 26  # bytes registered at once: the longest the driver may hold its lock for one call is short
 CU_MEMHOSTREGISTER_PORTABLE = 1  # page-locked for every context

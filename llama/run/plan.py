@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
-from .cuda import cuda_unavailable, runtime
-from .memory import choose_zero, gpu_free
-from .model.shapes import HOPPER_ATTENTION
-from .optim import QUANT_BLOCK
-from .options import DOC_MASKS, FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
-from .ops.common import VECTOR
-from .ops.flash_attention import HEAD_DIMS, FlashSource
+from ..runtime.cuda import cuda_unavailable, runtime
+from .memory import choose_zero
+from ..runtime.machine import gpu_free
+from ..model.shapes import HOPPER_ATTENTION
+from ..optim import QUANT_BLOCK
+from ..options import DOC_MASKS, FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
+from ..ops.common import VECTOR
+from ..ops.flash_attention import HEAD_DIMS, FlashSource
 
 DYNAMIC_TWINS = {"wgmma5": "wgmma8", "wgmma6": "wgmma7"}  # GEMM versions and their twins that claim tiles
 FP8_ROW = 16  # FP8 rows hold a multiple of this many values: TMA reads rows of whole 16-byte units

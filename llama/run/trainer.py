@@ -16,36 +16,37 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ops
-from .config import META_MODELS, LlamaConfig, get_preset
-from .cuda import runtime
-from .cache import cache_dir
-from .data.dataloader import DataLoader
-from .data.datasets import prepare_builtin_corpus, starter_pack_shards
-from .data.tokenizer import load_tokenizer
-from .eval.runner import Evaluation, accuracy_over_ranks
-from .eval.tasks import TaskError, load_task
-from .generate import decoder_for, generate
-from .io.background import SLOW, BackgroundJob
-from .io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, newest_usable,
-                            save_checkpoint, snapshot_moments)
-from .io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
-from .io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
-from .io.read_ahead import ReadAhead
-from .io.run_dir import RunDir
-from .kernel_build import build, kernels_for
-from .memory import gpu_free, host_available, require, sampling_buffers, training_buffers, what_would_fit
-from .model.gpu_bf16 import GPUModelBF16
-from .model.gpu_fp32 import GPUModelFP32
-from .model.base import counted_targets
-from .model.reference import ReferenceModel
-from .model.sampling import Sampling
-from .optim import AdamWConfig, learning_rate
-from .options import RunOptions
-from .params import ParameterLayout, count_parameters, init_parameters
+from .. import ops
+from ..config import META_MODELS, LlamaConfig, get_preset
+from ..runtime.cuda import runtime
+from ..cache import cache_dir
+from ..data.dataloader import DataLoader
+from ..data.datasets import prepare_builtin_corpus, starter_pack_shards
+from ..data.tokenizer import load_tokenizer
+from ..eval.runner import Evaluation, accuracy_over_ranks
+from ..eval.tasks import TaskError, load_task
+from ..model.generate import decoder_for, generate
+from ..io.background import SLOW, BackgroundJob
+from ..io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, newest_usable,
+                             save_checkpoint, snapshot_moments)
+from ..io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
+from ..io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
+from ..io.read_ahead import ReadAhead
+from ..io.run_dir import RunDir
+from ..runtime.kernel_build import build, kernels_for
+from .memory import sampling_buffers, training_buffers, what_would_fit
+from ..runtime.machine import gpu_free, host_available, require
+from ..model.gpu_bf16 import GPUModelBF16
+from ..model.gpu_fp32 import GPUModelFP32
+from ..model.base import counted_targets
+from ..model.reference import ReferenceModel
+from ..model.sampling import Sampling
+from ..optim import AdamWConfig, learning_rate
+from ..options import RunOptions
+from ..params import ParameterLayout, count_parameters, init_parameters
 from .plan import Plan, choose_device, make_plan
-from .progress import TrainingProgress, phase
-from .signals import GracefulStop
+from ..runtime.progress import TrainingProgress, phase
+from ..runtime.signals import GracefulStop
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
@@ -109,7 +110,7 @@ def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, fre
                  sampling: bool = False) -> str:
     """One line: what a run needs of its device's memory and what is available (free_gpu: the GPU's free bytes,
     None reads this one's; sampling: the run samples, on several GPUs from gathered weights), checked before
-    anything large is allocated; NotEnoughMemory, naming what would fit, when it does not (llama/memory.py)."""
+    anything large is allocated; NotEnoughMemory, naming what would fit, when it does not (llama/run/memory.py)."""
     needed = sum(training_buffers(plan, config, B, T, gpus).values())
     if sampling and plan.device == "cuda":
         needed += sum(sampling_buffers(config, gpus).values())
@@ -569,7 +570,7 @@ class Trainer:
         return stops > 0
 
     def _progress(self, step: int, lr: float, norm: float, dt: float) -> None:
-        """The step as llm.c's line or in the bar, as the display says (llama/progress.py)."""
+        """The step as llm.c's line or in the bar, as the display says (llama/runtime/progress.py)."""
         peak = self.peak_flops
         mfu = self.flops_per_step / dt / peak if peak else None
         stats = [f"loss {self.loss:.4f}", f"{self.tokens_per_step / dt:,.0f} tok/s (last step)", f"lr {lr:.2e}",

@@ -1,7 +1,7 @@
 """The small PyCUDA runtime: primary context, kernels/*.cu's cubins loaded, device arrays.
 
 Kernels are compiled for the GPU's own architecture (sm_90a on Hopper, so that Hopper-only
-instructions are available) into a persistent cache (llama/kernel_build.py, which the trainer fills
+instructions are available) into a persistent cache (llama/runtime/kernel_build.py, which the trainer fills
 ahead, in parallel); the runtime loads the cubin of the build unit holding each kernel asked for,
 building it if missing. Launches go through prepared calls on the runtime's one stream (an ordinary
 blocking stream, so it stays ordered with synchronous copies); nothing here synchronizes except

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model.gpu_decoder import GPUDecoder
-from .model.reference import ReferenceDecoder
-from .model.sampling import Sampling
+from .gpu_decoder import GPUDecoder
+from .reference import ReferenceDecoder
+from .sampling import Sampling
 
 
 @dataclass

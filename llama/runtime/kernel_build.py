@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import cache_dir as user_cache_dir
+from ..cache import cache_dir as user_cache_dir
 
 CACHE_ENV = "LLAMA_KERNEL_CACHE"  # moves the cache
 NVCC = "nvcc"
@@ -83,7 +83,7 @@ class Unit:
 
 def kernel_dir() -> Path:
     """kernels/ of a source checkout, or llama/kernels/ inside an installed wheel."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # llama/
     for candidate in (package / "kernels", package.parent / "kernels"):
         if (candidate / "common.cuh").exists():
             return candidate
@@ -245,7 +245,7 @@ def gemm_units(chooser, code: str) -> list[Unit]:
 
 
 def kernels_for(plan, code: str, decoder: bool = False) -> list[Unit]:
-    """The units a plan (llama/plan.py) launches on a GPU of this code; decoder: also the sampler's."""
+    """The units a plan (llama/run/plan.py) launches on a GPU of this code; decoder: also the sampler's."""
     if plan.path == "cpu":
         return []
     modules = (PATH_MODULES[plan.path] + (PATH_MODULES["bf16"] + DECODER_MODULES if decoder else ())
