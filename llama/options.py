@@ -48,9 +48,13 @@ class RunOptions:
     batch: tuple[int, int] | None = None
     doc_mask: str | None = None  # DOC_MASKS; None is auto
     sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count
+    bos_id: int | None = None  # the tokenizer's BOS, where documents start for the document mask
 
     @classmethod
-    def from_args(cls, args, gpus: int = 1, batch: tuple[int, int] | None = None) -> "RunOptions":
-        """The options of train_llama.py's parsed command line."""
-        return cls(args.device, args.dtype, args.recompute, args.optimizer, args.optimizer_in_backward,
-                   args.fp8_scaling, args.zero, args.reduce_dtype, gpus, batch, args.doc_mask, args.sft)
+    def from_args(cls, args, gpus: int = 1, batch: tuple[int, int] | None = None,
+                  bos_id: int | None = None) -> "RunOptions":
+        """The options of train_llama.py's parsed command line (each by the name of its option)."""
+        return cls(device=args.device, dtype=args.dtype, recompute=args.recompute, optimizer=args.optimizer,
+                   in_backward=args.optimizer_in_backward, fp8_scaling=args.fp8_scaling, zero=args.zero,
+                   reduce_dtype=args.reduce_dtype, gpus=gpus, batch=batch, doc_mask=args.doc_mask, sft=args.sft,
+                   bos_id=bos_id)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from llama.config import get_preset  # noqa: E402
 from llama.io.checkpoint import (checkpoint_pieces, load_checkpoint, read_data, save_checkpoint,  # noqa: E402
-                                 snapshot_moments, stream_checkpoint)
+                                 load_state_into, snapshot_moments, stream_checkpoint)
 from llama.io.safetensors_file import READ_PIECE, READERS  # noqa: E402
 from llama.params import ParameterLayout  # noqa: E402
 
@@ -131,7 +131,7 @@ def drop_and_time(what: str, folder: Path, nbytes: int, work) -> object:
 def bench_streamed_resume(model, folder: Path) -> None:
     """A checkpoint read into the model as --resume does on one GPU, cold: the read alone (parts into page-locked
     buffers, dropped), the upload alone (the same parts from a page-locked buffer), both streamed together
-    (load_checkpoint_state), and the way before: read_data into host arrays, then set_state."""
+    (load_state_into), and the way before: read_data into host arrays, then set_state."""
     from llama.runtime.cuda import runtime
     from llama.runtime.pinned import PinnedArrays
     checkpoint, drv = load_checkpoint(folder, read=False), runtime().drv
@@ -146,7 +146,7 @@ def bench_streamed_resume(model, folder: Path) -> None:
             for done in range(0, n, READ_PIECE):
                 drv.memcpy_htod(targets[name].ptr + to + done, buffers[0][:min(READ_PIECE, n - done)])
     timed("upload alone (page-locked)", nbytes, upload_alone)
-    drop_and_time("read + upload streamed (cold)", folder, nbytes, lambda: model.load_checkpoint_state(checkpoint))
+    drop_and_time("read + upload streamed (cold)", folder, nbytes, lambda: load_state_into(model, checkpoint))
     host = drop_and_time("before: read into host arrays", folder, nbytes, lambda: read_data(checkpoint))
     timed("before: set_state from them", nbytes,
           lambda: model.set_state(host["params"], host["adam_m"], host["adam_v"]))
@@ -167,7 +167,7 @@ def bench_gpu(config, args) -> None:
                          in_backward=args.optimizer_in_backward, batch=(args.batch_size, args.seq_len))
     plan = make_plan(config, options)
     build(kernels_for(plan, runtime().code))
-    model = GPUModelBF16(config, args.batch_size, args.seq_len, plan=plan)  # weights drawn on the GPU
+    model = GPUModelBF16(config, plan, (args.batch_size, args.seq_len))  # weights drawn on the GPU
     rng = np.random.default_rng(0)
     probe = [rng.integers(0, config.vocab_size, (args.batch_size, args.seq_len)) for _ in range(2)]
     bench_background_pinning(model, tuple(probe))

@@ -27,6 +27,8 @@ from llama.config import get_preset
 from llama.runtime.cuda import DEPENDENT_LAUNCHES, empty, runtime, to_device
 from llama.model.sampling import Sampling
 from llama.model.gpu_decoder import GPUDecoder
+from llama.options import RunOptions
+from llama.run.plan import make_plan
 from llama.params import ParameterLayout
 
 BURST = 32  # decode steps between reads of the drawn ids
@@ -65,7 +67,8 @@ def step_bytes(config, batch: int, context: float) -> float:
 
 
 def bench_ours(config, params, batch: int, prompt: int, steps: int) -> dict:
-    decoder = GPUDecoder(config, params, batch=batch, max_len=prompt + steps + 1)
+    plan = make_plan(config, RunOptions("cuda"))
+    decoder = GPUDecoder(config, plan, params, batch=batch, max_len=prompt + steps + 1)
     tokens = np.random.default_rng(1).integers(0, config.vocab_size, (batch, prompt))
     greedy = Sampling(temperature=0)
     for _ in range(2):  # warm-up: the kernels compile and the decode graph is captured
@@ -89,7 +92,7 @@ def bench_ours(config, params, batch: int, prompt: int, steps: int) -> dict:
 
 def bench_prefill(config, params, prompt: int) -> float:
     """Prefill tokens/s of one sequence of `prompt` tokens (median of 9, after a warm-up)."""
-    decoder = GPUDecoder(config, params, batch=1, max_len=prompt + 1)
+    decoder = GPUDecoder(config, make_plan(config, RunOptions("cuda")), params, batch=1, max_len=prompt + 1)
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, (1, prompt))
     times = []
     for _ in range(10):

@@ -17,6 +17,8 @@ from llama.runtime.cli import require
 from llama.config import get_preset
 from llama.runtime.cuda import empty, runtime, time_ms, to_device
 from llama.model.gpu_fp32 import GPUModelFP32
+from llama.options import RunOptions
+from llama.run.plan import make_plan
 from llama.optim import AdamWConfig
 from llama.params import count_parameters
 
@@ -44,7 +46,7 @@ def bench_matmuls(config, M: int) -> list[dict]:
 
 
 def bench_our_step(config, B: int, T: int, steps: int) -> dict:
-    model = GPUModelFP32(config, B, T, seed=0)
+    model = GPUModelFP32(config, make_plan(config, RunOptions("cuda", "fp32")), (B, T), seed=0)
     rng = np.random.default_rng(0)
     tokens, targets = rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T))
     opt = AdamWConfig()

@@ -89,7 +89,7 @@ def step_ms(config, bench: Bench, steps: int, comm, zero: int, gemm: str, built=
     plan = make_plan(config, RunOptions("cuda", "bf16", bench.recompute, bench.optimizer,
                                         gpus=comm.world_size if comm else 1, zero=zero))
     plan = replace(plan, gemm=replace(plan.gemm, dynamic=gemm == "dynamic"))
-    model = GPUModelBF16(config, B, T, comm=comm, plan=plan)
+    model = GPUModelBF16(config, plan, (B, T), comm=comm)
     if built is not None:
         built()
     rng = np.random.default_rng(comm.rank if comm else 0)

@@ -31,7 +31,7 @@ from llama.run.plan import make_plan
 
 def step_graphs(model):
     """The captured graphs of the model's only step shape: (the micro-batch's, the optimizer's)."""
-    (micro_graphs, optimizer_graph), = model.graphs.values()
+    (micro_graphs, optimizer_graph), = model.step.graphs.values()
     micro_graph, = micro_graphs.values()
     return micro_graph, optimizer_graph
 
@@ -52,7 +52,7 @@ def overlap_times(name: str, B: int, T: int, dtype: str, optimizer: str, repeats
     """Device ms of the step's graphs: micro alone, optimizer alone, one after the other, together."""
     from llama.model.gpu_bf16 import GPUModelBF16
     c = get_preset(name).replace(vocab_size=VOCAB)
-    model = GPUModelBF16(c, B, T, plan=make_plan(c, RunOptions("cuda", dtype, None, optimizer)))
+    model = GPUModelBF16(c, make_plan(c, RunOptions("cuda", dtype, None, optimizer)), (B, T))
     rng = np.random.default_rng(0)
     batch = [(rng.integers(0, c.vocab_size, (B, T)), rng.integers(0, c.vocab_size, (B, T)))]
     opt = AdamWConfig()

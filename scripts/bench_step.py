@@ -49,7 +49,7 @@ def bench_ours(c, B, T, steps, dtype, plan, breakdown=True, warmup=3):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.model.gpu_fp32 import GPUModelFP32
     before = allocated_bytes()
-    model = GPUModelFP32(c, B, T) if dtype == "fp32" else GPUModelBF16(c, B, T, plan=plan)
+    model = (GPUModelFP32 if dtype == "fp32" else GPUModelBF16)(c, plan, (B, T))
     rng = np.random.default_rng(0)
     batches = [[(rng.integers(0, c.vocab_size, (B, T)), rng.integers(0, c.vocab_size, (B, T)))] for _ in range(4)]
     opt, done = AdamWConfig(), [0]

@@ -34,7 +34,7 @@ from llama.eval.scoring import ItemScore, metrics
 from llama.eval.tasks import HELLASWAG, Item, Task, TaskError, load_task
 from llama.io.hf import transformers_config
 from llama.io.model_folder import load_model
-from llama.run.trainer import build_model
+from llama.model import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK_CONFIG = get_preset("d12").replace(n_layers=2)  # part 1's model: d12's layers (head_dim 64), two of them
@@ -145,8 +145,8 @@ def our_scores(folder: Path, items: list[Item], dtype: str, rows: int,
     evaluation = Evaluation(Task("check", items), tokenizer, rows, config.max_seq_len)
     print(f"ours {dtype}: {len(items)} items tokenized into {len(evaluation.passes)} passes in "
           f"{time.perf_counter() - began:.1f} s", file=sys.stderr)
-    model = build_model(evaluation_plan(config, device, dtype), config, rows,
-                        max(p.tokens.shape[1] for p in evaluation.passes), params)
+    model = build_model(config, evaluation_plan(config, device, dtype),
+                        (rows, max(p.tokens.shape[1] for p in evaluation.passes)), params)
     model.forward(*FILLER_PASS)
     began = time.perf_counter()
     scores = evaluation.run(model)

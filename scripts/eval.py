@@ -29,7 +29,7 @@ from llama.io.hf import HFError
 from llama.io.model_folder import load_model
 from llama.options import DEVICES, DTYPES
 from llama.runtime.progress import bar
-from llama.run.trainer import build_model
+from llama.model import build_model
 
 DEFAULT_ROWS = {"cuda": 128, "cpu": 8}  # rows (choices) a forward pass
 
@@ -60,7 +60,7 @@ def score(args) -> tuple[dict, list, float, str]:
     rows = args.batch_size or DEFAULT_ROWS[plan.device]
     evaluation = Evaluation(task, tokenizer, rows, min(config.max_seq_len, 1 << 16))
     T = max(p.tokens.shape[1] for p in evaluation.passes)
-    model = build_model(plan, config, rows, T, params)
+    model = build_model(config, plan, (rows, T), params)
     model.forward(*FILLER_PASS)  # loads the kernels, which the timing leaves out
     began = time.perf_counter()
     with bar(total=evaluation.rows, desc=task.name, unit="choice", leave=False) as progress:

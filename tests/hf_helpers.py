@@ -17,6 +17,7 @@ from llama.config import get_preset
 from llama.io.hf import to_hf_state, transformers_config
 from llama.model.reference import ReferenceModel
 from llama.params import ParameterLayout
+from llama.run.plan import cpu_plan
 
 # GQA and llama3 RoPE scaling with a short original context, so that all three scaling branches act
 CONFIG = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=517, max_seq_len=128,
@@ -61,7 +62,7 @@ def hf_model_of(config, params: np.ndarray):
 
 def reference_forward(config, params: np.ndarray, tokens: np.ndarray, targets: np.ndarray | None = None):
     """Our float64 reference holding params after a forward of tokens (and targets): (model, loss or None)."""
-    model = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
+    model = ReferenceModel(config, cpu_plan(), params=params.astype(np.float64), dtype=np.float64)
     return model, model.forward(tokens, targets)
 
 

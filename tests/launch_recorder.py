@@ -62,7 +62,7 @@ class Recording:
             return ["bytes", words, bytes(x[whole:]).hex()]
         if isinstance(x, (np.generic,)):
             x = x.item()
-        if isinstance(x, bool) or x is None:
+        if isinstance(x, (bool, str)) or x is None:
             return x
         if isinstance(x, int):
             return self.pointer(x) or x
@@ -318,3 +318,94 @@ def recording_gpu():
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+
+
+# ---- the runs recorded for a refactor's comparison
+
+BOS = 7  # the document mask's BOS in the recorded runs
+RECORDED_RUNS = {  # name: the run's RunOptions fields, and micro-batches a step, untied head
+    "bf16_partial_accum2": dict(dtype="bf16", micro=2),
+    "bf16_none_untied": dict(dtype="bf16", recompute="none", untied=True),
+    "bf16_full_adamw8bit": dict(dtype="bf16", recompute="full", optimizer="adamw8bit"),
+    "fp8_row": dict(dtype="fp8"),
+    "fp8_tensor_full": dict(dtype="fp8", fp8_scaling="tensor", recompute="full"),
+    "bf16_in_backward_full": dict(dtype="bf16", recompute="full", in_backward=True),
+    "bf16_sft_doc_mask": dict(dtype="bf16", sft=True, micro=2),
+    "fp32": dict(dtype="fp32"),
+}
+
+
+def record_run(spec: dict, steps: int = 3, B: int = 2, T: int = 64) -> list:
+    """The events of a small two-layer model of this plan: built, `steps` training steps (the first eager and
+    captured, the next replayed), a forward with targets, one without and its logits at the last position, and on
+    the bf16 paths the decoder's prefill of 5 tokens and 3 decode steps."""
+    from llama.config import get_preset
+    from llama.model import build_model
+    from llama.model.generate import decoder_for
+    from llama.model.sampling import Sampling
+    from llama.optim import AdamWConfig
+    from llama.options import RunOptions
+    from llama.params import init_parameters
+    from llama.run.plan import make_plan
+
+    config = get_preset("d6").replace(n_layers=2, vocab_size=512, max_seq_len=128, tie_embeddings=not spec.get("untied"))
+    micro = spec.get("micro", 1)
+    fields = {k: v for k, v in spec.items() if k not in ("micro", "untied")}
+    rng = np.random.default_rng(0)
+    with recording_gpu() as recording:
+        plan = make_plan(config, RunOptions("cuda", bos_id=BOS, **fields))
+        model = build_model(config, plan, (B, T), init_parameters(config, 0))
+        recording.add("built")
+        for step in range(1, steps + 1):
+            tokens = rng.integers(0, config.vocab_size, (B * micro, T)).astype(np.int32)
+            tokens[:, ::9] = BOS
+            targets = rng.integers(0, config.vocab_size, (B * micro, T)).astype(np.int32)
+            if plan.sft:
+                targets[:, ::3] = -1
+            batches = list(zip(np.split(tokens, micro), np.split(targets, micro)))
+            counted = float((targets >= 0).sum()) if plan.sft else None
+            model.train_step(batches, 1e-3, step, AdamWConfig(), batches[0] if step < steps else None, counted)
+            recording.add("step", step)
+        model.forward(tokens[:B], targets[:B])
+        model.token_losses()
+        model.forward(tokens[:B])
+        model.read_logits(position=-1)
+        recording.add("forwards")
+        if plan.dtype != "fp32":
+            decoder = decoder_for(model, plan, max_len=T)
+            sampling = Sampling(1.0, 40, seed=3)
+            decoder.prefill(tokens[:1, :5], sampling)
+            decoder.decode(3, sampling)
+            recording.add("decoded")
+            del decoder
+        del model
+    return recording.events
+
+
+def first_difference(a: list, b: list) -> int | None:
+    """The index of the first event where two recordings differ (one ending early counts), None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--compare"]:
+        before, after = (json.loads(open(path).read()) for path in argv[1:3])
+        differ = 0
+        for name in sorted(set(before) | set(after)):
+            a, b = before.get(name, []), after.get(name, [])
+            at = first_difference(a, b)
+            differ += at is not None
+            print(f"{name}: the same {len(a)} events" if at is None else
+                  f"{name}: differs at event {at}: {a[at:at + 1]} against {b[at:at + 1]}")
+        return 1 if differ else 0
+    events = {name: record_run(spec) for name, spec in RECORDED_RUNS.items()}
+    with open(argv[0], "w") as f:
+        json.dump(events, f)
+    print(", ".join(f"{name}: {len(e)} events" for name, e in events.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

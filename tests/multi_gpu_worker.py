@@ -31,7 +31,7 @@ def eager_steps_match_captured(comm, stage: int) -> None:
                                         max_seq_len=64)
     params, opt = init_parameters(config, 3).astype(BF16).astype(np.float32), AdamWConfig()
     plan = make_plan(config, RunOptions("cuda", "bf16", gpus=comm.world_size, zero=stage))
-    captured, eager = (GPUModelBF16(config, 2, 64, params=params, comm=comm, plan=plan) for _ in range(2))
+    captured, eager = (GPUModelBF16(config, plan, (2, 64), params=params, comm=comm) for _ in range(2))
     rng = np.random.default_rng(comm.rank)
     batches = [(rng.integers(0, 512, (2, 64)), rng.integers(0, 512, (2, 64))) for _ in range(2)]
     for step in (1, 2):  # the second step replays the captured graphs
@@ -136,10 +136,11 @@ def device_init_matches_host_init(comm, stage: int) -> None:
 
     def bf16(optimizer: str):
         plan = make_plan(bf16_config, RunOptions("cuda", "bf16", optimizer=optimizer, gpus=comm.world_size, zero=stage))
-        return lambda params: GPUModelBF16(bf16_config, 2, 64, params=params, seed=5, comm=comm, plan=plan)
+        return lambda params: GPUModelBF16(bf16_config, plan, (2, 64), params=params, seed=5, comm=comm)
 
     def fp32(params):
-        return GPUModelFP32(fp32_config, 2, 32, params=params, seed=5, comm=comm, zero=stage)
+        return GPUModelFP32(fp32_config, make_plan(fp32_config, RunOptions("cuda", "fp32", zero=stage)), (2, 32),
+                            params=params, seed=5, comm=comm)
 
     models = {"bf16": (bf16_config, bf16("adamw"), False),
               "bf16 with 8-bit moments": (bf16_config, bf16("adamw8bit"), True), "fp32": (fp32_config, fp32, True)}

@@ -23,6 +23,8 @@ from llama.config import get_preset  # noqa: E402
 from llama.runtime.cuda import Graph, time_ms, to_device  # noqa: E402
 from llama.model.sampling import Sampling  # noqa: E402
 from llama.model.gpu_decoder import GPUDecoder  # noqa: E402
+from llama.options import RunOptions  # noqa: E402
+from llama.run.plan import make_plan  # noqa: E402
 from llama.params import init_parameters  # noqa: E402
 
 REPEATS = 20
@@ -55,7 +57,7 @@ def main() -> int:
     max_len = args.prompt + 8192  # room for the positions the timing loops advance
     config = get_preset(args.preset).replace(max_seq_len=max_len)
     params = to_device(init_parameters(config))
-    decoder = GPUDecoder(config, params, batch=args.batch, max_len=max_len)
+    decoder = GPUDecoder(config, make_plan(config, RunOptions("cuda")), params, batch=args.batch, max_len=max_len)
     greedy = Sampling(temperature=0)
     tokens = np.random.default_rng(1).integers(0, config.vocab_size, (args.batch, args.prompt))
     decoder.prefill(tokens, greedy)

@@ -45,7 +45,12 @@ from ..optim import QUANT_BLOCK, Quantized
 from ..params import ParameterLayout
 from .background import report_if_slow
 from .read_ahead import ReadAhead
-from .safetensors_file import SafetensorsError, check_tensors, read_into, read_tensors, tensor_names, write_tensors
+from ..runtime.cuda import runtime
+from ..runtime.pinned import PinnedArrays
+from ..runtime.progress import phase
+from .safetensors_file import (READ_PIECE, SafetensorsError, check_tensors, read_into, read_tensors, tensor_names,
+                               write_tensors)
+from .safetensors_file import READERS as READS_AT_ONCE
 
 DONE = "DONE"
 MODEL, OPTIMIZER, STATE, READERS = "model.safetensors", "optimizer.safetensors", "state.json", "readers.lock"
@@ -431,6 +436,30 @@ def stream_checkpoint(checkpoint: dict, buffers: list[np.ndarray], upload: Calla
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def load_state_into(model, checkpoint: dict, read_ahead: ReadAhead | None = None) -> None:
+    """One GPU: the weights and moments of a checkpoint loaded without its data (load_checkpoint(read=False)),
+    streamed from its files into the model's state_buffers() (the master weights and the moments on the device)
+    through page-locked buffers while the next parts are read (stream_checkpoint, which checks the weights), and
+    the weights the forward reads rounded after (model.set_weights_on_device): the state that model.set_state of the
+    host arrays makes, bit for bit. Moments in the other format than the model's optimizer holds (fp32 ones for
+    8-bit, or back) are read on the host and converted by set_state's path. read_ahead: the checkpoint's files
+    being read into memory ahead (llama/io/read_ahead.py), told what was consumed."""
+    targets, drv = model.state_buffers(), runtime().drv
+    same_format = checkpoint["quantized"] == ("m_codes" in targets)
+    staging = PinnedArrays({f"buffer {i}": ((READ_PIECE,), np.uint8) for i in range(READS_AT_ONCE)})
+    buffers = list(staging.wait().values())
+    nbytes = sum(b.nbytes for name, b in targets.items() if same_format or name == "params")
+    with phase(f"reading {checkpoint['path']}", total=nbytes, unit="B") as progress:
+        def upload(name: str, offset: int, data: np.ndarray) -> None:
+            drv.memcpy_htod(targets[name].ptr + offset, data)
+            progress.update(data.size)
+
+        model.set_weights_on_device(lambda master: stream_checkpoint(checkpoint, buffers, upload, same_format,
+                                                                     read_ahead))
+    if not same_format:
+        model.set_state(None, *read_moments(checkpoint))
 
 
 def newest_usable(out_dir: str | Path, read: bool = True, before: Path | None = None) -> tuple[dict | None, list[str]]:

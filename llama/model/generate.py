@@ -94,4 +94,4 @@ def decoder_for(model, plan, max_len: int, batch: int = 1):
     if isinstance(getattr(model, "params", None), np.ndarray):
         return ReferenceDecoder(model.config, model.params, batch, max_len)
     weights = getattr(model, "params_bf16", None) if getattr(model, "comm", None) is None else None
-    return GPUDecoder(model.config, model.master_weights(), batch, max_len, weights=weights, plan=plan)
+    return GPUDecoder(model.config, plan, model.master_weights(), batch, max_len, weights=weights)

@@ -10,11 +10,8 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..runtime.cuda import DeviceArray, empty, runtime, to_device
-from ..io.checkpoint import read_moments, stream_checkpoint
+from ..runtime.cuda import BF16, DeviceArray, empty, runtime, to_device
 from ..runtime.pinned import PinnedArrays
-from ..io.read_ahead import ReadAhead
-from ..io.safetensors_file import READ_PIECE, READERS
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
 from ..runtime.progress import phase
@@ -24,26 +21,29 @@ CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronizat
 
 
 class GPUModelBase(Model):
-    def _setup(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, seed: int, comm,
-               weight_dtype, optimizer: str = "adamw", gradients: bool = True, stage: int = 1,
-               reduce_dtype=np.float32, doc_mask_bos: int | None = None) -> np.ndarray:
-        """The shared part of a GPU model's __init__: activations are sized for batches of up to (B, T);
-        weight_dtype is that of the weights the forward reads (fp32, or the bf16 copy); optimizer: the
-        moments' format (llama/optim.py OPTIMIZER_STATES); gradients False: no full gradient buffer (the
-        model keeps them a group at a time); stage: ZeRO's on several GPUs, reduce_dtype that of its gradients'
-        reduce-scatter; doc_mask_bos: None, or the BOS id of the document mask (_document_bounds). Returns the
-        starting flat fp32 params: params, or None, when each GPU draws its part of a fresh initialization from
-        seed (llama/ops/init.py; on several GPUs its shard of the master weights, Zero.fill_master)."""
+    def _setup(self, config: LlamaConfig, plan, batch: tuple[int, int], params: np.ndarray | None, seed: int, comm,
+               weight_dtype, gradients: bool = True) -> np.ndarray | None:
+        """The shared part of a GPU model's __init__, from every model's arguments (llama/model/__init__.py):
+        activations are sized for batches of up to batch (B, T); weight_dtype is that of the weights the forward
+        reads (fp32, or the bf16 copy); gradients False: no full gradient buffer (the model keeps them a group at a
+        time). From the plan: the moments' format (llama/optim.py OPTIMIZER_STATES), ZeRO's stage on several GPUs
+        and its gradients' reduce-scatter dtype, the document mask's BOS (each forward then computes its batch's
+        document bounds on the GPU: _document_bounds). params None: each GPU draws its part of a fresh
+        initialization from seed (llama/ops/init.py; on several GPUs its shard of the master weights,
+        Zero.fill_master). Returns the starting flat fp32 params: params checked, or None when drawn."""
+        B, T = batch
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
-        self.config, self.B, self.T, self.comm = config, B, T, comm
-        self.doc_mask_bos = doc_mask_bos
-        if doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
+        self.config, self.plan, self.B, self.T, self.comm = config, plan, B, T, comm
+        self.doc_mask_bos = plan.doc_mask_bos
+        if self.doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
             self.doc_start, self.doc_end = empty((B, T), np.int32), empty((B, T), np.int32)
         self.layout = ParameterLayout(config)
         params = model_parameters(self.layout, params, seed) if params is not None else None
+        reduce_dtype = BF16 if plan.reduce_dtype == "bf16" else np.float32
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, optimizer, gradients, stage, reduce_dtype)
+        self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, plan.optimizer, gradients, plan.zero,
+                                   reduce_dtype)
         if params is None:
             drawn = sum(end - start for _, start, end, _ in self.zero.layout.owned_flat(self.zero.rank))
             with phase("initializing the weights on the GPU", total=drawn, unit="param") as progress:
@@ -139,28 +139,6 @@ class GPUModelBase(Model):
         if wait:
             self.wait_for_state()
         return host
-
-    def load_checkpoint_state(self, checkpoint: dict, read_ahead: ReadAhead | None = None) -> None:
-        """One GPU: the weights and moments of a checkpoint loaded without its data (load_checkpoint(read=False)),
-        streamed from its files into state_buffers() through page-locked buffers while the next parts are read
-        (stream_checkpoint, which checks the weights), and the weights the forward reads rounded after: the state
-        that set_state of the host arrays makes, bit for bit. Moments in the other format than the optimizer's
-        (fp32 ones for 8-bit, or back) are read on the host and converted by set_state's path. read_ahead: the
-        checkpoint's files being read into memory ahead (llama/io/read_ahead.py), told what was consumed."""
-        targets, drv = self.state_buffers(), runtime().drv
-        same_format = checkpoint["quantized"] == (self.zero.optimizer == "adamw8bit")
-        staging = PinnedArrays({f"buffer {i}": ((READ_PIECE,), np.uint8) for i in range(READERS)})
-        buffers = list(staging.wait().values())
-        nbytes = sum(b.nbytes for name, b in targets.items() if same_format or name == "params")
-        with phase(f"reading {checkpoint['path']}", total=nbytes, unit="B") as progress:
-            def upload(name: str, offset: int, data: np.ndarray) -> None:
-                drv.memcpy_htod(targets[name].ptr + offset, data)
-                progress.update(data.size)
-
-            self.set_weights_on_device(
-                lambda master: stream_checkpoint(checkpoint, buffers, upload, same_format, read_ahead))
-        if not same_format:
-            self.zero.set_moments(*read_moments(checkpoint))
 
     def wait_for_state(self) -> None:
         """Wait for download_state's copies (before the state changes or its arrays are read)."""

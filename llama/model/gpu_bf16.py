@@ -17,12 +17,14 @@ activations are the same bits, so are the gradients. AdamW's moments are fp32, o
 GPU (--optimizer adamw8bit, kernels/adamw.cu's adamw8bit_update_bf16). Which GEMM version and flash
 attention build run is the plan's (llama/run/plan.py).
 
-The model is this module's buffers, forward and backward, composed with one helper per concern:
-  bf16_block.py        the block's forward (BF16Block), shared with the GPU decoder's prefill
-  bf16_fp8.py          the linear layers on FP8 casts under --dtype fp8 (FP8Linears)
-  bf16_inputs.py       the batch and the optimizer's scalars, staged in pinned memory (PinnedInputs)
-  bf16_step.py         the step as CUDA graphs by their keys, eager_step, the ZeRO optimizer (CapturedStep)
-  bf16_in_backward.py  the optimizer in the backward (OptimizerInBackward)
+The model is this module's buffers, its forward and backward over the layers, and the classifier, composed of
+parts that each hold their own state (self.<part>):
+  block    bf16_block.py BF16Block: a layer's forward and backward, shared with the GPU decoder's prefill
+  linears  linears.py BF16Linears, or fp8_linears.py FP8Linears under --dtype fp8: the block's linear layers
+  inputs   bf16_inputs.py PinnedInputs: the batch, the optimizer's scalars and the loss scale, staged in pinned memory
+  step     bf16_step.py CapturedStep (the step as CUDA graphs, the ZeRO optimizer), or bf16_in_backward.py
+           InBackwardStep (the optimizer in the backward): the step, and where the gradients accumulate
+  zero     llama/parallel/zero.py Zero: the weights, gradients and optimizer state, sharded on several GPUs
 
 With a communicator (several GPUs, llama/parallel/nccl.py) the optimizer is ZeRO
 (llama/parallel/zero.py, stage 1, 2 or 3): the backward reduce-scatters each layer's gradients as soon as
@@ -39,47 +41,45 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..runtime.cuda import BF16, DeviceArray, empty, zeros
-from ..options import RunOptions
+from ..optim import AdamWConfig
 from ..parallel.zero import MasterReplica
-from ..run.plan import Plan, make_plan
+from ..runtime.cuda import BF16, DeviceArray, empty, zeros
 from .base import check_batch, counted_targets
-from .bf16_fp8 import FP8Linears
-from .bf16_in_backward import OptimizerInBackward
+from .bf16_block import BF16Block
+from .bf16_in_backward import InBackwardStep
 from .bf16_inputs import PinnedInputs
+from .bf16_step import CapturedStep
 from .gpu_base import GPUModelBase
+from .fp8_linears import FP8Linears
+from .linears import BF16Linears
 from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activation_shapes
 
 
-class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
-    def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 comm=None, plan: Plan | None = None, doc_mask_bos: int | None = None):
-        """plan: the run's (llama/run/plan.py), which says which GEMM and attention builds run, what the
-        backward recomputes and the optimizer, and with sft that the loss is divided by the step's counted
-        targets (train_step's counted, read by the classifier from a device scalar); None makes the default bf16
-        plan of this model on this GPU (a PlanError says why the model does not fit it). doc_mask_bos: None, or
-        the BOS id: each forward computes its batch's document bounds on the GPU from the uploaded tokens (inside
-        the captured graphs) and every layer's attention, forward and backward, is document-masked."""
-        self.plan = plan or make_plan(config, RunOptions("cuda", "bf16"))
-        self.recompute, self.in_backward = self.plan.recompute, self.plan.in_backward
-        self.fp8 = self.plan.dtype == "fp8"
-        params = self._setup(config, B, T, params, seed, comm, BF16, self.plan.optimizer, not self.in_backward,
-                             self.plan.zero, BF16 if self.plan.reduce_dtype == "bf16" else np.float32, doc_mask_bos)
+class GPUModelBF16(GPUModelBase):
+    def __init__(self, config: LlamaConfig, plan, batch: tuple[int, int], params: np.ndarray | None = None,
+                 seed: int = 0, comm=None):
+        """Every model's arguments (llama/model/__init__.py). From the plan (llama/run/plan.py): which GEMM and
+        attention builds run, the linear layers' dtype, what the backward recomputes and the optimizer (in the
+        backward or after it), the document mask (each forward computes its batch's document bounds on the GPU
+        from the uploaded tokens, inside the captured graphs, and every layer's attention, forward and backward,
+        is document-masked), and with sft that the loss is divided by the step's counted targets (train_step's
+        counted, read by the classifier from a device scalar)."""
+        params = self._setup(config, plan, batch, params, seed, comm, BF16, gradients=not plan.in_backward)
         self.params_bf16 = self.zero.weights
-        self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, self.layout.norm_names(), params)
-        if self.in_backward:
-            self._allocate_groups()
+        norms = self.layout.norm_names()
+        self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, norms, params)
+        self.step = InBackwardStep(self) if plan.in_backward else CapturedStep(self)
         self._allocate()
-        if self.fp8:
-            self._allocate_fp8()
-        # (b, t, micro_steps, opt) -> ({(first, last): micro-batch graph}, optimizer graph); in the backward:
-        # (b, t, "in backward", opt) -> the step's graph
-        self.graphs = {}
+        if plan.dtype == "fp8":
+            self.linears = FP8Linears(plan, self.weight, self.grad, config, self.layout, self.B, self.T, self.zero)
+        else:
+            self.linears = BF16Linears(plan, self.weight, self.grad)
+        self.block = BF16Block(config, self.layout, plan, self.linears, self.master, self.grad, self._document_mask)
 
     # ---- buffers
 
     def _shapes(self, b: int, t: int) -> tuple[dict, dict]:
-        return activation_shapes(self.config, b, t, self.recompute, self.plan.attention)
+        return activation_shapes(self.config, b, t, self.plan.recompute, self.plan.attention)
 
     def _buffer(self, name: str, shape) -> DeviceArray:
         return empty(shape, np.float32 if name in FP32_BUFFERS else BF16)
@@ -89,18 +89,18 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         self.layer_buffers = [{k: self._buffer(k, s) for k, s in layer.items()} for _ in range(self.config.n_layers)]
         self.buffers = {k: self._buffer(k, s) for k, s in shared.items()}
         N, C = self.B * self.T, self.config.dim
-        self.rms_scratch = zeros(ops.rmsnorm_bf16_scratch_size(C))
+        self.buffers["rms_scratch"] = zeros(ops.rmsnorm_bf16_scratch_size(C))
         self.embedding_scratch = zeros(ops.embedding_bf16_scratch_size(N, C))
         self.norm_scratch = zeros(ops.NORM_BLOCKS + 1, np.float64)
         self.norm_squared, self.loss_total = zeros(1), zeros(1)
-        self.adam_scalars = zeros(ops.ADAMW_SCALARS)
-        self._allocate_inputs(N)
+        self.inputs = PinnedInputs(N)
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
         layer, shared = self._shapes(b, t)
         layers = [{k: buffers[k].prefix(*s) for k, s in layer.items()} for buffers in self.layer_buffers]
-        views = {k: self.buffers[k].prefix(*s) for k, s in shared.items()}
+        views = {k: self.buffers[k].prefix(*s) for k,
+                 s in shared.items()} | {"rms_scratch": self.buffers["rms_scratch"]}
         for a in layers:  # each layer reads the shared buffers of what it does not keep under their usual names
             a.update({k: views[k] for k in LAYER_ACTIVATIONS["none"] if k not in a})
         return layers, views
@@ -117,6 +117,45 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         tensor = self.layout.tensors[name]
         return self.zero.master.view(tensor.offset, tensor.shape)
 
+    def grad(self, tensor) -> DeviceArray:
+        """Where a tensor's gradient accumulates (a Tensor of the layout or its name): the step's to say."""
+        return self.step.grad(self.layout.tensors[tensor] if isinstance(tensor, str) else tensor)
+
+    def gemm(self, c: DeviceArray, a: DeviceArray, b: DeviceArray, **options) -> None:
+        """ops.gemm with the plan's GEMM version for the problem's shape (the head's GEMMs, bf16 whatever the
+        linear layers)."""
+        ops.gemm(c, a, b, version=self.plan.gemm, **options)
+
+    # ---- the step: the step part's (bf16_step.py, bf16_in_backward.py)
+
+    def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None,
+                   counted: float | None = None) -> tuple[float, float]:
+        return self.step.train_step(batches, lr, step, opt, upcoming, counted)
+
+    def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
+                   counted: float | None = None) -> tuple[float, float]:
+        return self.step.eager_step(batches, lr, step, opt, counted)
+
+    def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
+        return self.step.optimizer_step(lr, step, opt, return_norm)
+
+    def zero_grad(self) -> None:
+        self.step.zero_grad()
+
+    @property
+    def group_norms_squared(self) -> list[float] | None:
+        """With the optimizer in the backward, each gradient group's squared norm of the last step (Model)."""
+        return self.step.group_norms_squared
+
+    @group_norms_squared.setter
+    def group_norms_squared(self, norms: list[float] | None) -> None:
+        if self.plan.in_backward:
+            self.step.group_norms_squared = norms
+
+    def loss_and_norm(self) -> tuple[float, float]:
+        """The step's mean loss and gradient norm, read from the device (a synchronization)."""
+        return float(self.loss_total.download()[0]), float(np.sqrt(self.norm_squared.download()[0]))
+
     # ---- forward and backward
 
     def forward(self, tokens: np.ndarray, targets: np.ndarray | None = None, loss_scale: float | None = None,
@@ -128,41 +167,40 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         check_batch(tokens, targets, self.config.vocab_size, self.B, self.T)
         counted = max(counted_targets(targets), 1) if targets is not None else 1
         if self.plan.sft:  # the classifier's scale, which the captured step reads from the device
-            self._set_loss_scale(1.0 / counted)
+            self.inputs.set_loss_scale(1.0 / counted)
         # the classifier weighs each token by 1 / N times this (1.0 when every target counts), or with sft by the
         # device scale 1 / counted times this
         ratio = 1.0 if self.plan.sft else tokens.size / counted
-        self._upload(tokens, targets)
+        self.inputs.upload(tokens, targets)
         self.shape, self.has_targets = tokens.shape, targets is not None
         self.loss_total.fill_zero()
         with_gradients = targets is not None and loss_scale is not None
         self.zero.begin(gather=self.zero.stale)
-        self._forward(loss_scale * ratio if with_gradients else None, targets is not None, ratio)
+        self.launch_forward(loss_scale * ratio if with_gradients else None, targets is not None, ratio)
         if not with_gradients:
             self.zero.end(None)
         if targets is None or not return_loss:
             return None
         return float(self.loss_total.download()[0])
 
-    def _forward(self, loss_scale: float | None, with_targets: bool, loss_weight: float) -> None:
-        """The forward's launches for the uploaded batch of shape self.shape (captured by train_step), each
+    def launch_forward(self, loss_scale: float | None, with_targets: bool, loss_weight: float) -> None:
+        """The forward's launches for the uploaded batch of shape self.shape (captured by the step), each
         layer's after its weights are there (ZeRO: Zero.layer, Zero.use_weights)."""
         c, z, starts = self.config, self.zero, self.layout.layer_starts()  # each layer's first offset, the final norm's
         b, t = self.shape
         N, H, KV, D = b * t, c.n_heads, c.n_kv_heads, c.head_dim
         layers, s = self._views(b, t)
-        tokens = self.inputs["tokens"].prefix(N)
+        tokens = self.inputs.batch["tokens"].prefix(N)
         rope = (self.rope_cos, self.rope_sin, t, (H + KV) * D)
 
-        if self.fp8:
-            self._cast_weights()
+        self.linears.prepare()
         self._document_bounds(tokens.reshape(b, t))
         z.use_weights(0, prefetch=starts[0])
         ops.embedding_forward_bf16(layers[0]["x"], tokens, self.weight("tok_embeddings.weight"))
         for i, a in enumerate(layers):
             with z.layer(starts[i], prefetch=starts[i + 1]):
-                self._attention_norm(i, a, layers[i - 1]["h"], s["branch"])  # x = h + branch of the layer before
-                self._layer_forward(i, a, s, N, rope)
+                self.block.attention_norm(i, a, layers[i - 1]["h"], s["branch"])  # x = h + the last layer's branch
+                self.block.forward(i, a, s, N, rope)
         ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
@@ -176,9 +214,9 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         device scalar loss_scale (set per step: a replayed graph reads the new value)."""
         C, V = self.config.dim, self.config.vocab_size
         w_out, dw_out = self.weight(self.layout.output()), self.grad(self.layout.output())
-        targets = self.inputs["targets"]
+        targets = self.inputs.batch["targets"]
         if self.plan.sft:
-            dloss, weight, scale = loss_scale or 0.0, loss_weight, self.loss_scale
+            dloss, weight, scale = loss_scale or 0.0, loss_weight, self.inputs.loss_scale
         else:
             dloss, weight, scale = (loss_scale or 0.0) / N, loss_weight / N, None
         for start in range(0, N, CLASSIFIER_CHUNK):
@@ -197,11 +235,11 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         optimizer_step() after the step's last one). On several GPUs it ends the forward's ZeRO region: at
         stages 2-3 each bucket is reduce-scattered into the shard (added from the step's second micro-batch
         on) as soon as it is final; stage 1 reduces them all in optimizer_step()."""
-        self._backward(sync=False)
+        self.launch_backward(sync=False)
         self.zero.end(last=False)
 
-    def _backward(self, sync: bool) -> None:
-        """The backward's launches (captured by train_step); with sync (the last micro-batch of a step, several
+    def launch_backward(self, sync: bool) -> None:
+        """The backward's launches (captured by the step); with sync (the last micro-batch of a step, several
         GPUs) each bucket of final gradients is reduce-scattered while the backward goes on."""
         c, z, starts = self.config, self.zero, self.layout.layer_starts()
         b, t = self.shape
@@ -209,48 +247,22 @@ class GPUModelBF16(OptimizerInBackward, FP8Linears, PinnedInputs, GPUModelBase):
         layers, s = self._views(b, t)
         dx, grad = s["dresidual"], self.grad
         dx.fill_zero()
-        ops.rmsnorm_backward_bf16(dx, grad("norm.weight"), self.rms_scratch, s["dln"], s["residual"],
+        ops.rmsnorm_backward_bf16(dx, grad("norm.weight"), s["rms_scratch"], s["dln"], s["residual"],
                                   self.master("norm.weight"), s["rstdf"])
-        self._gradients_final_from("norm.weight", sync)
+        self._gradients_final("norm.weight", sync)
         rope = (self.rope_cos, self.rope_sin, t, (H + KV) * c.head_dim)
         for i in reversed(range(c.n_layers)):
             with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
-                self._layer_backward(i, layers[i], s, N, rope)
-            self._gradients_final_from(f"layers.{i}.attention_norm.weight", sync)
-        ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs["order"].prefix(N),
-                                    self.inputs["segments"].prefix(N, 4), self.embedding_scratch)
-        self._gradients_final_from("tok_embeddings.weight", sync)
+                self.block.backward(i, layers[i], s, N, rope)
+            self._gradients_final(f"layers.{i}.attention_norm.weight", sync)
+        ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs.batch["order"].prefix(N),
+                                    self.inputs.batch["segments"].prefix(N, 4), self.embedding_scratch)
+        self._gradients_final("tok_embeddings.weight", sync)
 
-    def _layer_backward(self, i: int, a: dict, s: dict, N: int, rope: tuple) -> None:
-        """Layer i's backward from the gradient of its output in s["dresidual"] (replaced by that of its
-        input), adding into its weights' gradients; first what the recipe recomputes of its forward."""
-        c, L, pre, grad, dx = self.config, self.layout, f"layers.{i}.", self.grad, s["dresidual"]
-        H, KV, partial = c.n_heads, c.n_kv_heads, self.recompute == "partial"
-        if self.recompute == "full":  # the layer's forward again, from its input
-            ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
-                                     c.norm_eps)
-            self._layer_forward(i, a, s, N, rope)
-        if partial:
-            ops.swiglu_forward_bf16(a["ffn"], a["gate_up"])
-        dffn, dgate_up = a["ffn"], a["gate_up"]  # each gradient overwrites its activation, no longer needed
-        self.linear_backward(dffn, grad(pre + "feed_forward.w2.weight"), dx, a["ffn"],
-                             self.weight(pre + "feed_forward.w2.weight"))
-        dgate_up_amax = self.swiglu_backward(dgate_up, dffn, a["gate_up"])
-        if partial:
-            ops.rmsnorm_forward_bf16(a["ln2"], a["rstd2"], a["h"], self.master(pre + "ffn_norm.weight"), c.norm_eps)
-        self.linear_backward(s["dln"], grad(L.w13(i)), dgate_up, a["ln2"], self.weight(L.w13(i)), dgate_up_amax)
-        ops.rmsnorm_backward_bf16(dx, grad(pre + "ffn_norm.weight"), self.rms_scratch, s["dln"], a["h"],
-                                  self.master(pre + "ffn_norm.weight"), a["rstd2"])
-        self.linear_backward(s["datt"].reshape(N, -1), grad(pre + "attention.wo.weight"), dx,
-                             a["att"].reshape(N, -1), self.weight(pre + "attention.wo.weight"))
-        ops.flash_attention_backward(s["dqkv"], s["attention_scratch"], s["datt"], a["att"], a["lse"], a["qkv"], H, KV,
-                                     self.rope_cos, self.rope_sin, source=self.plan.attention, **self._document_mask())
-        if partial:
-            ops.rmsnorm_forward_bf16(a["ln1"], a["rstd1"], a["x"], self.master(pre + "attention_norm.weight"),
-                                     c.norm_eps)
-        self.linear_backward(s["dln"], grad(L.wqkv(i)), s["dqkv"].reshape(N, -1), a["ln1"], self.weight(L.wqkv(i)))
-        ops.rmsnorm_backward_bf16(dx, grad(pre + "attention_norm.weight"), self.rms_scratch, s["dln"], a["x"],
-                                  self.master(pre + "attention_norm.weight"), a["rstd1"])
+    def _gradients_final(self, name: str, sync: bool) -> None:
+        """The gradients from this tensor to the end of the flat buffer are final: the step's to take on
+        (reduce-scatter them on several GPUs, or update the group this tensor starts)."""
+        self.step.gradients_final(self.layout.tensors[name].offset, sync)
 
     def token_losses(self) -> np.ndarray:
         """(b, t) fp32 cross-entropy of each target of the last forward() with targets (of its bf16 logits)."""

@@ -4,9 +4,10 @@ Weights: the bf16 copy of every matrix (a bf16 training model's own, read in pla
 from fp32 weights and remade by reset()); the RMSNorm weights are read in fp32 from the flat fp32
 parameters (llama/params.py layout). The caches, (B, KV, max_len, D) bf16 per layer for k and v.
 
-Prefill (the prompt, or any new positions) runs the bf16 training model's block (llama/model/bf16_block.py)
-over them: the GEMMs with RoPE in the QKV epilogue, the k, v to the cache, flash attention when the chunk
-starts the sequence (else attention over the cache), fused residual+RMSNorm, SwiGLU.
+Prefill (the prompt, or any new positions) runs the bf16 training model's block (llama/model/bf16_block.py, its
+linear layers bf16's, its attention this decoder's) over them: the GEMMs with RoPE in the QKV epilogue, the k, v
+to the cache, flash attention when the chunk starts the sequence (else attention over the cache), fused
+residual+RMSNorm, SwiGLU.
 A decode step is one token per sequence through kernels/gemv.cu and kernels/decode.cu, which read
 the position from device memory; with the sampler (kernels/sample.cu) and the step's end it is
 captured once as a CUDA graph (per batch and sampling settings) and replayed per token:
@@ -31,22 +32,21 @@ from ..runtime.cuda import BF16, DeviceArray, Graph, empty, to_device, zeros
 from ..ops.flash_attention import HEAD_DIMS
 from ..ops.decode import MAX_HEAD_DIM
 from ..ops.gemv import MAX_BATCH, DecodeScratch
-from ..options import RunOptions
 from ..params import ParameterLayout
-from ..run.plan import Plan, make_plan
 from .base import rope_cos_sin
 from .bf16_block import BF16Block
+from .linears import BF16Linears
 
 PREFILL_TOKENS = 4096  # positions of all sequences that one prefill chunk takes
 
 
-class GPUDecoder(BF16Block):
+class GPUDecoder:
     """The decoder interface of llama/model/generate.py with our kernels; see the module docstring."""
 
-    def __init__(self, config: LlamaConfig, params: DeviceArray, batch: int = 1, max_len: int | None = None,
-                 weights: DeviceArray | None = None, plan: Plan | None = None):
-        """params: the flat fp32 weights; weights: their bf16 copy to read in place (None: made here);
-        plan: which GEMM and flash attention builds the prefill runs (None: this GPU's)."""
+    def __init__(self, config: LlamaConfig, plan, params: DeviceArray, batch: int = 1, max_len: int | None = None,
+                 weights: DeviceArray | None = None):
+        """plan: which GEMM and flash attention builds the prefill runs (llama/run/plan.py, the caller's);
+        params: the flat fp32 weights; weights: their bf16 copy to read in place (None: made here)."""
         c = config
         self.config, self.batch = config, batch
         self.max_len = min(max_len or c.max_seq_len, c.max_seq_len)
@@ -60,7 +60,7 @@ class GPUDecoder(BF16Block):
         if c.dim % 8 or c.head_dim % 8 or c.ffn_hidden_dim % 8 or c.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"the GPU decoder needs dim, head_dim and the FFN width in multiples of 8 and head_dim "
                              f"<= {MAX_HEAD_DIM}: {c}")
-        self.plan = plan or make_plan(config, RunOptions("cuda"))
+        self.plan = plan
         self.params = params
         self.owns_weights = weights is None
         self.weights = empty(self.layout.size, BF16) if weights is None else weights
@@ -90,6 +90,8 @@ class GPUDecoder(BF16Block):
         self.chunk_start = 0  # the first position of the prefill chunk running (_attention)
         self.drawn = False  # whether self.tokens holds ids drawn by prefill() or decode(), for decode() to feed
         self.position = 0
+        self.block = BF16Block(config, self.layout, plan, BF16Linears(plan, self.weight, None), self.master)
+        self.block.attention = self._attention
         self.reset()
 
     # ---- weights
@@ -231,15 +233,11 @@ class GPUDecoder(BF16Block):
                 self.rope_sin.view(p0 * (D // 2), (self.max_len - p0, D // 2)), n, (H + KV) * D)
         ops.embedding_forward_bf16(a["x"], a["tokens"], self.weight("tok_embeddings.weight"))
         for i in range(c.n_layers):
-            self._attention_norm(i, a, a["h"], a["branch"])
-            self._layer_forward(i, a, a, N, rope)
+            self.block.attention_norm(i, a, a["h"], a["branch"])
+            self.block.forward(i, a, a, N, rope)
         ops.last_residual(self.step["x"], self.scratch.squares.prefix(B), a["h"].reshape(B, n, C),
                           a["branch"].reshape(B, n, C))
         self.stream_slots = 1
-
-    def _document_mask(self) -> dict:
-        """BF16Block's: none, a prefill chunk's attention spans its sequence."""
-        return {}
 
     def _attention(self, i: int, a: dict) -> None:
         """The block's attention in a prefill chunk: its k, v into layer i's cache, then flash attention when
@@ -247,6 +245,6 @@ class GPUDecoder(BF16Block):
         c = self.config
         ops.cache_write(self.k_cache[i], self.v_cache[i], a["qkv"], c.n_heads, self.position_d)
         if self.chunk_start == 0 and c.head_dim in HEAD_DIMS:
-            super()._attention(i, a)
+            self.block.flash_attention(i, a)
         else:
             ops.decode_attention(a["att"], a["qkv"], self.k_cache[i], self.v_cache[i], self.position_d, self.scratch)

@@ -22,11 +22,12 @@ from .gpu_base import GPUModelBase
 
 
 class GPUModelFP32(GPUModelBase):
-    def __init__(self, config: LlamaConfig, B: int, T: int, params: np.ndarray | None = None, seed: int = 0,
-                 comm=None, zero: int = 1, doc_mask_bos: int | None = None):
-        """zero: the ZeRO stage on several GPUs (llama/parallel/zero.py). doc_mask_bos: None, or the BOS id: each
-        forward computes its batch's document bounds on the GPU and every layer's attention is document-masked."""
-        self._setup(config, B, T, params, seed, comm, np.float32, stage=zero, doc_mask_bos=doc_mask_bos)
+    def __init__(self, config: LlamaConfig, plan, batch: tuple[int, int], params: np.ndarray | None = None,
+                 seed: int = 0, comm=None):
+        """Every model's arguments (llama/model/__init__.py). From the plan: the ZeRO stage on several GPUs
+        (llama/parallel/zero.py) and the document mask (each forward computes its batch's document bounds on the
+        GPU and every layer's attention is document-masked)."""
+        self._setup(config, plan, batch, params, seed, comm, np.float32)
         self._allocate_activations()
         self.has_dlogits = False
 

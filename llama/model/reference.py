@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import LlamaConfig
-from ..options import FP8_SCALINGS, OPTIMIZERS, RECOMPUTE
 from ..optim import (OPTIMIZER_STATES, QUANT_BLOCK, AdamW8bitState, AdamWConfig, clip_norm_estimate, clip_scale,
                      global_norm, squared_norm)
 from ..params import ParameterLayout, model_parameters
@@ -91,32 +90,34 @@ class ReferenceModel(ReferenceBlock, Model):
     norm. Checkpoints keep the groups' norms (group_norms_squared). A step takes one micro-batch (no
     gradient accumulation).
 
-    fp8: None, or the scaling ("row" or "tensor") of the FP8 casts that the seven linear layers of each block
-    multiply (matmul_fp8_forward/backward), the twin of --dtype fp8; the head and everything else as without.
+    With the plan's dtype "fp8", the seven linear layers of each block multiply on FP8 casts of the plan's
+    fp8_scaling ("row" or "tensor"; matmul_fp8_forward/backward), the twin of --dtype fp8; the head and everything
+    else as without.
 
-    doc_mask_bos: None, or the tokenizer's BOS id: each forward then derives document ids from its tokens
-    (twins.attention.document_ids) and every layer's attention, forward and backward, is document-masked
-    (a token sees the earlier tokens of its own document only); RoPE positions stay the row's."""
+    With the plan's document mask, each forward derives document ids from its tokens (twins.attention.document_ids,
+    documents starting at the plan's doc_mask_bos) and every layer's attention, forward and backward, is
+    document-masked (a token sees the earlier tokens of its own document only); RoPE positions stay the row's.
 
-    def __init__(self, config: LlamaConfig, params: np.ndarray | None = None, dtype=np.float32, seed: int = 0,
-                 optimizer: str = "adamw", recompute: str = "none", in_backward: bool = False, fp8: str | None = None,
-                 doc_mask_bos: int | None = None):
-        if recompute not in RECOMPUTE or optimizer not in OPTIMIZERS:
-            raise ValueError(f"recompute {recompute!r}, optimizer {optimizer!r}: choose recompute from "
-                             f"{', '.join(RECOMPUTE)} and the optimizer from {', '.join(OPTIMIZERS)}")
-        if fp8 is not None and fp8 not in FP8_SCALINGS:
-            raise ValueError(f"fp8 {fp8!r}: None, or the scaling: {', '.join(FP8_SCALINGS)}")
-        self.config = config
+    Every model's arguments (llama/model/__init__.py): batch None takes any batch up to max_seq_len, (B, T) batches
+    up to it; comm must be None (one process). dtype: float32, or float64 for the oracle's checks."""
+
+    def __init__(self, config: LlamaConfig, plan, batch: tuple[int, int] | None = None,
+                 params: np.ndarray | None = None,
+                 seed: int = 0, comm=None, dtype=np.float32):
+        if plan.device != "cpu" or comm is not None:
+            raise ValueError(f"the numpy reference runs a CPU plan on one process, not {plan.summary()!r}"
+                             + (" with a communicator" if comm is not None else ""))
+        self.config, self.plan, self.batch = config, plan, batch
         self.dtype = np.dtype(dtype)
-        self.recompute = recompute
-        self.fp8 = fp8
-        self.doc_mask_bos = doc_mask_bos
+        self.recompute = plan.recompute
+        self.fp8 = plan.fp8_scaling if plan.dtype == "fp8" else None
+        self.doc_mask_bos = plan.doc_mask_bos
         self.doc_ids = None  # the last forward's document ids with doc_mask_bos
         self.layout = ParameterLayout(config)
         self.params = model_parameters(self.layout, params, seed).astype(self.dtype, copy=True)
-        self.in_backward = in_backward
-        self.grads = None if in_backward else np.zeros_like(self.params)
-        self.optimizer = OPTIMIZER_STATES[optimizer](self.layout.size, self.dtype)
+        self.in_backward = plan.in_backward
+        self.grads = None if self.in_backward else np.zeros_like(self.params)
+        self.optimizer = OPTIMIZER_STATES[plan.optimizer](self.layout.size, self.dtype)
         self.decay_mask = self.layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.acts = None
@@ -155,7 +156,8 @@ class ReferenceModel(ReferenceBlock, Model):
         """Run the model on (B, T) tokens. With targets, returns the mean cross-entropy loss over the counted
         targets (those >= 0; 0 if none is) and keeps dlogits for backward(); the logits are kept either way
         (read_logits)."""
-        check_batch(tokens, targets, self.config.vocab_size, None, self.config.max_seq_len)
+        max_b, max_t = self.batch or (None, self.config.max_seq_len)
+        check_batch(tokens, targets, self.config.vocab_size, max_b, max_t)
         c, p, L = self.config, self.p, self.layout
         B, T = tokens.shape
         self.acts = None  # the last forward's activations go before this one's are made

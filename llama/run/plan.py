@@ -92,8 +92,14 @@ class Plan:
     zero: int = 1  # the ZeRO stage on several GPUs (llama/parallel/zero.py): 1 shards the optimizer state, 2 the
     # gradients too, 3 the weights too
     reduce_dtype: str = "fp32"  # several GPUs: the gradients' reduce-scatter in fp32, or bf16 (half the bytes)
-    doc_mask: bool = False  # each token attends within its own document only (documents start at BOS)
+    doc_mask_bos: int | None = None  # each token attends within its own document only, documents starting at this
+    # token id (the tokenizer's BOS); None: attention spans the row
     sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count in the loss
+
+    @property
+    def doc_mask(self) -> bool:
+        """Whether attention is document-masked."""
+        return self.doc_mask_bos is not None
 
     @property
     def path(self) -> str:
@@ -204,6 +210,21 @@ def choose_doc_mask(doc_mask: str | None, sft: bool) -> bool:
     return doc_mask == "on" or (doc_mask in (None, "auto") and sft)
 
 
+def document_start(options: RunOptions) -> int | None:
+    """The token id that starts a document where attention is document-masked (choose_doc_mask), else None;
+    PlanError when the mask is on and the options name no BOS id."""
+    if not choose_doc_mask(options.doc_mask, options.sft):
+        return None
+    if options.bos_id is None:
+        raise PlanError("the document mask needs the tokenizer's BOS id (RunOptions.bos_id)")
+    return options.bos_id
+
+
+def cpu_plan(**options) -> Plan:
+    """The plan of the numpy reference with these RunOptions (what a test or a script on the CPU builds it from)."""
+    return make_plan(None, RunOptions(device="cpu", **options))
+
+
 def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | None = None) -> Plan:
     """The plan of a run of this model with these options (llama/options.py RunOptions): device None picks the
     GPU where one is usable; dtype None picks bf16 wherever its kernels take the model, else the exact fp32
@@ -211,9 +232,9 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
     row-wise; zero None on several GPUs is the lowest ZeRO stage whose buffers for the options' (B, T) batches
     fit in free_memory bytes (None: this GPU's free memory; the trainer passes the least over the ranks, so that
     they all take the same stage; stage 1 without a batch); reduce_dtype None reduces the gradients in fp32;
-    doc_mask and sft as choose_doc_mask says."""
+    doc_mask and sft as choose_doc_mask says, the mask's documents starting at the options' bos_id."""
     o = options
-    masks = {"doc_mask": choose_doc_mask(o.doc_mask, o.sft), "sft": o.sft}
+    masks = {"doc_mask_bos": document_start(o), "sft": o.sft}
     if o.fp8_scaling is not None and o.dtype != "fp8":
         raise PlanError(f"--fp8-scaling {o.fp8_scaling}: the scaling of --dtype fp8's casts, and this run's dtype is "
                         f"{o.dtype or 'not fp8'}")

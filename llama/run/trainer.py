@@ -27,8 +27,8 @@ from ..eval.runner import Evaluation, accuracy_over_ranks
 from ..eval.tasks import TaskError, load_task
 from ..model.generate import decoder_for, generate
 from ..io.background import SLOW, BackgroundJob
-from ..io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, newest_usable,
-                             save_checkpoint, snapshot_moments)
+from ..io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, load_state_into,
+                             newest_usable, save_checkpoint, snapshot_moments)
 from ..io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
 from ..io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
 from ..io.read_ahead import ReadAhead
@@ -36,10 +36,8 @@ from ..io.run_dir import RunDir
 from ..runtime.kernel_build import build, kernels_for
 from .memory import sampling_buffers, training_buffers, what_would_fit
 from ..runtime.machine import gpu_free, host_available, require
-from ..model.gpu_bf16 import GPUModelBF16
-from ..model.gpu_fp32 import GPUModelFP32
+from ..model import build_model
 from ..model.base import counted_targets
-from ..model.reference import ReferenceModel
 from ..model.sampling import Sampling
 from ..optim import AdamWConfig, learning_rate
 from ..options import RunOptions
@@ -90,20 +88,6 @@ def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     if not config.tie_embeddings:
         weights -= config.vocab_size * config.dim  # the embedding lookup is not a matmul
     return 6 * weights + 6 * config.n_layers * config.dim * T
-
-
-def build_model(plan: Plan, config: LlamaConfig, B: int, T: int, params: np.ndarray | None, comm=None, seed: int = 0,
-                bos_id: int | None = None):
-    """The model the plan says runs: the numpy reference, or a GPU model in bf16 (fp8) or fp32; params None:
-    drawn from seed (on the device on one GPU); with the plan's document mask, documents start at bos_id."""
-    doc_mask_bos = bos_id if plan.doc_mask else None
-    if plan.device == "cpu":
-        return ReferenceModel(config, params=params, seed=seed, optimizer=plan.optimizer, recompute=plan.recompute,
-                              in_backward=plan.in_backward,
-                              fp8=plan.fp8_scaling if plan.dtype == "fp8" else None, doc_mask_bos=doc_mask_bos)
-    if plan.dtype in ("bf16", "fp8"):  # fp8: the bf16 model with FP8 linear layers
-        return GPUModelBF16(config, B, T, params=params, seed=seed, comm=comm, plan=plan, doc_mask_bos=doc_mask_bos)
-    return GPUModelFP32(config, B, T, params=params, seed=seed, comm=comm, zero=plan.zero, doc_mask_bos=doc_mask_bos)
 
 
 def check_memory(plan: Plan, config: LlamaConfig, B: int, T: int, gpus: int, free_gpu: int | None = None,
@@ -181,7 +165,8 @@ class Trainer:
                                          read_hf_config(hf_folder) if hf_folder else None)
         # every rank plans with the least free GPU memory among them: the same ZeRO stage, the same memory verdict
         free_gpu = int(comm.host_reduce([gpu_free()], "min")[0]) if comm is not None else None
-        self.plan = make_plan(self.config, RunOptions.from_args(args, self.world, (self.B, self.T)), free_gpu)
+        options = RunOptions.from_args(args, self.world, (self.B, self.T), self.tokenizer.bos_id)
+        self.plan = make_plan(self.config, options, free_gpu)
         print(self.plan.summary())
         if self.plan.device == "cuda":  # every kernel the plan launches, compiled now in parallel unless cached
             build(kernels_for(self.plan, runtime().code, decoder=bool(args.sample_every)))
@@ -200,7 +185,7 @@ class Trainer:
                              "seed": args.seed}
         params = (checkpoint["params"] if checkpoint is not None else None if on_device
                   else self._load_hf(hf_folder) if hf_folder else self._initialize())
-        self.model = build_model(self.plan, self.config, self.B, self.T, params, comm, args.seed, self.tokenizer.bos_id)
+        self.model = build_model(self.config, self.plan, (self.B, self.T), params, args.seed, comm)
         if hf_folder and on_device:
             self._load_hf_to_device(hf_folder)
         self.sample_rng = np.random.default_rng(args.seed)
@@ -346,7 +331,7 @@ class Trainer:
         """The checkpoint's data streamed into the model (one GPU); when it proves unusable (weights that are not
         finite, a file cut short since it was checked), a warning and the next older usable one, read on the host."""
         try:
-            self.model.load_checkpoint_state(resume, read_ahead)
+            load_state_into(self.model, resume, read_ahead)
             return resume
         except CheckpointError as e:
             print(f"warning: skipping an unusable checkpoint: {e}", file=sys.stderr)

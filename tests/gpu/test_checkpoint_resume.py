@@ -1,5 +1,5 @@
 """--resume on one GPU streams the checkpoint's files into the model (llama/model/gpu_base.py
-load_checkpoint_state): a newest checkpoint whose weights prove not finite only then is reported in one line and
+load_state_into): a newest checkpoint whose weights prove not finite only then is reported in one line and
 the previous one, read on the host, resumes the run bit for bit."""
 
 import numpy as np

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from llama.runtime.cuda import BF16
-from llama.io import pinned
-from llama.io.checkpoint import load_checkpoint, save_checkpoint, snapshot_moments
+from llama.io.checkpoint import load_checkpoint, load_state_into, save_checkpoint, snapshot_moments
+from llama.runtime import pinned
 from llama.io.guard import weights_rms
 from llama.optim import AdamWConfig, Quantized, fp32_moments
 from llama.params import ParameterLayout
@@ -79,10 +79,10 @@ STATE = {"run": {"batch_size": 3, "seq_len": 80, "tokens_per_step": 240, "seed":
                                                       ("adamw", "adamw8bit"), ("adamw8bit", "adamw")])
 def test_a_checkpoint_streamed_into_the_model_is_the_state_of_the_host_arrays(tmp_path, monkeypatch, saved_with,
                                                                              resumed_with):
-    """load_checkpoint_state (parts of 4 KB through the page-locked buffers) against set_state of load_checkpoint's
+    """load_state_into (parts of 4 KB through the page-locked buffers) against set_state of load_checkpoint's
     arrays: master weights, bf16 weights, moments, and the next step; moments of the other format go through the
     host's conversion."""
-    monkeypatch.setattr("llama.model.gpu_base.READ_PIECE", 1 << 12)
+    monkeypatch.setattr("llama.io.checkpoint.READ_PIECE", 1 << 12)
     model = bf16_model(CONFIG, 3, 80, bf16_params(CONFIG, seed=2), optimizer=saved_with)
     size = model.layout.size
     model.train_step([batch(1)], 1e-3, 1, AdamWConfig())
@@ -92,7 +92,7 @@ def test_a_checkpoint_streamed_into_the_model_is_the_state_of_the_host_arrays(tm
     by_host, streamed = (bf16_model(CONFIG, 3, 80, bf16_params(CONFIG, seed=5), optimizer=resumed_with)
                          for _ in range(2))
     by_host.set_state(host["params"], host["adam_m"], host["adam_v"])
-    streamed.load_checkpoint_state(load_checkpoint(folder, read=False))
+    load_state_into(streamed, load_checkpoint(folder, read=False))
     for name, buffer in streamed.state_buffers().items():
         assert np.array_equal(buffer.download(), by_host.state_buffers()[name].download()), name
     assert np.array_equal(streamed.zero.weights.download().view(np.uint16),

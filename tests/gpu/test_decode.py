@@ -15,6 +15,8 @@ from llama.model.base import rope_cos_sin
 from llama.params import ParameterLayout
 from llama.twins.rope import rope_forward
 from llama.twins.swiglu import swiglu_forward
+from llama.options import RunOptions
+from llama.run.plan import make_plan
 from tests.gpu_helpers import ERRORS, bf16_round, check, dev, dev_bf16, poisoned
 from tests.gradcheck import rel_error
 
@@ -161,7 +163,7 @@ CONFIG = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=2
 
 def bf16_model(config, B, T, params):
     from llama.model.gpu_bf16 import GPUModelBF16
-    return GPUModelBF16(config, B=B, T=T, params=params)
+    return GPUModelBF16(config, make_plan(config, RunOptions("cuda", "bf16")), (B, T), params=params)
 
 
 def decoder_of(model, batch, max_len):

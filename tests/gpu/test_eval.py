@@ -14,6 +14,8 @@ from llama.eval.runner import Evaluation
 from llama.eval.tasks import Item, Task
 from llama.model.reference import ReferenceModel
 from llama.params import init_parameters
+from llama.options import RunOptions
+from llama.run.plan import cpu_plan, make_plan
 from tests.gpu_helpers import ERRORS
 from tests.runs import BASE, check_resume_is_exact, log_lines, run
 from tests.system.test_eval_train import ITEMS as TRAINING_ITEMS
@@ -29,9 +31,9 @@ ITEMS = [Item("The cat sat on the", ("mat.", "moon and the stars.", "a"), 0),
 def gpu_model(dtype: str, params: np.ndarray, B: int, T: int):
     if dtype == "fp32":
         from llama.model.gpu_fp32 import GPUModelFP32
-        return GPUModelFP32(CONFIG, B, T, params=params)
+        return GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (B, T), params=params)
     from llama.model.gpu_bf16 import GPUModelBF16
-    return GPUModelBF16(CONFIG, B, T, params=params)
+    return GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (B, T), params=params)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("fp32", 1e-4), ("bf16", 0.05)])
@@ -42,7 +44,7 @@ def test_token_losses_match_the_references(dtype, tolerance):
     with pytest.raises(RuntimeError, match="needs a forward"):
         model.token_losses()
     loss = model.forward(tokens, targets)
-    reference = ReferenceModel(CONFIG, params, dtype=np.float64)
+    reference = ReferenceModel(CONFIG, cpu_plan(), params=params, dtype=np.float64)
     reference.forward(tokens, targets)
     losses = model.token_losses()
     error = float(np.abs(losses - reference.token_losses()).max())
@@ -57,7 +59,8 @@ def test_token_losses_match_the_references(dtype, tolerance):
 def test_scores_match_the_references(dtype, tolerance):
     params = init_parameters(CONFIG, seed=5)
     task, tok = Task("hand", ITEMS), ByteTokenizer()
-    expected = Evaluation(task, tok, B=4, T=64).run(ReferenceModel(CONFIG, params, dtype=np.float64))
+    reference = ReferenceModel(CONFIG, cpu_plan(), params=params, dtype=np.float64)
+    expected = Evaluation(task, tok, B=4, T=64).run(reference)
     scores = Evaluation(task, tok, B=4, T=64).run(gpu_model(dtype, params, B=4, T=64))
     error = max(abs(a - b) for s, e in zip(scores, expected) for a, b in zip(s.loglikelihoods, e.loglikelihoods))
     ERRORS.append((f"eval_loglikelihood_{dtype}", error))

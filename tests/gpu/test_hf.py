@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from llama.io.hf import load_hf_folder
+from llama.options import RunOptions
+from llama.run.plan import make_plan
 from tests.gpu_helpers import ERRORS
 from tests.gradcheck import rel_error
 from tests.hf_helpers import TOKENS, hf_logits, random_hf_model
@@ -27,7 +29,8 @@ def test_save_pretrained_imports_into_the_gpu_model(tmp_path, tied, dtype):
             p.copy_(p.to(getattr(torch, dtype)).float())
     copy.deepcopy(model).to(getattr(torch, dtype)).save_pretrained(tmp_path, safe_serialization=True)
     config, params = load_hf_folder(tmp_path)
-    gpu = GPUModelFP32(config, B=TOKENS.shape[0], T=TOKENS.shape[1], params=params)
+    gpu = GPUModelFP32(config, make_plan(config, RunOptions("cuda", "fp32")), (TOKENS.shape[0], TOKENS.shape[1]),
+                       params=params)
     gpu.forward(TOKENS)
     err = rel_error(gpu.read_logits(), hf_logits(model, TOKENS))
     ERRORS.append((f"hf_import_gpu_logits[{dtype},tied={tied}]", err))

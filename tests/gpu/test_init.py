@@ -59,11 +59,11 @@ def test_a_model_without_params_draws_init_parameters(dtype):
     from llama.run.plan import make_plan
     expected = init_parameters(CONFIG, seed=4)
     if dtype == "bf16":
-        model = GPUModelBF16(CONFIG, 2, 64, seed=4, plan=make_plan(CONFIG, RunOptions("cuda", "bf16")))
+        model = GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (2, 64), seed=4)
         assert np.array_equal(model.params_bf16.download()[:expected.size].astype(np.float32),
                               expected.astype(BF16).astype(np.float32))
     else:
-        model = GPUModelFP32(CONFIG, 2, 64, seed=4)
+        model = GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (2, 64), seed=4)
     assert np.array_equal(model.get_params(), expected)
     rms = np.sqrt(np.mean(expected.astype(np.float64) ** 2))
     assert model.weights_rms() == pytest.approx(rms, rel=1e-5)

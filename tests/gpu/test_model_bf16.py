@@ -11,7 +11,10 @@ from llama import ops
 from llama.config import get_preset
 from llama.runtime.cuda import BF16, zeros
 from llama.optim import AdamWConfig
+from llama.model.bf16_step import adamw
 from llama.model.reference import ReferenceModel
+from llama.options import RunOptions
+from llama.run.plan import cpu_plan, make_plan
 from tests.gradcheck import rel_error
 from tests.gpu_helpers import ERRORS, one_step_losses
 
@@ -36,7 +39,7 @@ def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw", in_
     from llama.options import RunOptions
     from llama.run.plan import make_plan
     plan = make_plan(config, RunOptions("cuda", "bf16", recompute=recompute, optimizer=optimizer, in_backward=in_backward))
-    return GPUModelBF16(config, B, T, params=params, plan=plan)
+    return GPUModelBF16(config, plan, (B, T), params=params)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -44,7 +47,7 @@ def bf16_model(config, B, T, params, recompute="partial", optimizer="adamw", in_
 def test_one_step_gradients(tied, recompute):
     config = CONFIG.replace(tie_embeddings=tied)
     params = bf16_params(config, seed=5)
-    cpu = ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64)
+    cpu = ReferenceModel(config, cpu_plan(), params=params.astype(np.float64), dtype=np.float64)
     gpu = bf16_model(config, 4, 96, params, recompute)
     one_step_losses(cpu, gpu, *batch(1), "bf16_model")
     grads = gpu.grads.download()
@@ -60,8 +63,8 @@ def test_one_step_gradients(tied, recompute):
 def test_logits_without_targets():
     from llama.model.gpu_bf16 import GPUModelBF16
     params = bf16_params(CONFIG, seed=6)
-    cpu = ReferenceModel(CONFIG, params=params.astype(np.float64), dtype=np.float64)
-    gpu = GPUModelBF16(CONFIG, B=4, T=96, params=params)
+    cpu = ReferenceModel(CONFIG, cpu_plan(), params=params.astype(np.float64), dtype=np.float64)
+    gpu = GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (4, 96), params=params)
     tokens, _ = batch(2, B=2, T=33)
     cpu.forward(tokens)
     gpu.forward(tokens)
@@ -100,7 +103,8 @@ def test_captured_step_matches_the_eager_path():
     """The same step through train_step (graphs) and through forward/backward/optimizer_step."""
     from llama.model.gpu_bf16 import GPUModelBF16
     params = bf16_params(CONFIG, seed=8)
-    a, b = (GPUModelBF16(CONFIG, B=3, T=80, params=params) for _ in range(2))
+    a, b = (GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (3, 80),
+                         params=params) for _ in range(2))
     run_steps(a, 2)  # the second step replays the captured graphs
     for step in range(2):
         b.zero_grad()
@@ -120,7 +124,7 @@ def test_the_eager_step_gives_the_captured_steps_bits(in_backward):
     micro = BATCHES[:1] if in_backward else BATCHES  # the optimizer in the backward takes one micro-batch
     steps = [(micro, 1e-3, step, OPT) for step in (1, 2, 3)]  # the captured model replays from step 2
     assert [captured.train_step(*s) for s in steps] == [eager.eager_step(*s) for s in steps]
-    assert not eager.graphs
+    assert not eager.step.graphs
     assert all(np.array_equal(x, y) for x, y in zip(state_bits(captured), state_bits(eager)))
 
 
@@ -207,19 +211,21 @@ def test_the_optimizer_in_the_backward_clips_by_the_estimated_norm_and_resumes_e
     opt = AdamWConfig(grad_clip=0.05)  # below every norm: every update is clipped
     params = bf16_params(CONFIG, seed=12)
     inside, plain = (bf16_model(CONFIG, 3, 80, params, optimizer=optimizer, in_backward=i) for i in (True, False))
-    groups, current, last = inside.groups, zeros(len(inside.groups)), zeros(len(inside.groups))
+    groups = inside.step.groups
+    current, last = zeros(len(groups)), zeros(len(groups))
     steps = []
     for step in (1, 2, 3, 4):
         batch = BATCHES[step % 2]
         steps.append(inside.train_step([batch], 1e-3, step, opt))
-        plain.start_step([batch], opt)
-        plain.micro_step(*batch, 1, last=True)  # the whole gradients, then the groups from the last
-        plain._set_scalars(1e-3, step, opt)
+        plain.zero_grad()
+        plain.forward(*batch, loss_scale=1.0)  # the whole gradients, then the groups from the last
+        plain.backward()
+        plain.inputs.set_scalars(1e-3, step, opt)
         for g in reversed(range(len(groups))):
             grads = plain.zero.grads.view(groups[g][0], (groups[g][1] - groups[g][0],))
             ops.global_norm_squared_bf16(current.view(g, (1,)), plain.norm_scratch, grads)
             ops.clip_norm_estimate(plain.norm_squared, current, last, g)
-            plain._adamw(groups[g][0], grads, opt)
+            adamw(plain, groups[g][0], grads, opt)
         last.copy_from(current)
         assert steps[-1][1] == float(np.sqrt(plain.norm_squared.download()[0])) > 0.05
         assert all(np.array_equal(x, y) for x, y in zip(state_bits(inside), state_bits(plain)))

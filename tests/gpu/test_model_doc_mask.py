@@ -14,6 +14,8 @@ from llama.config import get_preset
 from llama.model.base import step_share
 from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
+from llama.options import RunOptions
+from llama.run.plan import cpu_plan, make_plan
 from tests.gradcheck import rel_error
 from tests.gpu.test_model_bf16 import CONFIG, bf16_params
 from tests.gpu.test_model_fp8 import FP8_TWIN_BOUND
@@ -41,8 +43,10 @@ def packed_batch(seed: int, T: int = 96, vocab: int = 512, prompt: float = 0.0):
     return tokens, targets
 
 
-def reference(config, params, **kwargs) -> ReferenceModel:
-    return ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64, doc_mask_bos=BOS, **kwargs)
+def reference(config, params, **options) -> ReferenceModel:
+    """The float64 reference of these params, document-masked, with a CPU plan of these RunOptions."""
+    return ReferenceModel(config, cpu_plan(doc_mask="on", bos_id=BOS, **options), params=params.astype(np.float64),
+                          dtype=np.float64)
 
 
 def gpu_bf16(config, params, dtype="bf16", recompute="partial", in_backward=False, sft=False, B=4, T=96):
@@ -50,8 +54,8 @@ def gpu_bf16(config, params, dtype="bf16", recompute="partial", in_backward=Fals
     from llama.options import RunOptions
     from llama.run.plan import make_plan
     plan = make_plan(config, RunOptions("cuda", dtype, recompute=recompute, in_backward=in_backward, sft=sft,
-                                        doc_mask="on"))
-    return GPUModelBF16(config, B, T, params=params, plan=plan, doc_mask_bos=BOS)
+                                        doc_mask="on", bos_id=BOS))
+    return GPUModelBF16(config, plan, (B, T), params=params)
 
 
 def gradient_errors(gpu_grads: np.ndarray, cpu: ReferenceModel, tag: str) -> dict:
@@ -70,7 +74,7 @@ def test_bf16_model_with_the_document_mask(dtype, recompute):
     if dtype == "fp8" and runtime().code != "sm_90a":
         pytest.skip("FP8 GEMMs need sm_90a")
     params = bf16_params(CONFIG, seed=5)
-    cpu = reference(CONFIG, params, fp8="row" if dtype == "fp8" else None)
+    cpu = reference(CONFIG, params, **({"dtype": "fp8", "fp8_scaling": "row"} if dtype == "fp8" else {}))
     gpu = gpu_bf16(CONFIG, params, dtype, recompute)
     one_step_losses(cpu, gpu, *packed_batch(1), f"doc_mask_{dtype}_{recompute}")
     errors = gradient_errors(gpu.grads.download(), cpu, f"doc_mask_{dtype}_{recompute}")
@@ -81,8 +85,9 @@ def test_bf16_model_with_the_document_mask(dtype, recompute):
 def test_fp32_model_with_the_document_mask_and_ignored_targets():
     from llama.model.gpu_fp32 import GPUModelFP32
     config = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=512, max_seq_len=96)
-    cpu = ReferenceModel(config, dtype=np.float64, seed=3, doc_mask_bos=BOS)
-    gpu = GPUModelFP32(config, B=4, T=96, params=cpu.params.astype(np.float32), doc_mask_bos=BOS)
+    cpu = ReferenceModel(config, cpu_plan(doc_mask="on", bos_id=BOS), dtype=np.float64, seed=3)
+    plan = make_plan(config, RunOptions("cuda", "fp32", doc_mask="on", bos_id=BOS))
+    gpu = GPUModelFP32(config, plan, (4, 96), params=cpu.params.astype(np.float32))
     tokens, targets = packed_batch(2, prompt=0.4)
     cpu_loss = cpu.forward(tokens, targets)
     gpu.zero_grad()

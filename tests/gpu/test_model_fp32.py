@@ -6,6 +6,8 @@ import pytest
 from llama.config import get_preset
 from llama.optim import AdamWConfig
 from llama.model.reference import ReferenceModel
+from llama.options import RunOptions
+from llama.run.plan import cpu_plan, make_plan
 from tests.gradcheck import rel_error
 from tests.gpu_helpers import ERRORS
 
@@ -22,8 +24,9 @@ def batch(seed, B=3, T=37, vocab=300):
 def test_loss_and_every_gradient(tied):
     from llama.model.gpu_fp32 import GPUModelFP32
     config = CONFIG.replace(tie_embeddings=tied)
-    cpu = ReferenceModel(config, dtype=np.float64, seed=3)
-    gpu = GPUModelFP32(config, B=4, T=40, params=cpu.params.astype(np.float32))
+    cpu = ReferenceModel(config, cpu_plan(), dtype=np.float64, seed=3)
+    gpu = GPUModelFP32(config, make_plan(config, RunOptions("cuda", "fp32")), (4, 40),
+                       params=cpu.params.astype(np.float32))
     tokens, targets = batch(0)
     cpu_loss = cpu.forward(tokens, targets)
     gpu.zero_grad()
@@ -46,8 +49,9 @@ def test_loss_and_every_gradient(tied):
 
 def test_smaller_batch_and_logits():
     from llama.model.gpu_fp32 import GPUModelFP32
-    cpu = ReferenceModel(CONFIG, dtype=np.float64, seed=4)
-    gpu = GPUModelFP32(CONFIG, B=4, T=40, params=cpu.params.astype(np.float32))
+    cpu = ReferenceModel(CONFIG, cpu_plan(), dtype=np.float64, seed=4)
+    gpu = GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (4, 40),
+                       params=cpu.params.astype(np.float32))
     tokens, _ = batch(1, B=1, T=9)
     cpu.forward(tokens)
     gpu.forward(tokens)
@@ -62,8 +66,9 @@ def test_smaller_batch_and_logits():
 
 def test_ten_adamw_steps_match_reference():
     from llama.model.gpu_fp32 import GPUModelFP32
-    cpu = ReferenceModel(CONFIG, dtype=np.float64, seed=5)
-    gpu = GPUModelFP32(CONFIG, B=3, T=37, params=cpu.params.astype(np.float32))
+    cpu = ReferenceModel(CONFIG, cpu_plan(), dtype=np.float64, seed=5)
+    gpu = GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (3, 37),
+                       params=cpu.params.astype(np.float32))
     opt = AdamWConfig(grad_clip=1.0, weight_decay=0.1)
     worst = 0.0
     for step in range(1, 11):

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from llama.model.reference import ReferenceModel
+from llama.options import RunOptions
+from llama.run.plan import cpu_plan, make_plan
 from tests.gradcheck import rel_error
 from tests.gpu_helpers import ERRORS
 from tests.gpu.test_model_bf16 import CONFIG, batch, bf16_params, run_steps
@@ -33,15 +35,16 @@ def fp8_model(config, B, T, params, recompute="partial", scaling="row"):
     from llama.model.gpu_bf16 import GPUModelBF16
     from llama.options import RunOptions
     from llama.run.plan import make_plan
-    return GPUModelBF16(config, B, T, params=params,
-                        plan=make_plan(config, RunOptions("cuda", "fp8", recompute=recompute, fp8_scaling=scaling)))
+    return GPUModelBF16(config, make_plan(config, RunOptions("cuda", "fp8", recompute=recompute,
+                                                             fp8_scaling=scaling)), (B, T), params=params)
 
 
 @pytest.mark.parametrize("tied, scaling", [(False, "row"), (True, "row"), (False, "tensor")])
 def test_one_fp8_step_gradients(tied, scaling):
     config = CONFIG.replace(tie_embeddings=tied)
     params = bf16_params(config, seed=5)
-    twin, exact = (ReferenceModel(config, params=params.astype(np.float64), dtype=np.float64, fp8=fp8)
+    twin, exact = (ReferenceModel(config, cpu_plan(dtype="fp8", fp8_scaling=fp8), params=params.astype(np.float64),
+                                  dtype=np.float64)
                    for fp8 in (scaling, None))
     gpu = fp8_model(config, 4, 96, params, scaling=scaling)
     tokens, targets = batch(1)
@@ -97,7 +100,8 @@ def test_fp8_differs_from_bf16_only_by_the_casts():
     """The same step in bf16 and in FP8: close (the casts' rounding), not equal (the FP8 path runs)."""
     from llama.model.gpu_bf16 import GPUModelBF16
     params = bf16_params(CONFIG, seed=11)
-    bf16, fp8 = GPUModelBF16(CONFIG, 3, 80, params=params), fp8_model(CONFIG, 3, 80, params)
+    bf16, fp8 = GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (3, 80),
+                             params=params), fp8_model(CONFIG, 3, 80, params)
     (loss_bf16, _), = run_steps(bf16, 1)
     (loss_fp8, _), = run_steps(fp8, 1)
     assert loss_fp8 != loss_bf16 and abs(loss_fp8 - loss_bf16) < 2e-2 * loss_bf16

@@ -18,6 +18,7 @@ from llama.data.datasets import prepare_tinyshakespeare
 from llama.params import ParameterLayout
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer
+from llama.run.plan import cpu_plan
 from tests.faults import DiskFault
 from tests.runs import BASE, TEXT, checkpoint_steps, log_lines, run, signal_at
 
@@ -29,7 +30,8 @@ def val_loss(ckpt, corpus) -> float:
     params = np.zeros(ParameterLayout(config).size, np.float32)
     for name, view in ParameterLayout(config).views(params).items():
         view[...] = loaded[name]
-    return ReferenceModel(config, params=params).forward(*DataLoader(corpus[3], 4, 32, shuffle=False).next_batch())
+    return ReferenceModel(config, cpu_plan(), params=params).forward(*DataLoader(corpus[3], 4, 32,
+                                                                                 shuffle=False).next_batch())
 
 
 @pytest.mark.slow
@@ -358,11 +360,12 @@ def test_8_bit_moments_are_written_as_their_codes_and_scales(corpus, tmp_path):
     assert tensors["m_scales"].shape == tensors["v_scales"].shape == (-(-size // QUANT_BLOCK),)
     loaded = moment_tensors(ckpt["adam_m"], ckpt["adam_v"])
     assert all(np.array_equal(loaded[name], tensors[name]) for name in QUANTIZED_MOMENTS)
-    model = ReferenceModel(ckpt["config"], optimizer="adamw8bit")
+    model = ReferenceModel(ckpt["config"], cpu_plan(optimizer="adamw8bit"))
     model.set_state(ckpt["params"], ckpt["adam_m"], ckpt["adam_v"])
     state = model.download_state()
     assert all(np.array_equal(state[name], tensors[name]) for name in QUANTIZED_MOMENTS)
-    plain = ReferenceModel(ckpt["config"])  # an 8-bit checkpoint resumes plain AdamW with its dequantized moments
+    plain = ReferenceModel(ckpt["config"],
+                           cpu_plan())  # an 8-bit checkpoint resumes plain AdamW with its dequantized moments
     plain.set_state(ckpt["params"], ckpt["adam_m"], ckpt["adam_v"])
     for mine, expected in zip(plain.get_optimizer_state(), fp32_moments(ckpt["adam_m"], ckpt["adam_v"])):
         assert np.array_equal(mine, expected)

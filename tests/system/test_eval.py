@@ -15,6 +15,7 @@ from llama.eval.tasks import HELLASWAG, TaskError, git_blob_id, load_task
 from llama.io.checkpoint import save_checkpoint
 from llama.model.reference import ReferenceModel
 from llama.params import init_parameters
+from llama.run.plan import cpu_plan
 from tests.httpserver import Route, Server
 from tests.runs import REPO
 from tests.system.test_run_readers import checkpoint_state
@@ -100,7 +101,8 @@ def test_eval_script_scores_a_checkpoint_and_writes_each_items_scores(fake_hella
     assert out.startswith("hellaswag: 6 items | acc ") and " ± " in out and "examples/s" in err
     records = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
     task = load_task("hellaswag", source=str(tmp_path / "hellaswag_val.jsonl"), limit=6)
-    expected = Evaluation(task, ByteTokenizer(), 3, config.max_seq_len).run(ReferenceModel(config, params))
+    expected = Evaluation(task, ByteTokenizer(), 3, config.max_seq_len).run(ReferenceModel(config, cpu_plan(),
+                                                                                           params=params))
     assert [r["index"] for r in records] == list(range(6))
     for record, score in zip(records, expected):
         assert record["loglikelihoods"] == pytest.approx(score.loglikelihoods, abs=1e-5)

@@ -6,6 +6,7 @@ import pytest
 
 from llama.config import get_preset
 from llama.model.reference import ReferenceModel
+from llama.run.plan import cpu_plan
 from llama.twins.attention import (attention_backward, attention_forward, document_attention_backward,
                                    document_attention_forward, document_bounds, document_ids)
 from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward
@@ -120,9 +121,10 @@ def test_packed_row_is_each_document_alone(layout):
                 np.testing.assert_allclose(grad[b, :, doc], alone_grad[0], rtol=1e-10, atol=1e-12)
 
 
-def tiny_model(**kwargs) -> ReferenceModel:
+def tiny_model(**options) -> ReferenceModel:
+    """The tiny reference in float64 with a CPU plan of these RunOptions."""
     config = get_preset("tiny").replace(dim=16, n_heads=4, n_kv_heads=2, vocab_size=23)
-    model = ReferenceModel(config, dtype=np.float64, seed=1, **kwargs)
+    model = ReferenceModel(config, cpu_plan(**options), dtype=np.float64, seed=1)
     model.params *= 5  # larger weights than init, so that every path matters
     return model
 
@@ -131,7 +133,7 @@ def test_one_document_per_row_is_the_unmasked_model():
     rng = np.random.default_rng(2)
     tokens = np.stack([packed_tokens([12], False, 23, rng), packed_tokens([12], True, 23, rng)])
     targets = rng.integers(0, 23, tokens.shape)
-    plain, masked = tiny_model(), tiny_model(doc_mask_bos=BOS)
+    plain, masked = tiny_model(), tiny_model(doc_mask="on", bos_id=BOS)
     assert plain.forward(tokens, targets) == masked.forward(tokens, targets)
     plain.backward()
     masked.backward()
@@ -145,7 +147,7 @@ def test_masked_model_is_each_document_alone():
     lengths = [5, 1, 9, 3]
     tokens = packed_tokens(lengths, True, 23, rng)[None]
     targets = rng.integers(0, 23, tokens.shape)
-    masked, plain = tiny_model(doc_mask_bos=BOS), tiny_model()
+    masked, plain = tiny_model(doc_mask="on", bos_id=BOS), tiny_model()
     masked.forward(tokens, targets)
     packed_losses = masked.token_losses()
     for start, end in zip(np.cumsum([0] + lengths[:-1]), np.cumsum(lengths)):
@@ -159,7 +161,7 @@ def test_masked_model_gradients_every_tensor():
     rng = np.random.default_rng(4)
     tokens = np.stack([packed_tokens([2, 1, 3], True, 23, rng), packed_tokens([4, 2], False, 23, rng)])
     targets = rng.integers(0, 23, tokens.shape)
-    errors = model_gradient_errors(tiny_model(doc_mask_bos=BOS), tokens, targets, rng)
+    errors = model_gradient_errors(tiny_model(doc_mask="on", bos_id=BOS), tokens, targets, rng)
     assert max(errors.values()) < 1e-6, errors
 
 
@@ -167,7 +169,7 @@ def test_full_recompute_keeps_the_mask():
     rng = np.random.default_rng(5)
     tokens = np.stack([packed_tokens([3, 5, 4], True, 23, rng), packed_tokens([7, 5], False, 23, rng)])
     targets = rng.integers(0, 23, tokens.shape)
-    kept, recomputed = tiny_model(doc_mask_bos=BOS), tiny_model(doc_mask_bos=BOS, recompute="full")
+    kept, recomputed = tiny_model(doc_mask="on", bos_id=BOS), tiny_model(doc_mask="on", bos_id=BOS, recompute="full")
     assert kept.forward(tokens, targets) == recomputed.forward(tokens, targets)
     kept.backward()
     recomputed.backward()

@@ -15,6 +15,7 @@ from llama.eval.scoring import (ItemScore, encode_pair, make_passes, make_reques
                                 item_requests)
 from llama.eval.tasks import Item, Task, hellaswag_item
 from llama.model.reference import ReferenceModel
+from llama.run.plan import cpu_plan
 
 
 class WordTokenizer:
@@ -72,7 +73,7 @@ ITEMS = [Item("The cat sat on the", ("mat.", "moon and the stars.", "a"), 0),
 def test_a_batched_pass_gives_each_choice_the_sum_of_its_tokens_log_probs_alone():
     tok = ByteTokenizer()
     config = get_preset("tiny").replace(vocab_size=tok.vocab_size)
-    model = ReferenceModel(config, seed=3)
+    model = ReferenceModel(config, cpu_plan(), seed=3)
     scores = Evaluation(Task("hand", ITEMS), tok, B=4, T=64).run(model)
     for score, item in zip(scores, ITEMS):
         for c, choice in enumerate(item.choices):
@@ -122,7 +123,7 @@ def test_hellaswag_items_are_built_as_lm_evals_process_docs():
 def test_the_ranks_shares_cover_the_items_once_in_the_same_number_of_passes():
     tok = ByteTokenizer()
     config = get_preset("tiny").replace(vocab_size=tok.vocab_size)
-    model = ReferenceModel(config, seed=3)
+    model = ReferenceModel(config, cpu_plan(), seed=3)
     task = Task("hand", ITEMS)
     whole = {s.index: s for s in Evaluation(task, tok, B=2, T=64).run(model)}
     shares = [Evaluation(task, tok, B=2, T=64, rank=r, world=2) for r in range(2)]
@@ -139,7 +140,7 @@ def test_the_ranks_shares_cover_the_items_once_in_the_same_number_of_passes():
 
 def test_token_losses_are_each_targets_cross_entropy_and_average_to_the_loss():
     config = get_preset("tiny").replace(vocab_size=ByteTokenizer.vocab_size)
-    model = ReferenceModel(config, seed=1)
+    model = ReferenceModel(config, cpu_plan(), seed=1)
     tokens, targets = np.random.default_rng(0).integers(0, config.vocab_size, (2, 2, 12))
     with pytest.raises(RuntimeError, match="needs a forward"):
         model.token_losses()

@@ -8,6 +8,7 @@ import pytest
 
 from llama.twins.fp8 import E4M3_MAX, dequantize_fp8, matmul_fp8_backward, matmul_fp8_forward, quantize_fp8
 from llama.twins.matmul import matmul_backward, matmul_forward
+from llama.run.plan import cpu_plan
 
 E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 E4M3 = np.unique(E4M3[np.isfinite(E4M3)])  # every finite value, -448 .. 448
@@ -104,7 +105,7 @@ def test_fp8_linear_layer_against_float64(M, K, N):
 
 
 def test_the_fp8_reference_model_casts_only_its_blocks_linear_layers():
-    """ReferenceModel(fp8="row"), the twin of --dtype fp8: the same model as the plain one up to the casts' rounding;
+    """The reference planned with dtype fp8 (row-wise scales), the twin of --dtype fp8: the same model as the plain one up to the casts' rounding;
     with the casts' values already exact (weights and activations that are FP8 values times their scales) it
     would be the plain model, so here the casts are what moves the loss and gradients, by a few percent."""
     from llama.config import get_preset
@@ -112,8 +113,8 @@ def test_the_fp8_reference_model_casts_only_its_blocks_linear_layers():
     config = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=96, max_seq_len=32)
     rng = np.random.default_rng(3)
     tokens, targets = rng.integers(0, 96, (2, 32)), rng.integers(0, 96, (2, 32))
-    plain, fp8, tensor = (ReferenceModel(config, dtype=np.float64, seed=1, fp8=scaling)
-                          for scaling in (None, "row", "tensor"))
+    plain, fp8, tensor = (ReferenceModel(config, cpu_plan(**options), dtype=np.float64, seed=1)
+                          for options in ({}, {"dtype": "fp8"}, {"dtype": "fp8", "fp8_scaling": "tensor"}))
     losses = [model.forward(tokens, targets) for model in (plain, fp8, tensor)]
     for model in (plain, fp8, tensor):
         model.backward()
@@ -128,5 +129,5 @@ def test_the_fp8_reference_model_casts_only_its_blocks_linear_layers():
                      for name, t in plain.layout.tensors.items()}
     assert 0 < max(tensor_errors.values()) < 0.15, tensor_errors
     assert not np.array_equal(tensor.grads, fp8.grads)
-    with pytest.raises(ValueError, match="fp8 True: None, or the scaling: row, tensor"):
-        ReferenceModel(config, fp8=True)
+    with pytest.raises(ValueError, match="--fp8-scaling column: choose from row, tensor"):
+        ReferenceModel(config, cpu_plan(dtype="fp8", fp8_scaling="column"))

@@ -10,7 +10,7 @@ from llama.config import get_preset
 from llama.model.generate import TextStream, decoder_for, generate
 from llama.model.sampling import Sampling, sample_token
 from llama.options import RunOptions
-from llama.run.plan import make_plan
+from llama.run.plan import cpu_plan, make_plan
 from llama.model.reference import ReferenceDecoder
 from llama.model.reference import ReferenceModel
 from llama.data.tokenizer import ByteTokenizer
@@ -21,7 +21,7 @@ CONFIG = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, n_layers=2,
 
 
 def random_model(dtype, seed=0):
-    model = ReferenceModel(CONFIG, dtype=dtype, seed=seed)
+    model = ReferenceModel(CONFIG, cpu_plan(), dtype=dtype, seed=seed)
     model.params += (0.1 * np.random.default_rng(seed).standard_normal(model.params.size)).astype(dtype)
     return model
 

@@ -11,6 +11,7 @@ from llama.model import reference as ref
 from llama.model.base import rope_frequencies
 from llama.config import get_preset
 from llama.io.hf import heads_of, hf_name, hf_to_meta
+from llama.run.plan import cpu_plan
 from tests.gradcheck import rel_error
 from tests.hf_helpers import hf_model_of
 
@@ -23,7 +24,7 @@ def test_logits_and_gradients_match_transformers(tied):
     # a short original context, so that all three RoPE scaling branches are exercised
     config = get_preset("tiny").replace(dim=64, n_heads=4, n_kv_heads=2, vocab_size=101, tie_embeddings=tied,
                                         rope_original_context=64, rope_theta=10000.0)
-    model = ref.ReferenceModel(config, dtype=np.float64, seed=7)
+    model = ref.ReferenceModel(config, cpu_plan(), dtype=np.float64, seed=7)
     model.params += 0.05 * np.random.default_rng(0).standard_normal(model.params.size)
     rng = np.random.default_rng(1)
     tokens, targets = rng.integers(0, 101, (2, 24)), rng.integers(0, 101, (2, 24))

@@ -11,6 +11,7 @@ import pytest
 from llama.io.hf import load_hf_folder, save_hf_folder
 from llama.data.tokenizer import Llama3Tokenizer
 from llama.model.reference import ReferenceModel
+from llama.run.plan import cpu_plan
 from tests.gradcheck import rel_error
 from tests.hf_helpers import CONFIG, TOKENS, hf_logits, random_hf_model, reference_forward
 from tests.sample_files import ranks_file_bytes
@@ -38,7 +39,7 @@ def test_save_pretrained_imports_with_the_same_logits(tmp_path, tied, dtype):
 @pytest.mark.parametrize("tied", [False, True])
 def test_export_loads_in_transformers(tmp_path, tied):
     config = CONFIG.replace(tie_embeddings=tied)
-    params = ReferenceModel(config, seed=3).params
+    params = ReferenceModel(config, cpu_plan(), seed=3).params
     params += 0.05 * np.random.default_rng(0).standard_normal(params.size).astype(np.float32)
     (tmp_path / "tokenizer.model").write_bytes(ranks_file_bytes())
     tokenizer = Llama3Tokenizer(tmp_path / "tokenizer.model")

@@ -129,5 +129,5 @@ def test_every_plan_unit_exists_and_the_cpu_plan_needs_none():
     fp32 = {u.source.stem for u in kernels_for(plan("fp32"), "sm_90a")}
     assert fp32 == set(PATH_MODULES["fp32"])  # no GEMM or attention builds beside the exact path's own
     for dtype in ("bf16", "fp32"):  # the document mask's module with the mask only
-        masked = {u.source.stem for u in kernels_for(replace(plan(dtype), doc_mask=True), "sm_90a")}
+        masked = {u.source.stem for u in kernels_for(replace(plan(dtype), doc_mask_bos=1), "sm_90a")}
         assert masked - {u.source.stem for u in kernels_for(plan(dtype), "sm_90a")} == {DOC_MASK_MODULE}

@@ -16,7 +16,7 @@ from llama.runtime.machine import NotEnoughMemory, require
 from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
 from llama.params import count_parameters, init_parameters
-from llama.run.plan import Plan
+from llama.run.plan import Plan, cpu_plan
 
 GIB = 2**30
 
@@ -27,7 +27,7 @@ def peak_of_two_steps(config, B, T, recompute="none", optimizer="adamw", in_back
     batch = [(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
     tracemalloc.start()
     try:
-        model = ReferenceModel(config, recompute=recompute, optimizer=optimizer, in_backward=in_backward)
+        model = ReferenceModel(config, cpu_plan(recompute=recompute, optimizer=optimizer, in_backward=in_backward))
         for step in (1, 2):
             model.train_step(batch, 1e-3, step, AdamWConfig())
         return tracemalloc.get_traced_memory()[1]

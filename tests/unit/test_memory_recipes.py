@@ -1,6 +1,8 @@
 """The memory recipes on the numpy reference (llama/model/reference.py): recompute gives the plain path's
 gradients bit for bit, and AdamW with 8-bit moments trains like AdamW and resumes exactly."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,7 @@ from llama.config import get_preset
 from llama.model.reference import ReferenceModel
 from llama.options import RECOMPUTE
 from llama.optim import QUANT_BLOCK, AdamWConfig, clip_norm_estimate, clip_scale, global_norm, squared_norm
-from llama.run.plan import PlanError, choose_recipe
+from llama.run.plan import PlanError, choose_recipe, cpu_plan
 
 CONFIG = get_preset("tiny").replace(dim=32, n_heads=4, n_kv_heads=2, vocab_size=61)
 
@@ -27,7 +29,8 @@ def _train(model: ReferenceModel, batches, first_step: int = 1) -> list[float]:
 @pytest.mark.parametrize("recompute", [r for r in RECOMPUTE if r != "none"])
 def test_recompute_gives_the_same_gradients_bit_for_bit(recompute, tied):
     config = CONFIG.replace(tie_embeddings=tied)
-    plain, recomputing = ReferenceModel(config, seed=1), ReferenceModel(config, seed=1, recompute=recompute)
+    plain = ReferenceModel(config, cpu_plan(), seed=1)
+    recomputing = ReferenceModel(config, cpu_plan(recompute=recompute), seed=1)
     for (tokens, targets), in _batches(1):
         assert plain.forward(tokens, targets) == recomputing.forward(tokens, targets)
     plain.backward(0.5)
@@ -40,32 +43,37 @@ def test_recompute_gives_the_same_gradients_bit_for_bit(recompute, tied):
 
 @pytest.mark.parametrize("recompute, kept", [("none", 13), ("partial", 10), ("full", 1)])
 def test_recompute_keeps_less_of_each_layer(recompute, kept):
-    model = ReferenceModel(CONFIG, recompute=recompute)
+    model = ReferenceModel(CONFIG, cpu_plan(recompute=recompute))
     model.forward(*_batches(1)[0][0])
     assert [len(a) for a in model.acts["layers"]] == [kept] * CONFIG.n_layers
     assert recompute != "full" or list(model.acts["layers"][0]) == ["x"]
 
 
 def test_unknown_recipes_are_refused():
-    with pytest.raises(ValueError, match="choose recompute from none, partial, full and the optimizer from adamw, "
-                                         "adamw8bit"):
-        ReferenceModel(CONFIG, recompute="some")
+    with pytest.raises(ValueError, match="--recompute some: the numpy reference runs none or partial or full"):
+        ReferenceModel(CONFIG, cpu_plan(recompute="some"))
+    with pytest.raises(ValueError, match="--optimizer sgd: the numpy reference runs adamw or adamw8bit"):
+        ReferenceModel(CONFIG, cpu_plan(optimizer="sgd"))
+    with pytest.raises(ValueError, match="the numpy reference runs a CPU plan on one process"):
+        ReferenceModel(CONFIG, replace(cpu_plan(), device="cuda"))
 
 
 def test_adamw8bit_trains_like_adamw():
     batches = _batches(1, B=4, seed=2) * 40  # one batch learnt by heart
-    plain, eight = _train(ReferenceModel(CONFIG), batches), _train(ReferenceModel(CONFIG, optimizer="adamw8bit"), batches)
+    plain = _train(ReferenceModel(CONFIG, cpu_plan()), batches)
+    eight = _train(ReferenceModel(CONFIG, cpu_plan(optimizer="adamw8bit")), batches)
     assert eight[-1] < eight[0] - 0.5  # it learns
     assert abs(np.mean(eight[-10:]) - np.mean(plain[-10:])) < 0.02, (eight[-10:], plain[-10:])
 
 
 def test_adamw8bit_resumes_bit_exact_through_fp32_moments():
     batches = _batches(6, seed=3)
-    straight = ReferenceModel(CONFIG, optimizer="adamw8bit")
+    straight = ReferenceModel(CONFIG, cpu_plan(optimizer="adamw8bit"))
     _train(straight, batches)
-    first = ReferenceModel(CONFIG, optimizer="adamw8bit")
+    first = ReferenceModel(CONFIG, cpu_plan(optimizer="adamw8bit"))
     _train(first, batches[:3])
-    resumed = ReferenceModel(CONFIG, optimizer="adamw8bit")  # what a checkpoint holds: fp32 params and moments
+    resumed = ReferenceModel(CONFIG,
+                             cpu_plan(optimizer="adamw8bit"))  # what a checkpoint holds: fp32 params and moments
     resumed.set_state(first.get_params(), *first.get_optimizer_state())
     _train(resumed, batches[3:], first_step=4)
     np.testing.assert_array_equal(resumed.params, straight.params)
@@ -97,8 +105,8 @@ def test_optimizer_in_backward_updates_what_the_plain_step_updates(optimizer, re
     """Unclipped, the same bits after several steps: groups of any size (the tied model's last is its 32
     norm weights), blocks cut by group boundaries updated once, whole."""
     config, unclipped = CONFIG.replace(tie_embeddings=tied), AdamWConfig(grad_clip=0.0)
-    plain = ReferenceModel(config, seed=4, optimizer=optimizer)
-    fused = ReferenceModel(config, seed=4, optimizer=optimizer, recompute=recompute, in_backward=True)
+    plain = ReferenceModel(config, cpu_plan(optimizer=optimizer), seed=4)
+    fused = ReferenceModel(config, cpu_plan(recompute=recompute, optimizer=optimizer, in_backward=True), seed=4)
     assert fused.grads is None and any((end - start) % 256 for start, end in fused.groups)
     for step, micro in enumerate(_batches(4, seed=5), 1):
         loss, norm = plain.train_step(micro, 3e-3, step, unclipped)
@@ -121,7 +129,8 @@ def test_optimizer_in_backward_clips_by_the_estimated_norm():
     the last group's by this step's norm. The twin: the plain path's gradients, the groups updated from the
     last, whole blocks at a time."""
     opt = AdamWConfig(grad_clip=0.05)  # below every norm here: each step is clipped
-    plain, fused = ReferenceModel(CONFIG, seed=6), ReferenceModel(CONFIG, seed=6, in_backward=True)
+    plain, fused = ReferenceModel(CONFIG, cpu_plan(), seed=6), ReferenceModel(CONFIG, cpu_plan(in_backward=True),
+                                                                              seed=6)
     last = np.zeros(len(fused.groups))
     for step, micro in enumerate(_batches(3, seed=7), 1):
         plain.zero_grad()
@@ -142,7 +151,7 @@ def test_optimizer_in_backward_clips_by_the_estimated_norm():
         assert fused.train_step(micro, 3e-3, step, opt)[1] == pytest.approx(norm, rel=1e-12)
         np.testing.assert_array_equal(fused.params, plain.params)
     assert fused.group_norms_squared == last.tolist()
-    resumed = ReferenceModel(CONFIG, params=fused.params, in_backward=True)
+    resumed = ReferenceModel(CONFIG, cpu_plan(in_backward=True), params=fused.params)
     assert resumed.group_norms_squared == [0.0] * len(fused.groups)
     resumed.set_state(fused.params, *fused.get_optimizer_state())
     resumed.group_norms_squared = fused.group_norms_squared
@@ -152,7 +161,7 @@ def test_optimizer_in_backward_clips_by_the_estimated_norm():
 
 
 def test_optimizer_in_backward_takes_one_micro_batch_and_runs_inside_a_step():
-    model = ReferenceModel(CONFIG, in_backward=True)
+    model = ReferenceModel(CONFIG, cpu_plan(in_backward=True))
     with pytest.raises(ValueError, match="takes one micro-batch a step, got 2"):
         model.train_step(_batches(1, micro=2)[0], 1e-3, 1, AdamWConfig())
     model.forward(*_batches(1)[0][0])

@@ -59,18 +59,18 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpu):
 
 def test_on_the_cpu_fp8_is_the_reference_with_its_fp8_casts():
     from llama.model.reference import ReferenceModel
-    from llama.run.trainer import build_model
+    from llama.model import build_model
     config = get_preset("tiny")
     plans = {dtype: plan_module.make_plan(config, RunOptions(device="cpu", dtype=dtype)) for dtype in (None, "fp32", "fp8")}
     assert [plan.dtype for plan in plans.values()] == ["fp32", "fp32", "fp8"]
     assert "| dtype fp8 | the numpy reference with FP8 casts (row-wise scales) in the linear layers |" in (
         plans["fp8"].summary())
-    models = {dtype: build_model(plan, config, 2, 16, None) for dtype, plan in plans.items()}
+    models = {dtype: build_model(config, plan, (2, 16)) for dtype, plan in plans.items()}
     assert all(isinstance(model, ReferenceModel) for model in models.values())
     assert [model.fp8 for model in models.values()] == [None, None, "row"]
     tensor = plan_module.make_plan(config, RunOptions(device="cpu", dtype="fp8", fp8_scaling="tensor"))
     assert "the numpy reference with FP8 casts (tensor-wise scales)" in tensor.summary()
-    assert build_model(tensor, config, 2, 16, None).fp8 == "tensor"
+    assert build_model(config, tensor, (2, 16)).fp8 == "tensor"
 
 
 @pytest.mark.parametrize("name, B, T, measured_gb", [("d12", 16, 1024, 9.9), ("llama3.2-1b", 8, 2048, 41.5)])

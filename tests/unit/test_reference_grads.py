@@ -16,6 +16,7 @@ from llama.twins.matmul import matmul_backward, matmul_forward
 from llama.twins.rmsnorm import rmsnorm_backward, rmsnorm_forward, rmsnorm_residual_backward, rmsnorm_residual_forward
 from llama.twins.rope import pack_qkv, rope_backward, rope_forward
 from llama.twins.swiglu import swiglu_backward, swiglu_forward
+from llama.run.plan import cpu_plan
 from tests.gradcheck import model_gradient_errors, numerical_grad, rel_error
 
 TOL = 1e-6
@@ -175,7 +176,7 @@ def test_fused_classifier():
 @pytest.mark.parametrize("tied", [False, True])
 def test_model_gradients_every_tensor(tied):
     config = get_preset("tiny").replace(dim=16, n_heads=4, n_kv_heads=2, vocab_size=23, tie_embeddings=tied)
-    model = ReferenceModel(config, dtype=np.float64, seed=1)
+    model = ReferenceModel(config, cpu_plan(), dtype=np.float64, seed=1)
     model.params *= 5  # larger weights than init, so that every path matters
     model.params[model.decay_mask == 0] = 1 + 0.3 * np.random.default_rng(2).standard_normal(int((model.decay_mask == 0).sum()))
     rng = np.random.default_rng(3)
@@ -186,7 +187,7 @@ def test_model_gradients_every_tensor(tied):
 
 def test_backward_accumulates_and_scales():
     config = get_preset("tiny")
-    model = ReferenceModel(config, dtype=np.float64)
+    model = ReferenceModel(config, cpu_plan(), dtype=np.float64)
     rng = np.random.default_rng(4)
     tokens, targets = rng.integers(0, config.vocab_size, (2, 8)), rng.integers(0, config.vocab_size, (2, 8))
     model.forward(tokens, targets)
@@ -202,7 +203,8 @@ def test_float32_matches_float64():
     config = get_preset("tiny")
     rng = np.random.default_rng(5)
     tokens, targets = rng.integers(0, config.vocab_size, (2, 16)), rng.integers(0, config.vocab_size, (2, 16))
-    m32, m64 = ReferenceModel(config, dtype=np.float32), ReferenceModel(config, dtype=np.float64)
+    m32, m64 = ReferenceModel(config, cpu_plan(), dtype=np.float32), ReferenceModel(config, cpu_plan(),
+                                                                                    dtype=np.float64)
     assert abs(m32.forward(tokens, targets) - m64.forward(tokens, targets)) < 1e-5
     m32.backward()
     m64.backward()
@@ -211,7 +213,7 @@ def test_float32_matches_float64():
 
 def test_training_lowers_loss():
     config = get_preset("tiny")
-    model = ReferenceModel(config)
+    model = ReferenceModel(config, cpu_plan())
     rng = np.random.default_rng(6)
     tokens = rng.integers(0, config.vocab_size, (4, 17))
     losses = []
@@ -224,7 +226,7 @@ def test_training_lowers_loss():
 
 
 def test_bad_batches_raise():
-    model = ReferenceModel(get_preset("tiny"))
+    model = ReferenceModel(get_preset("tiny"), cpu_plan())
     with pytest.raises(ValueError, match="outside"):
         model.forward(np.array([[1, 200]]))
     with pytest.raises(ValueError, match="t <= max_seq_len 64"):

@@ -19,7 +19,7 @@ from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
 from llama.params import init_parameters
 from llama.options import RunOptions
-from llama.run.plan import PlanError, make_plan
+from llama.run.plan import PlanError, cpu_plan, make_plan
 from llama.twins.classifier import fused_classifier
 from tests.gradcheck import model_gradient_errors
 from tests.runs import check_resume_is_exact, losses
@@ -29,9 +29,10 @@ BOS = 1
 V = 23
 
 
-def tiny_model(**kwargs) -> ReferenceModel:
+def tiny_model(**options) -> ReferenceModel:
+    """The tiny reference in float64 with a CPU plan of these RunOptions."""
     config = get_preset("tiny").replace(dim=16, n_heads=4, n_kv_heads=2, vocab_size=V)
-    model = ReferenceModel(config, dtype=np.float64, seed=1, **kwargs)
+    model = ReferenceModel(config, cpu_plan(**options), dtype=np.float64, seed=1)
     model.params *= 5  # larger weights than init, so that every path matters
     return model
 
@@ -43,10 +44,17 @@ def tiny_model(**kwargs) -> ReferenceModel:
                                                  (["--sft", "--doc-mask", "on"], True, True),
                                                  (["--doc-mask", "off"], False, False)])
 def test_doc_mask_and_sft_reach_the_plan(argv, doc_mask, sft):
-    plan = make_plan(get_preset("tiny"), RunOptions.from_args(train_llama.parse_args([*argv, "--device", "cpu"])))
-    assert (plan.doc_mask, plan.sft) == (doc_mask, sft)
+    args = train_llama.parse_args([*argv, "--device", "cpu"])
+    plan = make_plan(get_preset("tiny"), RunOptions.from_args(args, bos_id=BOS))
+    assert (plan.doc_mask, plan.doc_mask_bos, plan.sft) == (doc_mask, BOS if doc_mask else None, sft)
     assert ("document mask" in plan.summary()) == doc_mask
     assert ("SFT loss mask" in plan.summary()) == sft
+
+
+def test_the_document_mask_needs_the_bos_id_it_starts_documents_at():
+    with pytest.raises(PlanError, match="the document mask needs the tokenizer's BOS id"):
+        make_plan(get_preset("tiny"), RunOptions(device="cpu", doc_mask="on"))
+    assert make_plan(get_preset("tiny"), RunOptions(device="cpu", doc_mask="off")).doc_mask_bos is None
 
 
 def test_sft_refuses_the_mask_off_and_a_bad_value_is_a_usage_error(capsys):
@@ -103,7 +111,7 @@ def test_two_documents_in_one_row_are_the_documents_alone():
     doc_targets[0][-1] = -1  # the first document's last target is the second's BOS
     tokens, targets = np.concatenate(docs)[None], np.concatenate(doc_targets)[None]
     counted = int(np.count_nonzero(targets >= 0))
-    packed = tiny_model(doc_mask_bos=BOS)
+    packed = tiny_model(doc_mask="on", bos_id=BOS)
     loss = packed.forward(tokens, targets)
     packed.backward()
     alone, alone_loss = tiny_model(), 0.0
@@ -194,7 +202,7 @@ def test_a_tiny_sft_run_trains_on_the_assistant_tokens(tmp_path, chat_shards, ca
     # step 0's validation: the initial weights' mean loss over the counted targets of both batches, masked
     tokenizer = Llama3Tokenizer(chat_shards[0])
     config = get_preset("tiny").replace(vocab_size=tokenizer.vocab_size)
-    model = ReferenceModel(config, params=init_parameters(config, 0), doc_mask_bos=tokenizer.bos_id)
+    model = ReferenceModel(config, cpu_plan(doc_mask="on", bos_id=tokenizer.bos_id), params=init_parameters(config, 0))
     loader = DataLoader(str(chat_shards[1] / "chat_val_*.bin"), 2, 64, shuffle=False)
     batches = [loader.next_batch(with_mask=True) for _ in range(2)]
     token_losses = []

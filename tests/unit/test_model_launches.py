@@ -1,0 +1,86 @@
+"""The GPU models' wiring without a GPU, on tests/launch_recorder.py's stand-in: what each plan launches, that a
+captured step launches what the eager step does, that the steps after the first allocate nothing, and that the
+parts each plan composes are the ones it names."""
+
+import numpy as np
+import pytest
+
+from llama.config import get_preset
+from llama.model import build_model
+from llama.optim import AdamWConfig
+from llama.options import RunOptions
+from llama.params import init_parameters
+from llama.run.plan import make_plan
+from tests.launch_recorder import RECORDED_RUNS, record_run, recording_gpu
+
+CONFIG = get_preset("d6").replace(n_layers=2, vocab_size=512, max_seq_len=128)
+
+
+def launched(events: list, since: int = 0) -> list[str]:
+    """The kernels launched, by name, from event `since` on."""
+    return [e[1] for e in events[since:] if e[0] == "launch"]
+
+
+def batch(rng, B: int = 2, T: int = 64) -> tuple:
+    return rng.integers(0, CONFIG.vocab_size, (B, T)), rng.integers(0, CONFIG.vocab_size, (B, T))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED_RUNS))
+def test_each_plan_launches_its_kernels_and_replays_its_graphs(name):
+    spec = RECORDED_RUNS[name]
+    events = record_run(spec)
+    kernels = set(launched(events))
+    assert any(k.startswith("gemm_wgmma6_fp8") for k in kernels) == (spec["dtype"] == "fp8")
+    assert any(k.startswith("flash_attention") for k in kernels) == (spec["dtype"] != "fp32")
+    assert any("document_bounds" in k for k in kernels) == bool(spec.get("sft"))
+    assert any("adamw8bit" in k for k in kernels) == (spec.get("optimizer") == "adamw8bit")
+    captures = sum(e[0] == "cuStreamBeginCapture_v2" for e in events)
+    replays = sum(e[0] == "cuGraphLaunch" for e in events)
+    if spec["dtype"] == "fp32":
+        assert captures == replays == 0
+    else:  # the step's graphs (one in the backward; else a micro-batch role each and the optimizer), the decoder's
+        step_graphs = 1 if spec.get("in_backward") else min(spec.get("micro", 1), 2) + 1
+        assert captures == step_graphs + 1
+        assert replays == 2 * (spec.get("micro", 1) + 1 if not spec.get("in_backward") else 1) + 2  # and 2 decodes
+
+
+@pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="fp8", recompute="full"),
+                                     dict(dtype="bf16", recompute="full", in_backward=True)])
+def test_a_captured_step_launches_what_the_eager_step_does_and_allocates_nothing_after(options):
+    rng = np.random.default_rng(1)
+    micro = 1 if options.get("in_backward") else 2
+    steps = [[batch(rng) for _ in range(micro)] for _ in range(3)]
+    runs = {}
+    for way in ("train_step", "eager_step"):
+        with recording_gpu() as recording:
+            model = build_model(CONFIG, make_plan(CONFIG, RunOptions("cuda", **options)), (2, 64),
+                                init_parameters(CONFIG, 0))
+            marks = []
+            for step, batches in enumerate(steps, 1):
+                marks.append((len(recording.events), len(recording.allocations)))
+                getattr(model, way)(batches, 1e-3, step, AdamWConfig())
+            marks.append((len(recording.events), len(recording.allocations)))
+            runs[way] = recording.events, marks
+            del model
+    (captured, marks), (eager, eager_marks) = runs["train_step"], runs["eager_step"]
+    # the first step of train_step runs eagerly, then captures: its launches twice, as the eager step's once
+    first, eager_first = launched(captured[marks[0][0]:marks[1][0]]), launched(eager[eager_marks[0][0]:eager_marks[1][0]])
+    assert first == eager_first * 2
+    assert launched(captured[marks[1][0]:marks[3][0]]) == []  # steps 2 and 3 replay
+    assert marks[1][1] == marks[3][1] and eager_marks[1][1] == eager_marks[3][1]  # nothing allocated after step 1
+
+
+def test_the_parts_each_plan_composes():
+    with recording_gpu():
+        parts = {}
+        for name, options in {"bf16": dict(dtype="bf16"), "fp8": dict(dtype="fp8"),
+                              "in backward": dict(dtype="bf16", in_backward=True)}.items():
+            model = build_model(CONFIG, make_plan(CONFIG, RunOptions("cuda", **options)), (2, 64))
+            parts[name] = type(model).__name__, type(model.linears).__name__, type(model.step).__name__
+            assert model.block.linears is model.linears
+            del model
+    assert parts == {"bf16": ("GPUModelBF16", "BF16Linears", "CapturedStep"),
+                     "fp8": ("GPUModelBF16", "FP8Linears", "CapturedStep"),
+                     "in backward": ("GPUModelBF16", "BF16Linears", "InBackwardStep")}
+    with pytest.raises(ValueError, match="the numpy reference runs a CPU plan"):
+        build_model(CONFIG, make_plan(CONFIG, RunOptions("cpu")), None, comm=object())
