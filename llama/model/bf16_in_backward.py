@@ -12,10 +12,11 @@ import numpy as np
 
 from .. import ops
 from ..optim import AdamWConfig
-from ..runtime.cuda import DeviceArray, Graph, zeros
+from ..runtime.cuda import DeviceArray, Graph, allocate
 from ..runtime.progress import phase
 from .base import check_batch
 from .bf16_step import CAPTURE, adamw, set_loss_scale
+from .shapes import gradient_groups
 
 
 class InBackwardStep:
@@ -26,9 +27,9 @@ class InBackwardStep:
         buffer that each other group uses in turn, and the groups' squared norms of this step and of the last."""
         self.model, self.layout = model, model.layout
         self.groups = self.layout.gradient_groups()
-        self.embedding_grads = zeros(self.groups[0][1])
-        self.group_grads = zeros(max(end - start for start, end in self.groups[1:]))
-        self.step_group_norms, self.group_norms = zeros(len(self.groups)), zeros(len(self.groups))
+        buffers = allocate(gradient_groups(self.layout), zeroed=True)
+        self.embedding_grads, self.group_grads = buffers["embedding_grads"], buffers["group_grads"]
+        self.step_group_norms, self.group_norms = buffers["step_group_norms"], buffers["group_norms"]
         self.graphs = {}  # (b, t, "in backward", opt) -> the step's graph
         self.step_opt = None
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..runtime.cuda import empty, runtime, zeros
+from ..runtime.cuda import allocate, runtime
+from .shapes import step_inputs
 from ..optim import AdamWConfig
 
 
@@ -22,13 +23,15 @@ class PinnedInputs:
         """Device buffers for batches of up to N tokens, two sets of pinned host buffers used in turn, the
         scalars' and the loss scale's pinned buffers, and an event per pinned buffer that says when its last copy
         has run."""
-        self.scalars = zeros(ops.ADAMW_SCALARS)
-        self.batch = {"tokens": empty(N, np.int32), "targets": empty(N, np.int32), "order": empty(N, np.int32),
-                       "segments": empty((N, 4), np.int32)}
+        shapes = step_inputs(N)
+        self.scalars = allocate({"scalars": shapes.pop("scalars")}, zeroed=True)["scalars"]
+        loss_scale = shapes.pop("loss_scale")
+        self.batch = allocate(shapes)
         drv = runtime().drv
         self.pinned = [{k: drv.pagelocked_empty(a.shape, np.int32) for k, a in self.batch.items()} for _ in range(2)]
         self.pinned_scalars = drv.pagelocked_empty(ops.ADAMW_SCALARS, np.float32)
-        self.loss_scale, self.pinned_loss_scale = zeros(1), drv.pagelocked_empty(1, np.float32)
+        self.loss_scale = allocate({"loss_scale": loss_scale}, zeroed=True)["loss_scale"]
+        self.pinned_loss_scale = drv.pagelocked_empty(1, np.float32)
         self.pinned_free = [drv.Event() for _ in range(4)]  # one per input set, the scalars, the loss scale
         for event in self.pinned_free:
             event.record(runtime().stream)

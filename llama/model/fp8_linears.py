@@ -9,8 +9,8 @@ scale, that of the whole operand's amax.
 from __future__ import annotations
 
 from .. import ops
-from ..runtime.cuda import FP8, DeviceArray, empty
-from .shapes import fp8_shapes, linear_weights
+from ..runtime.cuda import DeviceArray, allocate
+from .shapes import fp8_shapes, fp8_weight_copies, linear_weights
 
 
 class FP8Linears:
@@ -20,14 +20,10 @@ class FP8Linears:
     def __init__(self, plan, weights, gradients, config, layout, B: int, T: int, zero):
         self.plan, self.weights, self.gradients, self.config, self.layout, self.zero = (
             plan, weights, gradients, config, layout, zero)
-        shapes = fp8_shapes(config, B, T)
-        self.scratch = {name: empty(shape, dtype) for name, (shape, dtype) in shapes.items()}
-        self.casts = {}  # each linear weight's two FP8 copies with their scales (its rows, its transpose), by offset
-        for i in range(config.n_layers):
-            for tensor in linear_weights(layout, i):
-                rows, cols = tensor.shape
-                self.casts[tensor.offset] = (empty((rows, cols), FP8), empty(rows), empty((cols, rows), FP8),
-                                             empty(cols))
+        self.scratch = allocate(fp8_shapes(config, B, T))
+        # each linear weight's two FP8 copies with their scales (its rows, its transpose), by the weight's offset
+        self.casts = {offset: tuple(allocate(copy).values()) for i in range(config.n_layers)
+                      for offset, copy in fp8_weight_copies(layout, i).items()}
 
     def prepare(self) -> None:
         """Every linear weight's FP8 copies from its bf16 copy (the start of a forward)."""

@@ -10,12 +10,13 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..runtime.cuda import BF16, DeviceArray, empty, runtime, to_device
+from ..runtime.cuda import BF16, DeviceArray, allocate, empty, runtime
 from ..runtime.pinned import PinnedArrays
 from ..params import ParameterLayout, model_parameters
 from ..parallel.zero import Zero
 from ..runtime.progress import phase
 from .base import Model, rope_cos_sin
+from .shapes import document_bounds, rope_tables
 
 CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronization with the legacy stream
 
@@ -37,7 +38,8 @@ class GPUModelBase(Model):
         self.config, self.plan, self.B, self.T, self.comm = config, plan, B, T, comm
         self.doc_mask_bos = plan.doc_mask_bos
         if self.doc_mask_bos is not None:  # each token's document [start, end) in its row (ops.document_bounds)
-            self.doc_start, self.doc_end = empty((B, T), np.int32), empty((B, T), np.int32)
+            bounds = allocate(document_bounds(B, T))
+            self.doc_start, self.doc_end = bounds["doc_start"], bounds["doc_end"]
         self.layout = ParameterLayout(config)
         params = model_parameters(self.layout, params, seed) if params is not None else None
         reduce_dtype = BF16 if plan.reduce_dtype == "bf16" else np.float32
@@ -50,8 +52,10 @@ class GPUModelBase(Model):
                 self.zero.fill_master(
                     lambda out, start: ops.fill_parameters(out, self.layout, seed, start, progress.update))
         self.grads = self.zero.grads  # the whole flat gradients (stage 1; None at ZeRO-2 and 3, kept by bucket)
-        cos, sin = rope_cos_sin(config, T)
-        self.rope_cos, self.rope_sin = to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32))
+        tables = allocate(rope_tables(config, T))
+        self.rope_cos, self.rope_sin = tables["rope_cos"], tables["rope_sin"]
+        for table, values in zip((self.rope_cos, self.rope_sin), rope_cos_sin(config, T)):
+            table.upload(values)
         self.shape, self.has_targets = None, False  # (b, t) of the last forward, and whether it had targets
         self.copy_stream = self.state_ready = None  # download_state's stream, and its start after the compute
         self.state_host = None  # download_state's page-locked host arrays (PinnedArrays), from reserve_state

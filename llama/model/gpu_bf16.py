@@ -43,7 +43,7 @@ from .. import ops
 from ..config import LlamaConfig
 from ..optim import AdamWConfig
 from ..parallel.zero import MasterReplica
-from ..runtime.cuda import BF16, DeviceArray, empty, zeros
+from ..runtime.cuda import BF16, DeviceArray, allocate
 from .base import check_batch, counted_targets
 from .bf16_block import BF16Block
 from .bf16_in_backward import InBackwardStep
@@ -52,7 +52,7 @@ from .bf16_step import CapturedStep
 from .gpu_base import GPUModelBase
 from .fp8_linears import FP8Linears
 from .linears import BF16Linears
-from .shapes import CLASSIFIER_CHUNK, FP32_BUFFERS, LAYER_ACTIVATIONS, activation_shapes
+from .shapes import CLASSIFIER_CHUNK, LAYER_ACTIVATIONS, activation_shapes, bf16_activations, bf16_scratch
 
 
 class GPUModelBF16(GPUModelBase):
@@ -81,18 +81,16 @@ class GPUModelBF16(GPUModelBase):
     def _shapes(self, b: int, t: int) -> tuple[dict, dict]:
         return activation_shapes(self.config, b, t, self.plan.recompute, self.plan.attention)
 
-    def _buffer(self, name: str, shape) -> DeviceArray:
-        return empty(shape, np.float32 if name in FP32_BUFFERS else BF16)
-
     def _allocate(self) -> None:
-        layer, shared = self._shapes(self.B, self.T)
-        self.layer_buffers = [{k: self._buffer(k, s) for k, s in layer.items()} for _ in range(self.config.n_layers)]
-        self.buffers = {k: self._buffer(k, s) for k, s in shared.items()}
-        N, C = self.B * self.T, self.config.dim
-        self.buffers["rms_scratch"] = zeros(ops.rmsnorm_bf16_scratch_size(C))
-        self.embedding_scratch = zeros(ops.embedding_bf16_scratch_size(N, C))
-        self.norm_scratch = zeros(ops.NORM_BLOCKS + 1, np.float64)
-        self.norm_squared, self.loss_total = zeros(1), zeros(1)
+        """The activations for batches of up to (B, T), the scratch and the step's inputs (llama/model/shapes.py)."""
+        layer, shared = bf16_activations(self.config, self.B, self.T, self.plan.recompute, self.plan.attention)
+        self.layer_buffers = [allocate(layer) for _ in range(self.config.n_layers)]
+        self.buffers = allocate(shared)
+        N = self.B * self.T
+        scratch = allocate(bf16_scratch(self.config, N), zeroed=True)
+        self.buffers["rms_scratch"], self.embedding_scratch = scratch["rms_scratch"], scratch["embedding_scratch"]
+        self.norm_scratch, self.norm_squared, self.loss_total = (scratch[k] for k in ("norm_scratch", "norm_squared",
+                                                                                     "loss_total"))
         self.inputs = PinnedInputs(N)
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:

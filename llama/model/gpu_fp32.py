@@ -15,10 +15,11 @@ import numpy as np
 
 from .. import ops
 from ..config import LlamaConfig
-from ..runtime.cuda import DeviceArray, empty
+from ..runtime.cuda import DeviceArray, allocate
 from ..optim import AdamWConfig
 from .base import check_batch, counted_targets, mean_counted_loss
 from .gpu_base import GPUModelBase
+from .shapes import fp32_activations, fp32_inputs
 
 
 class GPUModelFP32(GPUModelBase):
@@ -33,36 +34,23 @@ class GPUModelFP32(GPUModelBase):
 
     # ---- buffers
 
-    def _shapes(self, b: int, t: int) -> tuple[dict, dict]:
-        """Shapes of each layer's saved activations, and of the shared buffers, for a (b, t) batch."""
-        c = self.config
-        N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
-        layer = {"x": (N, C), "ln1": (N, C), "rstd1": (N,), "q": (b, H, t, D), "k": (b, KV, t, D),
-                 "v": (b, KV, t, D), "att": (b, t, H * D), "probs": (b, H, t, t), "h": (N, C), "ln2": (N, C),
-                 "rstd2": (N,), "gate_up": (N, 2 * F), "ffn": (N, F)}
-        shared = {"residual": (N, C), "lnf": (N, C), "rstdf": (N,), "logits": (N, c.vocab_size), "losses": (N,),
-                  "qkv": (b, t, (H + 2 * KV) * D), "heads": (b, H, t, D),
-                  # backward
-                  "dresidual": (N, C), "dln": (N, C), "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D),
-                  "dq": (b, H, t, D), "dk": (b, KV, t, D), "dv": (b, KV, t, D), "dqkv": (b, t, (H + 2 * KV) * D),
-                  "dprobs": (b, H, t, t), "dheads": (b, H, t, D), "rms_scratch": (ops.RMSNORM_PARTS * C,),
-                  "norm_partial": (ops.NORM_BLOCKS,), "norm_squared": (1,)}
-        return layer, shared
-
     def _allocate_activations(self) -> None:
-        layer, shared = self._shapes(self.B, self.T)
-        self.layer_buffers = [{name: empty(shape) for name, shape in layer.items()} for _ in range(self.config.n_layers)]
-        self.buffers = {name: empty(shape) for name, shape in shared.items()}
-        N = self.B * self.T
-        self.tokens, self.targets = empty(N, np.int32), empty(N, np.int32)
-        self.token_order, self.token_starts, self.token_unique = empty(N, np.int32), empty(N + 1, np.int32), empty(N, np.int32)
+        """The activations for batches of up to (B, T) and the batch's inputs (llama/model/shapes.py)."""
+        layer, shared = fp32_activations(self.config, self.B, self.T)
+        self.layer_buffers = [allocate(layer) for _ in range(self.config.n_layers)]
+        self.buffers = allocate(shared)
+        inputs = allocate(fp32_inputs(self.B * self.T))
+        self.tokens, self.targets = inputs["tokens"], inputs["targets"]
+        self.token_order, self.token_starts, self.token_unique = (inputs[k] for k in ("token_order", "token_starts",
+                                                                                     "token_unique"))
         self.num_unique = 0
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
-        layer, shared = self._shapes(b, t)
-        layers = [{name: buffers[name].prefix(*shape) for name, shape in layer.items()} for buffers in self.layer_buffers]
-        return layers, {name: self.buffers[name].prefix(*shape) for name, shape in shared.items()}
+        layer, shared = fp32_activations(self.config, b, t)
+        layers = [{name: buffers[name].prefix(*shape) for name, (shape, _) in layer.items()}
+                  for buffers in self.layer_buffers]
+        return layers, {name: self.buffers[name].prefix(*shape) for name, (shape, _) in shared.items()}
 
     def param(self, tensor) -> DeviceArray:
         """A weight (a Tensor of the layout or its name)."""

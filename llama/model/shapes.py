@@ -1,16 +1,23 @@
-"""The buffers a GPU model allocates, by shape: each layer's saved activations and the shared ones, the FP8
-casts' scratch, the linear weights as the GEMMs read them. Low in the package, so that the memory accounting
-(llama/run/memory.py) sizes a run without importing a model; llama/model/gpu_bf16.py allocates exactly these.
+"""Every buffer a GPU model allocates besides ZeRO's (llama/parallel/zero.py), by name, shape and dtype: each
+layer's saved activations and the shared ones, the scratch, the step's inputs, the RoPE tables, the document
+bounds, the gradient groups of the optimizer in the backward, the FP8 casts and copies. The models allocate
+from these descriptions and the memory accounting (llama/run/memory.py) sums them (model_buffers), so that the
+two cannot drift; tests/unit/test_model_launches.py checks the sum against what a model allocates.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .. import ops
 from ..config import LlamaConfig
-from ..runtime.cuda import FP8
 from ..ops.flash_attention import FlashSource, flash_attention_scratch_size
+from ..params import ParameterLayout
+from ..runtime.cuda import BF16, FP8
 
+F32, F64, I32 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)
 HOPPER_ATTENTION = FlashSource("flash_attention_wgmma", tma=True)  # the Hopper build, what the memory check sizes by default
 CLASSIFIER_CHUNK = 4096  # tokens whose logits exist at once
 FP32_BUFFERS = ("rstd1", "rstd2", "lse", "rstdf", "losses", "attention_scratch")  # the other activations are bf16
@@ -40,17 +47,18 @@ def activation_shapes(config: LlamaConfig, b: int, t: int, recompute: str, atten
 
 
 def fp8_shapes(config: LlamaConfig, b: int, t: int) -> dict:
-    """The FP8 casts' scratch for a (b, t) batch (--dtype fp8), name -> (shape, dtype): a linear layer's input
+    """The FP8 casts' scratch for a (b, t) batch (--dtype fp8), {name: (shape, dtype)}: a linear layer's input
     (the forward's row cast, or the backward's transposed one), its output's gradient (rows and transposed),
     their scales, the casts' amax, and the amax of gate+up's gradient that SwiGLU's backward writes."""
     c = config
     N, widest_in = b * t, max(c.dim, c.n_heads * c.head_dim, c.ffn_hidden_dim)
     widest_out = max((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim, 2 * c.ffn_hidden_dim)
-    return {"input": ((N * widest_in,), FP8), "input_scales": ((max(N, widest_in),), np.float32),
-            "grad": ((N * widest_out,), FP8), "grad_scales": ((N,), np.float32),
-            "grad_t": ((N * widest_out,), FP8), "grad_t_scales": ((widest_out,), np.float32),
-            "amax": ((max(N, widest_in) + widest_in + widest_out,), np.uint32),  # any cast's rows + columns
-            "grad_amax": ((N + widest_out,), np.uint32)}  # an output gradient's, from the kernel that writes it
+    U32 = np.dtype(np.uint32)
+    return {"input": ((N * widest_in,), FP8), "input_scales": ((max(N, widest_in),), F32),
+            "grad": ((N * widest_out,), FP8), "grad_scales": ((N,), F32),
+            "grad_t": ((N * widest_out,), FP8), "grad_t_scales": ((widest_out,), F32),
+            "amax": ((max(N, widest_in) + widest_in + widest_out,), U32),  # any cast's rows + columns
+            "grad_amax": ((N + widest_out,), U32)}  # an output gradient's, from the kernel that writes it
 
 
 def linear_weights(layout, layer: int) -> list:
@@ -58,3 +66,110 @@ def linear_weights(layout, layer: int) -> list:
     pre = f"layers.{layer}."
     return [layout.wqkv(layer), layout.tensors[pre + "attention.wo.weight"], layout.w13(layer),
             layout.tensors[pre + "feed_forward.w2.weight"]]
+
+
+
+def nbytes(shapes: dict) -> int:
+    """The bytes of a {name: (shape, dtype)} description."""
+    return sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
+
+
+def bf16_activations(config: LlamaConfig, b: int, t: int, recompute: str, attention) -> tuple[dict, dict]:
+    """activation_shapes with their dtypes: ({name: (shape, dtype)} of a layer, of the shared ones)."""
+    layer, shared = activation_shapes(config, b, t, recompute, attention)
+    typed = lambda shapes: {k: (s, F32 if k in FP32_BUFFERS else BF16) for k, s in shapes.items()}  # noqa: E731
+    return typed(layer), typed(shared)
+
+
+def bf16_scratch(config: LlamaConfig, N: int) -> dict:
+    """The bf16 model's scratch for N tokens: the RMSNorms' and the embedding's backward partials, the global
+    norm's partials, the squared norm and the loss."""
+    return {"rms_scratch": ((ops.rmsnorm_bf16_scratch_size(config.dim),), F32),
+            "embedding_scratch": ((ops.embedding_bf16_scratch_size(N, config.dim),), F32),
+            "norm_scratch": ((ops.NORM_BLOCKS + 1,), F64), "norm_squared": ((1,), F32), "loss_total": ((1,), F32)}
+
+
+def step_inputs(N: int) -> dict:
+    """A step's inputs on the device (llama/model/bf16_inputs.py): the optimizer's scalars, the batch of up to N
+    tokens with the embedding backward's order and segments, the loss scale of --sft."""
+    return {"scalars": ((ops.ADAMW_SCALARS,), F32), "tokens": ((N,), I32), "targets": ((N,), I32),
+            "order": ((N,), I32), "segments": ((N, 4), I32), "loss_scale": ((1,), F32)}
+
+
+def rope_tables(config: LlamaConfig, T: int) -> dict:
+    """The RoPE tables of positions up to T (float32 cos and sin)."""
+    return {"rope_cos": ((T, config.head_dim // 2), F32), "rope_sin": ((T, config.head_dim // 2), F32)}
+
+
+def document_bounds(B: int, T: int) -> dict:
+    """Each token's document [start, end) in its row, with the document mask."""
+    return {"doc_start": ((B, T), I32), "doc_end": ((B, T), I32)}
+
+
+def gradient_groups(layout) -> dict:
+    """The optimizer in the backward's gradients: the embedding's group, one buffer the others use in turn, and the
+    groups' squared norms of this step and of the last."""
+    groups = layout.gradient_groups()
+    return {"embedding_grads": ((groups[0][1],), F32),
+            "group_grads": ((max(end - start for start, end in groups[1:]),), F32),
+            "step_group_norms": ((len(groups),), F32), "group_norms": ((len(groups),), F32)}
+
+
+def fp8_weight_copies(layout, layer: int) -> dict:
+    """A layer's linear weights' FP8 copies with their scales, by the weight's offset: its rows (the forward's) and
+    its transpose (dX's)."""
+    copies = {}
+    for tensor in linear_weights(layout, layer):
+        rows, cols = tensor.shape
+        copies[tensor.offset] = {"rows": ((rows, cols), FP8), "row_scales": ((rows,), F32),
+                                 "cols": ((cols, rows), FP8), "col_scales": ((cols,), F32)}
+    return copies
+
+
+def fp32_activations(config: LlamaConfig, b: int, t: int) -> tuple[dict, dict]:
+    """The fp32 model's (llama/model/gpu_fp32.py) activations for a (b, t) batch, all float32: ({name: (shape,
+    dtype)} of a layer, of the shared ones, the backward's among them)."""
+    c = config
+    N, C, D, H, KV, F = b * t, c.dim, c.head_dim, c.n_heads, c.n_kv_heads, c.ffn_hidden_dim
+    layer = {"x": (N, C), "ln1": (N, C), "rstd1": (N,), "q": (b, H, t, D), "k": (b, KV, t, D),
+             "v": (b, KV, t, D), "att": (b, t, H * D), "probs": (b, H, t, t), "h": (N, C), "ln2": (N, C),
+             "rstd2": (N,), "gate_up": (N, 2 * F), "ffn": (N, F)}
+    shared = {"residual": (N, C), "lnf": (N, C), "rstdf": (N,), "logits": (N, c.vocab_size), "losses": (N,),
+              "qkv": (b, t, (H + 2 * KV) * D), "heads": (b, H, t, D),
+              # backward
+              "dresidual": (N, C), "dln": (N, C), "dffn": (N, F), "dgate_up": (N, 2 * F), "datt": (b, t, H * D),
+              "dq": (b, H, t, D), "dk": (b, KV, t, D), "dv": (b, KV, t, D), "dqkv": (b, t, (H + 2 * KV) * D),
+              "dprobs": (b, H, t, t), "dheads": (b, H, t, D), "rms_scratch": (ops.RMSNORM_PARTS * C,),
+              "norm_partial": (ops.NORM_BLOCKS,), "norm_squared": (1,)}
+    return {k: (s, F32) for k, s in layer.items()}, {k: (s, F32) for k, s in shared.items()}
+
+
+def fp32_inputs(N: int) -> dict:
+    """The fp32 model's batch of up to N tokens: tokens, targets, and the embedding backward's sorted order, the
+    starts of each run of one token and the tokens of the runs."""
+    return {"tokens": ((N,), I32), "targets": ((N,), I32), "token_order": ((N,), I32), "token_starts": ((N + 1,), I32),
+            "token_unique": ((N,), I32)}
+
+
+def model_buffers(config: LlamaConfig, plan, B: int, T: int) -> dict[str, int]:
+    """What the GPU model of the plan allocates besides ZeRO's buffers, in bytes by line of the memory accounting:
+    llama/model/gpu_bf16.py's (bf16, fp8) or gpu_fp32.py's."""
+    N = B * T
+    small = rope_tables(config, T) | (document_bounds(B, T) if plan.doc_mask else {})
+    if plan.dtype == "fp32":
+        layer, shared = fp32_activations(config, B, T)
+        return {f"activations x {config.n_layers} layers": config.n_layers * nbytes(layer),
+                "shared activations, the logits, scratch": nbytes(shared),
+                "inputs, RoPE tables": nbytes(small | fp32_inputs(N))}
+    layer, shared = bf16_activations(config, B, T, plan.recompute, plan.attention or HOPPER_ATTENTION)
+    small |= bf16_scratch(config, N) | step_inputs(N)
+    buffers = {f"activations (recompute {plan.recompute}) x {config.n_layers} layers": config.n_layers * nbytes(layer),
+               "shared activations, a logits chunk": nbytes(shared), "scratch, inputs, RoPE tables": nbytes(small)}
+    if plan.in_backward:
+        buffers["fp32 gradients (a group at a time)"] = nbytes(gradient_groups(ParameterLayout(config)))
+    if plan.dtype == "fp8":
+        layout = ParameterLayout(config)
+        buffers["FP8 weight copies"] = sum(nbytes(copy) for i in range(config.n_layers)
+                                           for copy in fp8_weight_copies(layout, i).values())
+        buffers["FP8 casts' scratch"] = nbytes(fp8_shapes(config, B, T))
+    return buffers

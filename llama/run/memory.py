@@ -7,22 +7,21 @@ measured with tracemalloc (tests/unit/test_memory.py): 9 bytes a parameter (weig
 decay mask) and the moments (8, or 2 in 8 bits); the activations each layer keeps for the backward and
 two copies of the logits; and the largest transient: AdamW's temporaries, or the backward's (two and a
 half times a layer's activations and attention probabilities, three times the logits). The last step's
-activations are dropped before the next forward. The bf16 GPU model: the buffers it allocates
-(llama/model/gpu_bf16.py, llama/parallel/zero.py; the decay mask a bit a weight), which came to the device
-memory measured in use when the mask took a byte a weight (d12 B16 x T1024: 9.6 GB; llama3.2-1b B8 x T2048:
+activations are dropped before the next forward. The GPU models: the buffers they allocate, to the byte
+(llama/model/shapes.py's model_buffers and ZeRO's, llama/parallel/zero.py; the decay mask a bit a weight; checked
+against the models' allocations by tests/unit/test_model_launches.py and tests/gpu/test_model_bf16.py), which came
+to the device memory measured in use when the mask took a byte a weight (d12 B16 x T1024: 9.6 GB; llama3.2-1b B8 x T2048:
 38.9 GB); the CUDA context and graphs come on top, so it is a lower bound. scripts/memory_plan.py prints
 the buffers.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-import numpy as np
 
 from ..config import LlamaConfig
-from ..model.shapes import FP32_BUFFERS, HOPPER_ATTENTION, activation_shapes, fp8_shapes, linear_weights
+from ..model.shapes import model_buffers
 from .. import ops
 from ..optim import QUANT_BLOCK, AdamW8bitState
 from ..options import RECIPES, zero_stages
@@ -82,51 +81,34 @@ def zero_buffers(config: LlamaConfig, gpus: int, zero: int, reduce_dtype: str = 
             max(end - start for start, end in shards.buckets))
 
 
-def gpu_training_buffers(config: LlamaConfig, B: int, T: int, dtype: str = "bf16", gpus: int = 1,
-                         recompute: str = "partial", attention=None, optimizer: str = "adamw",
-                         in_backward: bool = False, zero: int = 1, reduce_dtype: str = "fp32") -> dict[str, int]:
-    """What a GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes). bf16: the
-    buffers llama/model/gpu_bf16.py allocates (ZeRO shards over gpus; attention is the plan's flash
-    attention build, by default Hopper's; the moments in fp32 or 8 bits; with the optimizer in the
-    backward the embedding's gradients and one buffer for the other groups in turn; zero: the ZeRO stage on
-    several GPUs, zero_buffers, and a bucket and a piece in bf16 to reduce in bf16); fp32: its weights, gradients, master shard, moments and logits only. The CUDA context, the kernels' code and the CUDA graphs come on
-    top."""
-    layout = ParameterLayout(config)
-    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, zero, reduce_dtype, optimizer)
-    stage = f" (ZeRO-{zero})" if gpus > 1 else ""
-    if dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
+def gpu_training_buffers(config: LlamaConfig, plan, B: int, T: int, gpus: int = 1) -> dict[str, int]:
+    """What the plan's GPU model allocates on each GPU to train on (B, T) batches, by buffer (bytes): ZeRO's
+    (llama/parallel/zero.py: the weights the forward reads, the gradients, the master weights and moments, sharded
+    over gpus by the plan's stage, zero_buffers; the moments in fp32 or 8 bits; with the optimizer in the backward no
+    gradients there, the model keeps them a group at a time) and the model's own (llama/model/shapes.py
+    model_buffers: its activations, scratch, inputs). The CUDA context, the kernels' code and the CUDA graphs
+    come on top."""
+    weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, plan.zero, plan.reduce_dtype,
+                                                              plan.optimizer)
+    stage = f" (ZeRO-{plan.zero})" if gpus > 1 else ""
+    if plan.dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
                 **({"fp32 master and gradient shards": 2 * FLOAT32 * shard} if gpus > 1 else {}),
                 "adamw moments": 2 * FLOAT32 * shard, "decay mask": ops.packed_mask_size(shard),
-                "logits": B * T * config.vocab_size * FLOAT32}
-
-    N = B * T
-    layer, shared = activation_shapes(config, B, T, recompute, attention or HOPPER_ATTENTION)
-
-    def size(shapes: dict) -> int:
-        return sum(math.prod(shape) * (FLOAT32 if name in FP32_BUFFERS else 2) for name, shape in shapes.items())
-
-    groups = [end - start for start, end in layout.gradient_groups()]
-    gradients = ({"fp32 gradients (a group at a time)": FLOAT32 * (groups[0] + max(groups[1:]))} if in_backward
-                 else {"fp32 gradients" + stage: FLOAT32 * (gradients + scratch)})
-    buffers = {"bf16 weights" + stage: 2 * weights, **gradients, "fp32 master weights": FLOAT32 * shard,
-               f"{optimizer} moments": (2 * FLOAT32 * shard if optimizer == "adamw" else
-                                        2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK))),
-               "decay mask": ops.packed_mask_size(shard)}
+                **model_buffers(config, plan, B, T)}
+    quantized = plan.optimizer == "adamw8bit"
+    buffers = {"bf16 weights" + stage: 2 * weights}
+    if not plan.in_backward:
+        buffers["fp32 gradients" + stage] = FLOAT32 * (gradients + scratch)
+    buffers |= {"fp32 master weights": FLOAT32 * shard,
+                f"{plan.optimizer} moments": (2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK)) + ops.quantization_maps().nbytes
+                                              if quantized else 2 * FLOAT32 * shard),
+                "decay mask": ops.packed_mask_size(shard)}
     if gpus > 1:
         buffers["gradient and bf16 weight shards"] = (FLOAT32 + 2) * shard
-    if reduce_dtype == "bf16":
+    if plan.reduce_dtype == "bf16":
         buffers["bf16 reduction scratch"] = 2 * (bucket + bucket // gpus)
-    buffers[f"activations (recompute {recompute}) x {config.n_layers} layers"] = config.n_layers * size(layer)
-    buffers["shared activations, a logits chunk, scratch"] = (
-        size(shared) + FLOAT32 * (ops.rmsnorm_bf16_scratch_size(config.dim) + ops.embedding_bf16_scratch_size(N, config.dim))
-        + 7 * N * 4 + FLOAT32 * T * config.head_dim)  # the scratches, the int32 inputs, the RoPE tables
-    if dtype == "fp8":  # each linear weight cast along its rows and transposed, with their scales; the casts' scratch
-        weights = [t for i in range(config.n_layers) for t in linear_weights(layout, i)]
-        buffers["FP8 weight copies"] = sum(2 * t.size + FLOAT32 * sum(t.shape) for t in weights)
-        buffers["FP8 casts' scratch"] = sum(math.prod(shape) * np.dtype(kind).itemsize
-                                            for shape, kind in fp8_shapes(config, B, T).values())
-    return buffers
+    return buffers | model_buffers(config, plan, B, T)
 
 
 def sampling_buffers(config: LlamaConfig, gpus: int) -> dict[str, int]:
@@ -144,8 +126,7 @@ def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -
     """What the run that plan (llama/run/plan.py) describes allocates on each device, by buffer."""
     if plan.device == "cpu":
         return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
-    return gpu_training_buffers(config, B, T, plan.dtype, gpus, plan.recompute, plan.attention, plan.optimizer,
-                                plan.in_backward, plan.zero, plan.reduce_dtype)
+    return gpu_training_buffers(config, plan, B, T, gpus)
 
 
 def choose_zero(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> int:

@@ -278,6 +278,11 @@ def zeros(shape, dtype=np.float32) -> DeviceArray:
     return array
 
 
+def allocate(shapes: dict, zeroed: bool = False) -> dict[str, DeviceArray]:
+    """A device array of each {name: (shape, dtype)}, allocated in order (zeroed: filled with zeros)."""
+    return {name: (zeros if zeroed else empty)(shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+
 def to_device(host: np.ndarray) -> DeviceArray:
     array = empty(host.shape, host.dtype)
     array.upload(host)

@@ -236,3 +236,20 @@ def test_the_optimizer_in_the_backward_clips_by_the_estimated_norm_and_resumes_e
     assert inside.group_norms_squared == last.download().tolist()
     assert [resumed.train_step([BATCHES[s % 2]], 1e-3, s, opt) for s in (3, 4)] == steps[2:]
     assert all(np.array_equal(x, y) for x, y in zip(state_bits(inside), state_bits(resumed)))
+
+
+@pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="bf16", recompute="full", optimizer="adamw8bit"),
+                                     dict(dtype="fp8"), dict(dtype="bf16", in_backward=True), dict(dtype="fp32")])
+def test_the_memory_accounting_is_what_the_model_allocates_on_the_device(options):
+    """llama/run/memory.py's buffers against the device memory a model's construction allocated (empty(), which
+    every buffer of ours comes from), to the byte."""
+    from llama.model import build_model
+    from llama.run.memory import training_buffers
+    from llama.runtime.cuda import allocated_bytes, runtime
+    if options["dtype"] == "fp8" and runtime().code != "sm_90a":
+        pytest.skip("FP8 GEMMs need sm_90a")
+    plan = make_plan(CONFIG, RunOptions("cuda", **options))
+    before = allocated_bytes()
+    model = build_model(CONFIG, plan, (3, 80), bf16_params(CONFIG, seed=3))
+    assert allocated_bytes() - before == sum(training_buffers(plan, CONFIG, 3, 80).values())
+    del model

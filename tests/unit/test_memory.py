@@ -103,7 +103,7 @@ def test_gpu_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_g
     """The bf16 model's buffers against the device memory its training step was measured to use on an H200
     (../shared/notes/performance.md: d12 9.6 GB, llama3.2-1b 38.9 GB, both with partial recompute), when the
     decay mask took a byte a weight (now a bit)."""
-    buffers = gpu_training_buffers(get_preset(name), B, T, "bf16", 1, "partial")
+    buffers = gpu_training_buffers(get_preset(name), Plan("cuda", "bf16", "GPU stand-in", recompute="partial"), B, T)
     buffers["decay mask"] = count_parameters(get_preset(name))  # as measured
     assert round(sum(buffers.values()) / 1e9, 1) == measured_gb
     assert buffers["fp32 gradients"] == 4 * count_parameters(get_preset(name))
@@ -112,11 +112,11 @@ def test_gpu_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_g
 def test_8_bit_moments_and_full_recompute_fit_the_8b_model_on_one_h200():
     """2 bytes of moments a parameter (and a scale per 256) instead of 8; one (B, T, dim) input kept a layer."""
     config, P = get_preset("llama3.1-8b"), count_parameters(get_preset("llama3.1-8b"))
-    lean = gpu_training_buffers(config, 4, 4096, "bf16", 1, "full", optimizer="adamw8bit")
-    assert lean["adamw8bit moments"] == 2 * P + 8 * -(-P // 256)
+    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full", optimizer="adamw8bit")
+    lean = gpu_training_buffers(config, plan, 4, 4096)
+    assert lean["adamw8bit moments"] == 2 * P + 8 * -(-P // 256) + 4 * 4 * 256  # and the two quantization maps
     assert lean["activations (recompute full) x 32 layers"] == 32 * 4 * 4096 * 4096 * 2
     assert 80 * GIB < sum(lean.values()) < 140 * GIB
-    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full", optimizer="adamw8bit")
     assert what_would_fit(plan, config, 4, 4096, 1, 79 * GIB) == "--optimizer-in-backward would fit"
     assert what_would_fit(replace(plan, in_backward=True), config, 1, 4096, 1, 70 * GIB) == (
         "4 GPUs with --optimizer adamw without --optimizer-in-backward --zero 2 would fit (ZeRO-2 shards the master "
@@ -127,14 +127,13 @@ def test_the_optimizer_in_the_backward_fits_the_8b_model_on_an_80_gb_gpu():
     """Gradients a group at a time: the embedding's and one more group's (the untied head with the final
     norm), 4.2 GB instead of 32 GB."""
     config = get_preset("llama3.1-8b")
-    need = {i: gpu_training_buffers(config, 1, 4096, "bf16", 1, "full", optimizer="adamw8bit", in_backward=i)
-            for i in (False, True)}
-    groups = 4 * (2 * config.vocab_size * config.dim + config.dim)
+    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full", optimizer="adamw8bit")
+    need = {i: gpu_training_buffers(config, replace(plan, in_backward=i), 1, 4096) for i in (False, True)}
+    groups = 4 * (2 * config.vocab_size * config.dim + config.dim) + 8 * (config.n_layers + 2)  # and the norms
     assert need[True]["fp32 gradients (a group at a time)"] == groups
     assert sum(need[True].values()) == sum(need[False].values()) - need[False]["fp32 gradients"] + groups
     assert sum(need[True].values()) < 75 * GIB < 79 * GIB < sum(need[False].values())
-    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full", optimizer="adamw8bit", in_backward=True)
-    assert what_would_fit(plan, config, 64, 4096, 1, 79 * GIB).startswith("-b ")
+    assert what_would_fit(replace(plan, in_backward=True), config, 64, 4096, 1, 79 * GIB).startswith("-b ")
 
 
 def test_the_advice_names_the_cheapest_recipe_that_fits():

@@ -84,3 +84,21 @@ def test_the_parts_each_plan_composes():
                      "in backward": ("GPUModelBF16", "BF16Linears", "InBackwardStep")}
     with pytest.raises(ValueError, match="the numpy reference runs a CPU plan"):
         build_model(CONFIG, make_plan(CONFIG, RunOptions("cpu")), None, comm=object())
+
+
+@pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="bf16", recompute="none"),
+                                     dict(dtype="bf16", recompute="full", optimizer="adamw8bit"), dict(dtype="fp8"),
+                                     dict(dtype="bf16", in_backward=True), dict(dtype="bf16", sft=True),
+                                     dict(dtype="fp32"), dict(dtype="fp32", doc_mask="on")])
+def test_the_memory_accounting_is_what_a_model_allocates(options):
+    """llama/run/memory.py sums llama/model/shapes.py's descriptions and ZeRO's buffers; a model allocates from the
+    same descriptions: the two agree to the byte (on one GPU, the model built, before any launch)."""
+    from llama.run.memory import training_buffers
+    for untied in (False, True):
+        config = CONFIG.replace(tie_embeddings=not untied)
+        with recording_gpu() as recording:
+            plan = make_plan(config, RunOptions("cuda", bos_id=7, **options))
+            model = build_model(config, plan, (3, 40))
+            allocated = sum(end - start for start, end in recording.allocations)
+            assert allocated == sum(training_buffers(plan, config, 3, 40).values()), (options, untied)
+            del model

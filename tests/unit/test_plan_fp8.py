@@ -8,7 +8,7 @@ from llama.config import get_preset
 from llama.run.memory import gpu_training_buffers
 from llama.options import RunOptions
 from llama.params import ParameterLayout
-from llama.run.plan import PlanError
+from llama.run.plan import Plan, PlanError
 from tests.unit.test_plan_attention import use_stand_in_gpu
 
 
@@ -79,7 +79,8 @@ def test_fp8_buffers_add_up_to_the_memory_measured_in_use(name, B, T, measured_g
     --dtype fp8), when the decay mask took a byte a weight (now a bit): the bf16 model's, plus each linear
     weight's two FP8 casts and their scales, plus the casts' scratch."""
     config = get_preset(name)
-    fp8, bf16 = (gpu_training_buffers(config, B, T, dtype, 1, "partial") for dtype in ("fp8", "bf16"))
+    fp8, bf16 = (gpu_training_buffers(config, Plan("cuda", dtype, "GPU stand-in", recompute="partial"), B, T)
+                 for dtype in ("fp8", "bf16"))
     byte_mask = ParameterLayout(config).size  # the decay mask as measured
     assert round((sum(fp8.values()) - fp8["decay mask"] + byte_mask) / 1e9, 1) == measured_gb
     assert {k: v for k, v in fp8.items() if not k.startswith("FP8")} == bf16

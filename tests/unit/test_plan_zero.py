@@ -1,6 +1,8 @@
 """The plan's ZeRO stage and gradient reduction on several GPUs (llama/run/plan.py, llama/run/memory.py): the
 refusals, the summary, and the stage chosen from the memory a run needs."""
 
+from dataclasses import replace
+
 import pytest
 
 from llama.config import get_preset
@@ -11,6 +13,7 @@ from tests.unit.test_plan_attention import use_stand_in_gpu
 
 GIB = 2**30
 CONFIG = get_preset("llama3.1-8b")
+FULL = Plan("cuda", "bf16", "GPU stand-in", recompute="full")
 
 
 @pytest.mark.parametrize("options, message", [
@@ -36,12 +39,12 @@ def test_each_stage_holds_less_and_the_plan_takes_the_lowest_that_fits():
     """8B on 2 GPUs, B=1 x T=8192, everything recomputed: stage 2 drops the full fp32 gradients (30 GB), stage 3
     the full bf16 weights (15 GB) for two layers' and the embedding's and head's."""
     plan = Plan("cuda", "bf16", "GPU stand-in", recompute="full")
-    need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}
+    need = {z: sum(gpu_training_buffers(CONFIG, replace(FULL, zero=z), 1, 8192, 2).values()) for z in (1, 2, 3)}
     assert need[1] - need[2] > 20 * GIB and need[2] - need[3] > 10 * GIB
     assert [choose_zero(plan, CONFIG, 1, 8192, 2, room) for room in (need[1], need[2], need[3], need[3] - 1)] == [1, 2, 3, 3]
     assert what_would_fit(plan, CONFIG, 1, 8192, 2, need[2]) == "--zero 2 would fit"
     assert 79 * GIB < need[3] < 139 * GIB  # 8B at stage 3 fits two H200s, not two H100s
-    with_bf16 = gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=2, reduce_dtype="bf16")
+    with_bf16 = gpu_training_buffers(CONFIG, replace(FULL, zero=2, reduce_dtype="bf16"), 1, 8192, 2)
     fp32_scratch = 4 * zero_buffers(CONFIG, 2, 2)[3]  # a later micro-batch's fp32 reduction: bf16 adds as it widens
     assert fp32_scratch > 0 and zero_buffers(CONFIG, 2, 2, "bf16")[3] == 0
     assert sum(with_bf16.values()) - need[2] == with_bf16["bf16 reduction scratch"] - fp32_scratch
@@ -74,7 +77,7 @@ def test_the_stage_comes_from_the_free_memory_the_ranks_share(monkeypatch):
     from llama.run import plan
     use_stand_in_gpu(monkeypatch)
     monkeypatch.setattr(plan, "gpu_free", lambda: 10**15)  # this GPU: room for anything
-    need = {z: sum(gpu_training_buffers(CONFIG, 1, 8192, "bf16", 2, "full", zero=z).values()) for z in (1, 2, 3)}
+    need = {z: sum(gpu_training_buffers(CONFIG, replace(FULL, zero=z), 1, 8192, 2).values()) for z in (1, 2, 3)}
     options = dict(recompute="full", gpus=2, batch=(1, 8192))
     assert make_plan(CONFIG, RunOptions(**options)).zero == 1
     assert [make_plan(CONFIG, RunOptions(**options), free_memory=room).zero for room in (need[1], need[2], need[3])] == [1, 2, 3]
