@@ -5,7 +5,7 @@ rest of the package, so any layer can read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 DEVICES = ("cuda", "cpu")
 DTYPES = ("bf16", "fp8", "fp32")  # GPU precision: mixed bf16, bf16 with FP8 linear layers, the exact fp32 path
@@ -53,8 +53,11 @@ class RunOptions:
     @classmethod
     def from_args(cls, args, gpus: int = 1, batch: tuple[int, int] | None = None,
                   bos_id: int | None = None) -> "RunOptions":
-        """The options of train_llama.py's parsed command line (each by the name of its option)."""
-        return cls(device=args.device, dtype=args.dtype, recompute=args.recompute, optimizer=args.optimizer,
-                   in_backward=args.optimizer_in_backward, fp8_scaling=args.fp8_scaling, zero=args.zero,
-                   reduce_dtype=args.reduce_dtype, gpus=gpus, batch=batch, doc_mask=args.doc_mask, sft=args.sft,
-                   bos_id=bos_id)
+        """The options of train_llama.py's parsed command line: each field from the option of its name (--in-backward
+        is --optimizer-in-backward), so that a new option is a field here and a flag there."""
+        asked = {f.name: getattr(args, ARGUMENTS.get(f.name, f.name)) for f in fields(cls) if f.name not in FROM_RUN}
+        return cls(**asked, gpus=gpus, batch=batch, bos_id=bos_id)
+
+
+ARGUMENTS = {"in_backward": "optimizer_in_backward"}  # fields whose command-line option has another name
+FROM_RUN = ("gpus", "batch", "bos_id")  # fields the run knows, not the command line

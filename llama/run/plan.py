@@ -95,6 +95,14 @@ class Plan:
     doc_mask_bos: int | None = None  # each token attends within its own document only, documents starting at this
     # token id (the tokenizer's BOS); None: attention spans the row
     sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count in the loss
+    options: RunOptions = RunOptions()  # what the run asked for (make_plan's)
+
+    def __getattr__(self, name: str):
+        """An option the plan decides nothing about reads as the run asked for it (RunOptions' field of that name),
+        so that a new run option reaches the models through the plan without a field here."""
+        if name.startswith("__") or name == "options":
+            raise AttributeError(name)
+        return getattr(self.options, name)
 
     @property
     def doc_mask(self) -> bool:
@@ -249,7 +257,8 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
             raise PlanError("--dtype bf16 needs a CUDA GPU; the CPU reference computes in fp32 (or fp8's casts)")
         return Plan("cpu", o.dtype or "fp32", "CPU",
                     note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
-                    **choose_recipe("cpu", o.recompute, o.optimizer, o.in_backward), fp8_scaling=fp8_scaling, **masks)
+                    **choose_recipe("cpu", o.recompute, o.optimizer, o.in_backward), fp8_scaling=fp8_scaling, **masks,
+                    options=o)
     why_not_bf16 = bf16_unsupported(config)
     if o.dtype in ("bf16", "fp8") and why_not_bf16:
         raise PlanError(f"--dtype {o.dtype}: {why_not_bf16}")
@@ -273,7 +282,7 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,
                 fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None,
-                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32", **masks)
+                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32", **masks, options=o)
     if o.zero is None and o.gpus > 1 and o.batch is not None:
         available = gpu_free() if free_memory is None else free_memory
         plan = replace(plan, zero=choose_zero(plan, config, *o.batch, o.gpus, available))

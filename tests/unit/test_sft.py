@@ -241,3 +241,16 @@ def test_check_masks_names_the_first_shard_without_one(tmp_path):
         write_shard(tmp_path / name, np.arange(100) % 7, 7)
     with pytest.raises(ShardError, match=r"a\.bin has no loss mask \(a\.mask\.bin\)"):
         DataLoader(str(tmp_path / "*.bin"), 2, 8).check_masks()
+
+
+def test_every_run_option_travels_by_its_name_to_the_plan():
+    """RunOptions.from_args reads each field from the option of its name, and the plan answers what it decides
+    nothing about as the run asked: a new run option is a RunOptions field and a flag, read from the plan."""
+    args = train_llama.parse_args(["--device", "cpu", "--sft", "--optimizer-in-backward", "--recompute", "full"])
+    options = RunOptions.from_args(args, gpus=1, batch=(4, 64), bos_id=BOS)
+    assert (options.in_backward, options.recompute, options.sft, options.batch) == (True, "full", True, (4, 64))
+    plan = make_plan(get_preset("tiny"), options)
+    assert plan.options is options and (plan.batch, plan.bos_id, plan.gpus) == ((4, 64), BOS, 1)
+    assert plan.recompute == "full" and plan.doc_mask is True and plan.doc_mask_bos == BOS  # decided: its own
+    with pytest.raises(AttributeError):
+        plan.no_such_option
