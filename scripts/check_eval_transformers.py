@@ -29,7 +29,8 @@ import numpy as np
 from llama.runtime.cli import positive_int
 from llama.config import LlamaConfig, get_preset
 from llama.data.tokenizer import Llama3Tokenizer, hf_tokenizer_files
-from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
+from llama.eval.runner import FILLER_PASS, Evaluation
+from llama.run.plan import evaluation_plan
 from llama.eval.scoring import ItemScore, metrics
 from llama.eval.tasks import HELLASWAG, Item, Task, TaskError, load_task
 from llama.io.hf import transformers_config

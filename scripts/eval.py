@@ -21,7 +21,8 @@ from pathlib import Path
 
 from llama.runtime.cli import existing_path, positive_int
 from llama.data.tokenizer import TokenizerError
-from llama.eval.runner import FILLER_PASS, Evaluation, evaluation_plan
+from llama.eval.runner import FILLER_PASS, Evaluation
+from llama.run.plan import evaluation_plan
 from llama.eval.scoring import metrics
 from llama.eval.tasks import TaskError, load_task
 from llama.io.checkpoint import CheckpointError

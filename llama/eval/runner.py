@@ -12,19 +12,10 @@ import math
 
 import numpy as np
 
-from ..options import RECIPES, RunOptions
-from ..run.plan import Plan, make_plan
 from .scoring import ItemScore, item_requests, make_passes, pass_loglikelihoods
 from .tasks import Task
 
 FILLER_PASS = (np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32))  # a rank's pass past its share
-
-
-def evaluation_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
-    """The plan of a model that only scores: each layer keeps only its input (recompute full) where the path
-    runs that, since no backward follows (the forward computes the same either way)."""
-    plan = make_plan(config, RunOptions(device, dtype))
-    return make_plan(config, RunOptions(device, plan.dtype, "full")) if "full" in RECIPES[plan.path][0] else plan
 
 
 class Evaluation:

@@ -287,3 +287,10 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
         available = gpu_free() if free_memory is None else free_memory
         plan = replace(plan, zero=choose_zero(plan, config, *o.batch, o.gpus, available))
     return plan
+
+
+def evaluation_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
+    """The plan of a model that only scores: each layer keeps only its input (recompute full) where the path
+    runs that, since no backward follows (the forward computes the same either way)."""
+    plan = make_plan(config, RunOptions(device, dtype))
+    return make_plan(config, RunOptions(device, plan.dtype, "full")) if "full" in RECIPES[plan.path][0] else plan

@@ -10,12 +10,12 @@ import pytest
 
 from llama.config import get_preset
 from llama.data.tokenizer import ByteTokenizer
-from llama.eval.runner import Evaluation, accuracy_over_ranks, evaluation_plan
+from llama.eval.runner import Evaluation, accuracy_over_ranks
 from llama.eval.scoring import (ItemScore, encode_pair, make_passes, make_request, mean_and_stderr, metrics,
                                 item_requests)
 from llama.eval.tasks import Item, Task, hellaswag_item
 from llama.model.reference import ReferenceModel
-from llama.run.plan import cpu_plan
+from llama.run.plan import cpu_plan, evaluation_plan
 
 
 class WordTokenizer:
