@@ -103,6 +103,24 @@ def optimizer_cases(args, rng) -> list:
                                                opt))]
 
 
+def nf4_cases(args, rng) -> list:
+    """--qlora's base: 8B's w1 (14336 x 4096) dequantized into bf16 (kernels/nf4.cu's floor: 2.516 bytes a weight),
+    and quantized from bf16 (its three launches: codes and absmaxes, their mean, their codes)."""
+    shape = (14336, 4096)
+    n, sizes = shape[0] * shape[1], ops.nf4_sizes(shape)
+    weights, tables = to_device(bf16_normal(rng, *shape)), to_device(ops.nf4_tables())
+    codes, absmax = empty(sizes["codes"], np.uint8), empty(sizes["absmax"])
+    absmax_codes = empty(sizes["absmax"], np.uint8)
+    absmax_scales, offset, out = empty(sizes["absmax_scales"]), empty(1), empty(shape, BF16)
+    state = dict(codes=codes, absmax_codes=absmax_codes, absmax_scales=absmax_scales, offset=offset, tables=tables)
+    ops.nf4_quantize(absmax=absmax, weights=weights, **state)
+    state_bytes = codes.nbytes + absmax_codes.nbytes + absmax_scales.nbytes + 4
+    return [("nf4_dequantize_bf16 (14336 x 4096)", state_bytes + out.nbytes,
+             lambda: ops.nf4_dequantize_bf16(out, **state)),
+            ("nf4_quantize bf16 (14336 x 4096)", weights.nbytes + state_bytes + 3 * absmax.nbytes,
+             lambda: ops.nf4_quantize(absmax=absmax, weights=weights, **state))]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=16384, help="N = B * T")
@@ -117,7 +135,7 @@ def main():
     copy = copy_bandwidth(args.repeats)
     print(f"{runtime().name}: device-to-device copy {copy:.0f} GB/s (read + write)", flush=True)
     rows, rng = [], np.random.default_rng(0)
-    for group in (embedding_cases, rmsnorm_cases, swiglu_cases, classifier_cases, optimizer_cases):
+    for group in (embedding_cases, rmsnorm_cases, swiglu_cases, classifier_cases, optimizer_cases, nf4_cases):
         for name, nbytes, fn in group(args, rng):
             ms = time_ms(fn, repeats=args.repeats, inner=10)
             rows.append((name, nbytes, ms, nbytes / ms / 1e6))

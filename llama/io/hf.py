@@ -351,14 +351,15 @@ def load_hf_to_device(folder: str | Path, out, on_tensor=None) -> LlamaConfig:
     return config
 
 
-def check_export_folder(out: str | Path) -> None:
+def check_export_folder(out: str | Path, files: tuple[str, ...] = EXPORT_FILES) -> None:
     """Refuse a folder that an export, which replaces its folder whole, would destroy: a file, or a
-    folder that holds anything but an earlier export's files (a training run, a checkpoint, ...)."""
+    folder that holds anything but an earlier export's files (`files`, patterns: a model's by default; a
+    training run, a checkpoint, ...)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ExportFolderError(f"{out} is a file; choose a folder for the export")
     held = out.iterdir() if out.is_dir() else ()
-    others = sorted(p.name for p in held if not (p.is_file() and any(fnmatch(p.name, name) for name in EXPORT_FILES)))
+    others = sorted(p.name for p in held if not (p.is_file() and any(fnmatch(p.name, name) for name in files)))
     if others:
         run = any(fnmatch(name, mark) for name in others for mark in RUN_FILES)
         raise ExportFolderError(
@@ -390,16 +391,26 @@ def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dty
     the tokenizer files. dtype: 'bf16' or 'fp32'. Returns the files written.
 
     They go to a temporary folder beside `out`, which then replaces `out` whole, so that nothing of
-    an earlier export there survives; `check_export_folder` decides whether `out` may be replaced."""
+    an earlier export there survives; `check_export_folder` decides whether `out` may be replaced
+    (replace_export_folder)."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
-    check_export_folder(out)
+    return replace_export_folder(out, EXPORT_FILES, lambda tmp: _write_export(tmp, Path(out), config, params, dtype,
+                                                                               tokenizer, max_shard_bytes))
+
+
+def replace_export_folder(out: str | Path, files: tuple[str, ...], write) -> list[Path]:
+    """An export's folder replaced whole: `write(folder)` writes the export's files into a temporary folder beside
+    `out` and returns them, and that folder then takes the place of `out` (which check_export_folder(out, files)
+    must allow), so that nothing of an earlier export survives and a failure or Ctrl-C leaves `out` as it was.
+    Returns the files as they are named in `out`."""
+    check_export_folder(out, files)
     target = Path(out).absolute()
     tmp, old = (target.parent / f".{kind}_{target.name}.{os.getpid()}" for kind in ("tmp_export", "old_export"))
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        written = _write_export(tmp, Path(out), config, params, dtype, tokenizer, max_shard_bytes)
+        written = write(tmp)
         if target.exists():
             os.replace(target, old)
         os.replace(tmp, target)

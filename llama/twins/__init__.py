@@ -27,5 +27,7 @@ attention        attention_forward/backward, attention_probabilities; document_a
 flash_attention  flash_attention_forward/backward (on the packed projection, inverse RoPE fused)
 swiglu           swiglu_forward/backward
 classifier       fused_classifier (softmax cross-entropy and its gradient)
+lora             lora_forward/backward (the adapter beside a frozen linear layer), lora_init (PEFT's)
+nf4              quantize/dequantize: QLoRA's NF4 with double-quantized absmaxes, bitsandbytes' bits
 The optimizer's and the grad norm's twins are llama/optim.py's.
 """
