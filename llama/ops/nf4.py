@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..cuda import BF16, DeviceArray
+from ..runtime.cuda import BF16, DeviceArray
 from ..twins.nf4 import ABSMAX_BLOCK, BLOCK, DYNAMIC_MAP, NF4_LEVELS
 from .common import BLOCK as THREADS
 from .common import F32, U8, blocks, check, check_aligned, kernel, kernel_constant

@@ -29,7 +29,7 @@ def weights(shape, dtype, seed: int) -> np.ndarray:
 
 def device_state(shape, poison: int):
     """Device outputs for an NF4 state of shape, every byte `poison`."""
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     sizes = ops.nf4_sizes(shape)
     fill = lambda size, dtype: to_device(np.full(size, poison, np.uint8).view(dtype))  # noqa: E731
     return dict(codes=fill(sizes["codes"][0], np.uint8), absmax=fill(4 * sizes["absmax"][0], np.float32),
@@ -40,7 +40,7 @@ def device_state(shape, poison: int):
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_quantize_gives_the_twins_bits(shape, dtype):
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     w = weights(shape, dtype, seed=shape[0] * 7 + shape[1])
     q = nf4.quantize(w)
     absmax = nf4.block_absmax(w)
@@ -60,7 +60,7 @@ def test_quantize_gives_the_twins_bits(shape, dtype):
 def test_dequantize_gives_the_twins_bits(shape):
     """Into a NaN-poisoned bf16 output: the twin's float32 values rounded to bf16, bit for bit; the error against
     the float64 twin is only that rounding."""
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     w = weights(shape, "bf16", seed=shape[0] * 5 + shape[1])
     q = nf4.quantize(w)
     expected = nf4.dequantize(q)
@@ -75,7 +75,7 @@ def test_a_quantized_layer_round_trips_on_the_device():
     """Quantize on the device, dequantize from its outputs: the twin's weights, and their error against the
     original weights is NF4's (about 0.1 of normal weights)."""
     w = weights((512, 2048), "bf16", seed=11)
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     tables, state = to_device(ops.nf4_tables()), device_state(w.shape, 0)
     ops.nf4_quantize(weights=dev_bf16(w), tables=tables, **state)
     out = poisoned_bf16(w.shape)
@@ -96,7 +96,7 @@ def test_bitsandbytes_cuda_kernels(shape):
     dequantize kernel gives dequantize_4bit's bf16 weights bit for bit from its state."""
     torch = pytest.importorskip("torch")
     functional = pytest.importorskip("bitsandbytes.functional")
-    from llama.cuda import to_device
+    from llama.runtime.cuda import to_device
     from tests.unit.test_nf4 import within_reach
 
     w = weights(shape, "bf16", seed=3)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama import ops
-from llama.cuda import BF16
+from llama.runtime.cuda import BF16
 from llama.twins import nf4
 from tests.unit.test_bf16_launchers import fake
 
