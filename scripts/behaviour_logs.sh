@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The runs whose main.log a change that keeps behaviour (a refactor, a move) must leave the same, bit for bit:
 # each run's main.log is copied to OUT/<name>.log. Record them on the tree before the change and on the tree after,
-# then `diff -r BEFORE AFTER` (or `scripts/behaviour_logs.sh --compare BEFORE AFTER`): no output means the same
-# bits.
+# then `scripts/behaviour_logs.sh --compare BEFORE AFTER`, which says of each main.log whether it is the same, bit for
+# bit (each run's output, with its timings, is kept beside it as NAME.out).
 #   bash scripts/behaviour_logs.sh OUT [cpu|gpu|all]      (default: gpu where nvidia-smi answers, else cpu)
 # cpu: the default preset (-x 50, seed 0) and --sft on tests/data/chat_small.jsonl, on the numpy reference.
 # gpu: d12 for 50 steps with --dtype bf16, fp8 and fp32, and bf16 with --recompute full --optimizer-in-backward.
 # TOKENIZER: the Llama 3 tokenizer.model to use (default: the per-user cache's); a run never fetches it.
 set -euo pipefail
 if [ "${1:-}" = "--compare" ]; then
-  diff -r "$2" "$3" && echo "same: every main.log in $2 equals its twin in $3, bit for bit"
-  exit
+  differ=0
+  for log in "$2"/*.log; do
+    if cmp -s "$log" "$3/$(basename "$log")"; then echo "same: $(basename "$log")"; else echo "DIFFER: $(basename "$log")"; differ=1; fi
+  done
+  exit $differ
 fi
 out=${1:?usage: behaviour_logs.sh OUT [cpu|gpu|all]   or   behaviour_logs.sh --compare BEFORE AFTER}
 which=${2:-$(command -v nvidia-smi > /dev/null && echo gpu || echo cpu)}

@@ -19,6 +19,7 @@ A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -56,6 +57,16 @@ def rope_cos_sin(config: LlamaConfig, seq_len: int) -> tuple[np.ndarray, np.ndar
     angles = np.outer(np.arange(seq_len, dtype=np.float64), rope_frequencies(config))
     return np.cos(angles), np.sin(angles)
 
+
+
+# ---- the parts of a model
+
+
+def weakly(method):
+    """A bound method that does not keep its object alive: what a model's parts call back into the model with, so
+    that a model is freed (its device memory with it) as soon as the last reference to it goes."""
+    reference = weakref.WeakMethod(method)
+    return lambda *args: reference()(*args)
 
 
 # ---- the batch

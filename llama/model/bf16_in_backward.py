@@ -8,6 +8,8 @@ as the reference does; a step takes one micro-batch and is one captured CUDA gra
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import ops
@@ -25,7 +27,7 @@ class InBackwardStep:
     def __init__(self, model):
         """The gradient groups, the embedding's gradients (a tied head adds to them in the forward) and one
         buffer that each other group uses in turn, and the groups' squared norms of this step and of the last."""
-        self.model, self.layout = model, model.layout
+        self.model, self.layout = weakref.proxy(model), model.layout  # the model holds this part
         self.groups = self.layout.gradient_groups()
         buffers = allocate(gradient_groups(self.layout), zeroed=True)
         self.embedding_grads, self.group_grads = buffers["embedding_grads"], buffers["group_grads"]

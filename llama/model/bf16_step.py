@@ -13,6 +13,8 @@ masters to every rank; the next forward all-gathers the new bf16 weights as it n
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import ops
@@ -60,7 +62,7 @@ class CapturedStep:
     """The step of `model` (GPUModelBF16): forward and backward per micro-batch, then the optimizer."""
 
     def __init__(self, model):
-        self.model = model
+        self.model = weakref.proxy(model)  # the model holds this part
         self.graphs = {}  # (b, t, micro-batches, opt) -> ({(first, last): micro-batch graph}, optimizer graph)
         self.step_graphs, self.micro_index = None, 0
 

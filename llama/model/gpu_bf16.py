@@ -44,7 +44,7 @@ from ..config import LlamaConfig
 from ..optim import AdamWConfig
 from ..parallel.zero import MasterReplica
 from ..runtime.cuda import BF16, DeviceArray, allocate
-from .base import check_batch, counted_targets
+from .base import check_batch, counted_targets, weakly
 from .bf16_block import BF16Block
 from .bf16_in_backward import InBackwardStep
 from .bf16_inputs import PinnedInputs
@@ -70,11 +70,13 @@ class GPUModelBF16(GPUModelBase):
         self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, norms, params)
         self.step = InBackwardStep(self) if plan.in_backward else CapturedStep(self)
         self._allocate()
+        weight, grad = weakly(self.weight), weakly(self.grad)
         if plan.dtype == "fp8":
-            self.linears = FP8Linears(plan, self.weight, self.grad, config, self.layout, self.B, self.T, self.zero)
+            self.linears = FP8Linears(plan, weight, grad, config, self.layout, self.B, self.T, self.zero)
         else:
-            self.linears = BF16Linears(plan, self.weight, self.grad)
-        self.block = BF16Block(config, self.layout, plan, self.linears, self.master, self.grad, self._document_mask)
+            self.linears = BF16Linears(plan, weight, grad)
+        self.block = BF16Block(config, self.layout, plan, self.linears, weakly(self.master), grad,
+                               weakly(self._document_mask))
 
     # ---- buffers
 

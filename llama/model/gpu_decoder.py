@@ -33,7 +33,7 @@ from ..ops.flash_attention import HEAD_DIMS
 from ..ops.decode import MAX_HEAD_DIM
 from ..ops.gemv import MAX_BATCH, DecodeScratch
 from ..params import ParameterLayout
-from .base import rope_cos_sin
+from .base import rope_cos_sin, weakly
 from .bf16_block import BF16Block
 from .linears import BF16Linears
 
@@ -90,8 +90,9 @@ class GPUDecoder:
         self.chunk_start = 0  # the first position of the prefill chunk running (_attention)
         self.drawn = False  # whether self.tokens holds ids drawn by prefill() or decode(), for decode() to feed
         self.position = 0
-        self.block = BF16Block(config, self.layout, plan, BF16Linears(plan, self.weight, None), self.master)
-        self.block.attention = self._attention
+        self.block = BF16Block(config, self.layout, plan, BF16Linears(plan, weakly(self.weight), None),
+                               weakly(self.master))
+        self.block.attention = weakly(self._attention)
         self.reset()
 
     # ---- weights

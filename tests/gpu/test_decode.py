@@ -168,7 +168,8 @@ def bf16_model(config, B, T, params):
 
 def decoder_of(model, batch, max_len):
     from llama.model.gpu_decoder import GPUDecoder
-    return GPUDecoder(model.config, model.master_weights(), batch=batch, max_len=max_len, weights=model.params_bf16)
+    return GPUDecoder(model.config, model.plan, model.master_weights(), batch=batch, max_len=max_len,
+                      weights=model.params_bf16)
 
 
 @pytest.mark.parametrize("chunks", [[1] * 40, [7] + [1] * 33, [40], [16, 3, 21]])
@@ -244,9 +245,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="outside"):
         decoder.forward(np.full((1, 2), CONFIG.vocab_size))
     with pytest.raises(ValueError, match="float32 device array"):
-        GPUDecoder(CONFIG, dev(np.zeros(10)))
+        GPUDecoder(CONFIG, model.plan, dev(np.zeros(10)))
     with pytest.raises(ValueError, match="1 to 16 sequences"):
-        GPUDecoder(CONFIG, model.master_weights(), batch=17)
+        GPUDecoder(CONFIG, model.plan, model.master_weights(), batch=17)
     with pytest.raises(ValueError, match="continues from prefill"):
         decoder.decode(1, Sampling())
     with pytest.raises(ValueError, match="query heads"):

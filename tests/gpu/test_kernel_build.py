@@ -17,7 +17,7 @@ from llama.optim import AdamWConfig
 from llama.options import RunOptions
 from llama.params import init_parameters
 from llama.run.plan import fp8_unsupported, gemm_chooser, make_plan
-from llama.run.trainer import build_model
+from llama.model import build_model
 
 pytestmark = pytest.mark.gpu
 CONFIG = get_preset("tiny").replace(dim=256, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=512, multiple_of=64,
@@ -45,7 +45,7 @@ def test_a_step_and_a_sample_load_only_the_plans_units(monkeypatch, dtype, dynam
     monkeypatch.setattr(common, "_KERNELS", {})
     monkeypatch.setattr(flash_attention, "_FLASH_CONFIGS", {})
     rng = np.random.default_rng(0)
-    model = build_model(plan, CONFIG, B, T, init_parameters(CONFIG, 0))
+    model = build_model(CONFIG, plan, (B, T), init_parameters(CONFIG, 0))
     tokens = rng.integers(0, CONFIG.vocab_size, (2, B, T))
     model.train_step([(tokens[0], tokens[1])], 1e-3, 1, AdamWConfig())
     generate(decoder_for(model, plan, max_len=T), [1, 2, 3], 4, Sampling(seed=1))

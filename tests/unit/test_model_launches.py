@@ -102,3 +102,22 @@ def test_the_memory_accounting_is_what_a_model_allocates(options):
             allocated = sum(end - start for start, end in recording.allocations)
             assert allocated == sum(training_buffers(plan, config, 3, 40).values()), (options, untied)
             del model
+
+
+@pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="fp8"), dict(dtype="bf16", in_backward=True)])
+def test_a_model_and_its_decoder_are_freed_with_their_last_reference(options):
+    """The parts hold no strong reference back to their model: no cycle keeps a model's device memory alive
+    until the garbage collector runs."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        with recording_gpu():
+            model = build_model(CONFIG, make_plan(CONFIG, RunOptions("cuda", **options)), (2, 64))
+            from llama.model.generate import decoder_for
+            decoder = decoder_for(model, model.plan, max_len=64)
+            refs = weakref.ref(model), weakref.ref(decoder)
+            del model, decoder
+            assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
