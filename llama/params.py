@@ -15,6 +15,7 @@ import numpy as np
 
 from .config import LlamaConfig
 from .twins.init import standard_normals
+from .twins.lora import lora_init
 
 
 @dataclass(frozen=True)
@@ -157,3 +158,108 @@ def model_parameters(layout: ParameterLayout, params: np.ndarray | None, seed: i
     if params.shape != (layout.size,):
         raise ValueError(f"params must be a flat array of {layout.size} values, got shape {params.shape}")
     return params
+
+
+# ---- LoRA adapters (--lora): their own flat buffer, what the optimizer trains while the base stays frozen
+
+# the seven linear layers an adapter can target, by our short name: the weight's name in a layer (Meta's)
+LORA_TARGETS = {"q": "attention.wq", "k": "attention.wk", "v": "attention.wv", "o": "attention.wo",
+                "gate": "feed_forward.w1", "up": "feed_forward.w3", "down": "feed_forward.w2"}
+# the targets each GEMM of a layer multiplies at once (the fused qkv and w1/w3; the GPU adapts them together)
+LORA_GEMMS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What PEFT's LoraConfig says of the adapters: rank, alpha (PEFT's lora_alpha), dropout, targets (our short
+    names, LORA_TARGETS), rsLoRA's scale; the update of a targeted weight W is scale * B @ A."""
+    rank: int
+    alpha: float = 8.0  # PEFT's default lora_alpha
+    dropout: float = 0.0
+    targets: tuple[str, ...] = tuple(LORA_TARGETS)
+    use_rslora: bool = False
+
+    def __post_init__(self):
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if unknown or not self.targets:
+            raise ValueError(f"LoRA targets {', '.join(unknown) or '(none)'}: choose from {', '.join(LORA_TARGETS)}")
+        if self.rank < 1 or not 0 <= self.dropout < 1:
+            raise ValueError(f"LoRA rank {self.rank} (at least 1), dropout {self.dropout} (in [0, 1))")
+
+    def split_gemms(self) -> list[tuple[str, ...]]:
+        """The fused GEMMs (LORA_GEMMS) of which the targets take some and not all."""
+        return [group for group in LORA_GEMMS if 0 < len(set(group) & set(self.targets)) < len(group)]
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank, or alpha / sqrt(rank) with rsLoRA (PEFT's scaling)."""
+        return self.alpha / math.sqrt(self.rank) if self.use_rslora else self.alpha / self.rank
+
+
+class AdapterLayout:
+    """Offsets of the adapters in their flat buffer: layer by layer, GEMM by GEMM (LORA_GEMMS), the A of each of the
+    GEMM's targets (rank, in) then their B (out, rank), so that a GEMM's A's stack into one (targets * rank, in)
+    matrix and its B's into one (the targets' rows, rank), the whole GEMM's output when it takes all its targets:
+    tensors "layers.{i}.attention.wq.lora_A", ".lora_B", ...
+    The interface of ParameterLayout that the optimizer and ZeRO read (size, tensors, layer_starts, gradient_groups,
+    decay_mask, norm_names, views)."""
+
+    def __init__(self, config: LlamaConfig, spec: LoraSpec):
+        self.config, self.spec = config, spec
+        base = ParameterLayout(config).tensors
+        self.tensors: dict[str, Tensor] = {}
+        self.gemms: list[list[tuple[tuple[str, ...], Tensor, Tensor]]] = []  # per layer: (targets, A stack, B stack)
+        offset = 0
+        for i in range(config.n_layers):
+            layer = []
+            for group in (tuple(t for t in g if t in spec.targets) for g in LORA_GEMMS):
+                if not group:
+                    continue
+                weights = [base[f"layers.{i}.{LORA_TARGETS[t]}.weight"] for t in group]
+                stack_a = offset
+                for w in weights:
+                    offset = self._add(f"{w.name.removesuffix('.weight')}.lora_A", (spec.rank, w.shape[1]), offset)
+                stack_b = offset
+                for w in weights:
+                    offset = self._add(f"{w.name.removesuffix('.weight')}.lora_B", (w.shape[0], spec.rank), offset)
+                rows = sum(w.shape[0] for w in weights)
+                layer.append((group, Tensor(f"layers.{i}.{group}.lora_A", (len(group) * spec.rank, weights[0].shape[1]),
+                                            stack_a), Tensor(f"layers.{i}.{group}.lora_B", (rows, spec.rank), stack_b)))
+            self.gemms.append(layer)
+        self.size = offset
+
+    def _add(self, name: str, shape: tuple[int, int], offset: int) -> int:
+        self.tensors[name] = Tensor(name, shape, offset)
+        return offset + shape[0] * shape[1]
+
+    def adapted(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """{the base weight's name: (its A, its B)}."""
+        return {name.removesuffix(".lora_A") + ".weight": (t, self.tensors[name.removesuffix("_A") + "_B"])
+                for name, t in self.tensors.items() if name.endswith(".lora_A")}
+
+    def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        return {t.name: flat[t.offset:t.offset + t.size].reshape(t.shape) for t in self.tensors.values()}
+
+    def layer_starts(self) -> list[int]:
+        """Where each layer's adapters begin, and the end (ZeRO's buckets, as ParameterLayout's)."""
+        return [layer[0][1].offset for layer in self.gemms] + [self.size]
+
+    def gradient_groups(self) -> list[tuple[int, int]]:
+        starts = self.layer_starts()
+        return list(zip(starts[:-1], starts[1:]))
+
+    def norm_names(self) -> list[str]:
+        return []
+
+    def decay_mask(self) -> np.ndarray:
+        """Weight decay on every adapter value (all are matrices)."""
+        return np.ones(self.size, dtype=np.uint8)
+
+
+def init_adapters(layout: AdapterLayout, seed: int) -> np.ndarray:
+    """Fresh adapters, flat, as PEFT initializes them: each A uniform on (-1/sqrt(in), 1/sqrt(in)) from seed at its
+    offset in the buffer (twins.lora.lora_init, the same bits anywhere), each B zero."""
+    flat = np.zeros(layout.size, np.float32)
+    for a, b in layout.adapted().values():
+        flat[a.offset:a.offset + a.size] = lora_init(seed, a.offset, a.shape[0], a.shape[1], b.shape[0])[0].ravel()
+    return flat

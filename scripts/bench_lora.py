@@ -169,7 +169,8 @@ def make_parity_inputs(args) -> None:
 
     from llama.config import get_preset
     from llama.io.hf import save_hf_folder
-    from llama.io.peft import LoraSpec, init_adapters, save_peft_adapter
+    from llama.io.peft import init_adapters, save_peft_adapter
+    from llama.params import LoraSpec
     from llama.params import init_parameters
 
     config = get_preset(args.model)
@@ -178,8 +179,9 @@ def make_parity_inputs(args) -> None:
     folder = args.make_parity_inputs
     folder.mkdir(parents=True, exist_ok=True)
     save_hf_folder(folder / "base", config, init_parameters(config, seed=args.seed), "fp32")
-    spec = LoraSpec(rank=args.rank, alpha=args.alpha, base_model=str(folder / "base"))
-    save_peft_adapter(folder / "adapter", config, spec, init_adapters(config, spec, seed=args.seed))
+    spec = LoraSpec(rank=args.rank, alpha=args.alpha)
+    save_peft_adapter(folder / "adapter", config, spec, init_adapters(config, spec, seed=args.seed),
+                      base_model=str(folder / "base"))
     np.save(folder / "batches.npy", motif_batches(args.steps, args.batch, args.seq_len, config.vocab_size, args.seed))
     print(f"wrote {folder}/base ({args.model}, vocab {config.vocab_size}), {folder}/adapter (rank {args.rank}, "
           f"alpha {args.alpha}) and {folder}/batches.npy ({args.steps} x {args.batch} x {args.seq_len + 1})")

@@ -4,7 +4,9 @@ checks our merged weights' logits against it; both draw the weights and adapters
 
 import numpy as np
 
-from llama.io.peft import LoraSpec, init_adapters
+from llama.io.peft import adapted_weights
+from llama.params import LoraSpec
+from llama.twins.lora import lora_init
 from tests.hf_helpers import GOLDEN_CONFIG
 
 PEFT_GOLDEN = "peft_lora"
@@ -16,7 +18,11 @@ ADAPTER_SEED = 11
 
 
 def golden_adapters(spec: LoraSpec, config=GOLDEN_CONFIG) -> dict:
-    """PEFT's initialization from ADAPTER_SEED with B drawn too (a trained adapter's: B = 0 would change nothing)."""
-    adapters = init_adapters(config, spec, ADAPTER_SEED)
-    rng = np.random.default_rng(ADAPTER_SEED)
-    return {name: (a, (0.05 * rng.standard_normal(b.shape)).astype(np.float32)) for name, (a, b) in adapters.items()}
+    """PEFT's initialization from ADAPTER_SEED with B drawn too (a trained adapter's: B = 0 would change nothing);
+    each A drawn at the offset it had when the fixture was recorded: weight after weight, each A then B."""
+    rng, adapters, offset = np.random.default_rng(ADAPTER_SEED), {}, 0
+    for name, (a_shape, b_shape) in adapted_weights(config, spec).items():
+        a, b = lora_init(ADAPTER_SEED, offset, a_shape[0], a_shape[1], b_shape[0])
+        adapters[name] = (a, (0.05 * rng.standard_normal(b.shape)).astype(np.float32))
+        offset += a.size + b.size
+    return adapters

@@ -22,14 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from ..config import LlamaConfig
-from ..params import ParameterLayout
-from ..twins.lora import lora_delta, lora_init, lora_scale
+from ..params import LORA_TARGETS, AdapterLayout, LoraSpec, ParameterLayout
+from ..params import init_adapters as init_adapters_flat
+from ..twins.lora import lora_delta
 from .hf import _write_safetensors, heads_of, hf_name, hf_to_meta, meta_to_hf, replace_export_folder
 
-# our short target names: (the weight's name in a layer, Meta's; the module's, HF's and PEFT's)
-TARGETS = {"q": ("attention.wq", "q_proj"), "k": ("attention.wk", "k_proj"), "v": ("attention.wv", "v_proj"),
-           "o": ("attention.wo", "o_proj"), "gate": ("feed_forward.w1", "gate_proj"),
-           "up": ("feed_forward.w3", "up_proj"), "down": ("feed_forward.w2", "down_proj")}
+PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+                "down": "down_proj"}  # HF's (and PEFT's) module of each of our targets (llama/params.py LORA_TARGETS)
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 PEFT_PREFIX = "base_model.model."  # PeftModel's prefix of the base model's parameter names, as saved
@@ -39,48 +38,30 @@ class PeftError(ValueError):
     """An adapter folder that cannot be read, or does not fit the model; the message is one line."""
 
 
-@dataclass(frozen=True)
-class LoraSpec:
-    """What PEFT's LoraConfig says of the adapters: rank, alpha, dropout, targets (our short names), rsLoRA."""
-    rank: int
-    alpha: float
-    dropout: float = 0.0
-    targets: tuple[str, ...] = tuple(TARGETS)
-    use_rslora: bool = False
-    base_model: str | None = field(default=None, compare=False)  # base_model_name_or_path, for PEFT's loader
-
-    def __post_init__(self):
-        unknown = [t for t in self.targets if t not in TARGETS]
-        if unknown or not self.targets:
-            raise ValueError(f"LoRA targets {', '.join(unknown) or '(none)'}: choose from {', '.join(TARGETS)}")
-        if self.rank < 1 or not 0 <= self.dropout < 1:
-            raise ValueError(f"LoRA rank {self.rank} (at least 1), dropout {self.dropout} (in [0, 1))")
-
-    @property
-    def scale(self) -> float:
-        return lora_scale(self.rank, self.alpha, self.use_rslora)
-
-
 def adapted_weights(config: LlamaConfig, spec: LoraSpec) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
-    """The targeted weights, layer by layer in TARGETS' order: {Meta name: (A's shape, B's shape)}."""
-    tensors = ParameterLayout(config).tensors
-    shapes = {}
-    for i in range(config.n_layers):
-        for target in (t for t in TARGETS if t in spec.targets):
-            name = f"layers.{i}.{TARGETS[target][0]}.weight"
-            out_features, in_features = tensors[name].shape
-            shapes[name] = ((spec.rank, in_features), (out_features, spec.rank))
-    return shapes
+    """The targeted weights in the adapters' layout order: {Meta name: (A's shape, B's shape)}."""
+    return {name: (a.shape, b.shape) for name, (a, b) in AdapterLayout(config, spec).adapted().items()}
+
+
+def adapters_of(layout: AdapterLayout, flat: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{Meta weight name: (A, B)}: views of a flat adapters' buffer of the layout."""
+    return {name: tuple(flat[t.offset:t.offset + t.size].reshape(t.shape) for t in pair)
+            for name, pair in layout.adapted().items()}
+
+
+def flat_adapters(layout: AdapterLayout, adapters: dict) -> np.ndarray:
+    """The flat float32 buffer of adapters given as {Meta weight name: (A, B)}."""
+    flat = np.empty(layout.size, np.float32)
+    for name, pair in layout.adapted().items():
+        for tensor, values in zip(pair, adapters[name]):
+            flat[tensor.offset:tensor.offset + tensor.size] = values.ravel()
+    return flat
 
 
 def init_adapters(config: LlamaConfig, spec: LoraSpec, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Fresh adapters as PEFT initializes them (twins.lora.lora_init), A's values drawn at their offsets in one flat
-    buffer of the adapters in adapted_weights' order, each weight's A then B."""
-    adapters, offset = {}, 0
-    for name, (a_shape, b_shape) in adapted_weights(config, spec).items():
-        adapters[name] = lora_init(seed, offset, spec.rank, a_shape[1], b_shape[0])
-        offset += int(np.prod(a_shape)) + int(np.prod(b_shape))
-    return adapters
+    """Fresh adapters as PEFT initializes them (llama/params.py init_adapters), by weight."""
+    layout = AdapterLayout(config, spec)
+    return adapters_of(layout, init_adapters_flat(layout, seed))
 
 
 def peft_names(name: str) -> tuple[str, str]:
@@ -99,13 +80,13 @@ def _check_adapters(config: LlamaConfig, spec: LoraSpec, adapters: dict) -> None
             raise ValueError(f"{name}: adapters {a.shape}, {b.shape}, expected {shapes[name][0]}, {shapes[name][1]}")
 
 
-def peft_config(spec: LoraSpec) -> dict:
+def peft_config(spec: LoraSpec, base_model: str | None = None) -> dict:
     """adapter_config.json as PEFT 0.x writes it for a LoRA of a causal LM (the keys every 0.x since 0.9 knows)."""
-    return {"alpha_pattern": {}, "base_model_name_or_path": spec.base_model, "bias": "none",
+    return {"alpha_pattern": {}, "base_model_name_or_path": base_model, "bias": "none",
             "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "layers_pattern": None,
             "layers_to_transform": None, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout,
             "modules_to_save": None, "peft_type": "LORA", "r": spec.rank, "rank_pattern": {}, "revision": None,
-            "target_modules": sorted(TARGETS[t][1] for t in spec.targets), "task_type": "CAUSAL_LM",
+            "target_modules": sorted(PEFT_MODULES[t] for t in spec.targets), "task_type": "CAUSAL_LM",
             "use_dora": False, "use_rslora": spec.use_rslora}
 
 
@@ -120,14 +101,15 @@ def to_peft_state(config: LlamaConfig, adapters: dict) -> dict[str, np.ndarray]:
     return state
 
 
-def save_peft_adapter(out: str | Path, config: LlamaConfig, spec: LoraSpec, adapters: dict) -> list[Path]:
+def save_peft_adapter(out: str | Path, config: LlamaConfig, spec: LoraSpec, adapters: dict,
+                      base_model: str | None = None) -> list[Path]:
     """Write a PEFT adapter folder; it replaces `out` whole (written beside it, then renamed), and a folder
     holding anything but an earlier adapter export is refused (ExportFolderError). Returns the files."""
     _check_adapters(config, spec, adapters)
 
     def write(folder: Path) -> list[Path]:
         _write_safetensors(folder / ADAPTER_WEIGHTS, to_peft_state(config, adapters), Path(out) / ADAPTER_WEIGHTS)
-        (folder / ADAPTER_CONFIG).write_text(json.dumps(peft_config(spec), indent=2) + "\n", encoding="utf-8")
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(peft_config(spec, base_model), indent=2) + "\n", encoding="utf-8")
         return [folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG]
 
     return replace_export_folder(out, ADAPTER_FILES, write)
@@ -146,14 +128,14 @@ def _spec_of(values: dict, where: Path) -> LoraSpec:
     modules = values.get("target_modules") or []
     if isinstance(modules, str):
         raise PeftError(f"{where}: target_modules is a pattern ({modules!r}); name the modules")
-    by_module = {module: target for target, (_, module) in TARGETS.items()}
+    by_module = {module: target for target, module in PEFT_MODULES.items()}
     unknown = [m for m in modules if m not in by_module]
     if unknown or not modules:
         raise PeftError(f"{where}: target_modules {unknown or modules}: LoRA on {', '.join(by_module)} only")
     try:
         return LoraSpec(int(values["r"]), float(values["lora_alpha"]), float(values.get("lora_dropout", 0.0)),
-                        tuple(t for t in TARGETS if TARGETS[t][1] in modules), bool(values.get("use_rslora", False)),
-                        values.get("base_model_name_or_path"))
+                        tuple(t for t in LORA_TARGETS if PEFT_MODULES[t] in modules),
+                        bool(values.get("use_rslora", False)))
     except (KeyError, TypeError, ValueError) as e:
         raise PeftError(f"{where}: {e}") from None
 

@@ -6,7 +6,8 @@ import pytest
 
 from llama.config import get_preset
 from llama.io.hf import load_hf_folder
-from llama.io.peft import LoraSpec, init_adapters, load_peft_adapter
+from llama.io.peft import init_adapters, load_peft_adapter
+from llama.params import LoraSpec
 from llama.params import init_parameters
 from scripts import bench_lora as bench
 

@@ -11,7 +11,8 @@ from safetensors.numpy import load_file
 
 from llama.io import peft as peft_io
 from llama.io.hf import ExportFolderError, hf_name, to_hf_state
-from llama.io.peft import LoraSpec, load_peft_adapter, merge_adapters, save_peft_adapter
+from llama.io.peft import load_peft_adapter, merge_adapters, save_peft_adapter
+from llama.params import LoraSpec
 from llama.params import ParameterLayout
 from tests.gradcheck import rel_error
 from tests.hf_helpers import GOLDEN, GOLDEN_CONFIG, fixture_paths, reference_forward, seeded_params
@@ -92,17 +93,20 @@ def test_merge():
 
 
 def test_the_initial_adapters_sit_in_one_flat_buffer():
-    """init_adapters draws each A at its offset in a buffer of A, B, A, B, .. in adapted_weights' order."""
+    """init_adapters draws each A at its offset in the adapters' flat buffer (llama/params.py AdapterLayout): a
+    GEMM's A's stacked (q, k, v), then its B's, layer by layer; B is zero."""
+    from llama.params import AdapterLayout
     from llama.twins.lora import uniforms
-    spec = LoraSpec(rank=3, alpha=6.0, targets=("k", "up"))
+    spec = LoraSpec(rank=3, alpha=6.0, targets=("q", "k", "v", "up"))
     adapters = peft_io.init_adapters(CONFIG, spec, seed=4)
-    shapes = peft_io.adapted_weights(CONFIG, spec)
-    assert list(adapters) == list(shapes) == [f"layers.{i}.{w}.weight" for i in range(CONFIG.n_layers)
-                                              for w in ("attention.wk", "feed_forward.w3")]
-    second = list(adapters)[1]
-    offset = int(np.prod(shapes[list(adapters)[0]][0])) + int(np.prod(shapes[list(adapters)[0]][1]))
-    a = adapters[second][0]
-    np.testing.assert_array_equal(a.reshape(-1), (uniforms(4, offset, a.size) / np.sqrt(a.shape[1])).astype(np.float32))
+    assert list(adapters) == [f"layers.{i}.{w}.weight" for i in range(CONFIG.n_layers)
+                              for w in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w3")]
+    layout = AdapterLayout(CONFIG, spec)
+    a_q, a_k = layout.tensors["layers.0.attention.wq.lora_A"], layout.tensors["layers.0.attention.wk.lora_A"]
+    assert a_k.offset == a_q.offset + a_q.size  # stacked: one (3 r, dim) A for the fused qkv GEMM
+    a = adapters["layers.0.attention.wk.weight"][0]
+    np.testing.assert_array_equal(a.reshape(-1), (uniforms(4, a_k.offset, a.size) / np.sqrt(a.shape[1])).astype(np.float32))
+    assert all(not b.any() for _, b in adapters.values())
 
 
 def test_the_folder_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
