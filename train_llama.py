@@ -147,6 +147,24 @@ def add_memory(p: argparse.ArgumentParser) -> None:
                         f"step, one GPU. Runs on {runs_on(2, [True]).removeprefix('True: ')}. default: off")
 
 
+def add_adapters(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fine-tuning with adapters (LoRA, QLoRA; PEFT's names and defaults)")
+    g.add_argument("--lora", type=positive_int, default=None, metavar="RANK",
+                   help="train LoRA adapters of this rank on the linear layers of every block, the base frozen (no "
+                        "fp32 master, gradient or moments for it): out = x W^T + alpha / rank * (x A^T) B^T "
+                        "(default: a full fine-tune)")
+    g.add_argument("--lora-alpha", type=positive_float, default=None, help="the adapters' alpha (default: 8, PEFT's)")
+    g.add_argument("--lora-dropout", type=fraction, default=0.0,
+                   help="dropout on the adapters' input (PEFT's lora_dropout; only 0 is supported for now)")
+    g.add_argument("--lora-targets", default=None, metavar="LIST",
+                   help="comma-separated linear layers to adapt, of q,k,v,o,gate,up,down (default: all seven; on a "
+                        "GPU q,k,v together and gate,up together, as their GEMMs are fused)")
+    g.add_argument("--qlora", action="store_true",
+                   help="with --lora: keep the frozen base in NF4 (QLoRA: 16 NormalFloat levels, an absmax per 64 "
+                        "weights, the absmaxes double-quantized, as bitsandbytes' quantize_4bit), dequantized to bf16 "
+                        "a linear layer at a time")
+
+
 def add_evaluation(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation and sampling")
     g.add_argument("-v", "--val-every", type=nonnegative_int, default=50, help="validate every N steps (0: never)")
@@ -201,7 +219,7 @@ def add_device(p: argparse.ArgumentParser) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    for add_group in (add_model_and_data, add_batch, add_optimization, add_memory, add_evaluation,
+    for add_group in (add_model_and_data, add_batch, add_optimization, add_memory, add_adapters, add_evaluation,
                       add_eval_arguments, add_output, add_device):
         add_group(p)
     args = p.parse_args(argv)

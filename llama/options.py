@@ -49,6 +49,11 @@ class RunOptions:
     doc_mask: str | None = None  # DOC_MASKS; None is auto
     sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count
     bos_id: int | None = None  # the tokenizer's BOS, where documents start for the document mask
+    lora: int | None = None  # fine-tune through LoRA adapters of this rank, the base frozen (llama/params.py LoraSpec)
+    lora_alpha: float | None = None  # the adapters' alpha (PEFT's lora_alpha; None: PEFT's default)
+    lora_dropout: float = 0.0
+    lora_targets: str | None = None  # comma-separated, of LORA_TARGETS (None: all seven)
+    qlora: bool = False  # with lora: the frozen base in NF4 (QLoRA)
 
     @classmethod
     def from_args(cls, args, gpus: int = 1, batch: tuple[int, int] | None = None,

@@ -17,6 +17,7 @@ from .memory import choose_zero
 from ..runtime.machine import gpu_free
 from ..model.shapes import HOPPER_ATTENTION
 from ..optim import QUANT_BLOCK
+from ..params import LORA_TARGETS, LoraSpec
 from ..options import DOC_MASKS, FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
 from ..ops.common import VECTOR
 from ..ops.flash_attention import HEAD_DIMS, FlashSource
@@ -95,6 +96,8 @@ class Plan:
     doc_mask_bos: int | None = None  # each token attends within its own document only, documents starting at this
     # token id (the tokenizer's BOS); None: attention spans the row
     sft: bool = False  # chat fine-tuning: only the targets the shards' loss masks mark count in the loss
+    lora: LoraSpec | None = None  # fine-tuning through LoRA adapters (llama/params.py), the base frozen; None: in full
+    qlora: bool = False  # with lora: the frozen base in NF4
     options: RunOptions = RunOptions()  # what the run asked for (make_plan's)
 
     def __getattr__(self, name: str):
@@ -103,6 +106,10 @@ class Plan:
         if name.startswith("__") or name == "options":
             raise AttributeError(name)
         return getattr(self.options, name)
+
+    def adapted_linears(self) -> int:
+        """How many of a block's seven linear layers the adapters target."""
+        return len(self.lora.targets) if self.lora else 0
 
     @property
     def doc_mask(self) -> bool:
@@ -129,6 +136,8 @@ class Plan:
                 + (" in the backward" if self.in_backward else "") + (f" | ZeRO-{self.zero}" if self.zero > 1 else "")
                 + (" | bf16 reduce-scatter" if self.reduce_dtype == "bf16" else "")
                 + (" | document mask" if self.doc_mask else "") + (" | SFT loss mask" if self.sft else "")
+                + (f" | lora r{self.lora.rank} on {self.adapted_linears()} linears, base "
+                   f"{'nf4' if self.qlora else 'frozen'}" if self.lora else "")
                 + (f"; {self.note}" if self.note else ""))
 
 
@@ -228,6 +237,34 @@ def document_start(options: RunOptions) -> int | None:
     return options.bos_id
 
 
+def choose_lora(options: RunOptions, device: str, dtype: str) -> dict:
+    """The plan's lora (a LoraSpec, or None for a full fine-tune) and qlora; PlanError for what the adapters do not
+    run with: on the GPU the fp8 linear layers, the fp32 path, ZeRO-3, targets that split a fused GEMM; anywhere the
+    optimizer in the backward and a dropout (not yet)."""
+    o = options
+    if o.lora is None:
+        if o.qlora or o.lora_alpha is not None or o.lora_targets is not None or o.lora_dropout:
+            raise PlanError("--qlora, --lora-alpha, --lora-dropout and --lora-targets go with --lora RANK")
+        return {"lora": None, "qlora": False}
+    targets = tuple(t.strip() for t in o.lora_targets.split(",")) if o.lora_targets else tuple(LORA_TARGETS)
+    try:
+        spec = LoraSpec(o.lora, o.lora_alpha if o.lora_alpha is not None else LoraSpec.alpha, o.lora_dropout, targets)
+    except ValueError as e:
+        raise PlanError(f"--lora: {e}") from None
+    refused = [(spec.dropout > 0, "--lora-dropout: only 0 trains for now"),
+               (o.in_backward, "--optimizer-in-backward with --lora: the adapters' gradients are small; drop it"),
+               (device == "cuda" and dtype in ("fp8", "fp32"), f"--dtype {dtype} with --lora: the adapters run on "
+                "the bf16 GPU model"),
+               (device == "cuda" and o.zero == 3, "--zero 3 with --lora: the frozen base is held whole on each GPU; "
+                "take --zero 1 or 2"),
+               (device == "cuda" and bool(spec.split_gemms()), "--lora-targets: on the GPU "
+                + " and ".join(",".join(g) for g in spec.split_gemms()) + " run as one GEMM, so adapt them together")]
+    for refuse, why in refused:
+        if refuse:
+            raise PlanError(why)
+    return {"lora": spec, "qlora": o.qlora}
+
+
 def cpu_plan(**options) -> Plan:
     """The plan of the numpy reference with these RunOptions (what a test or a script on the CPU builds it from)."""
     return make_plan(None, RunOptions(device="cpu", **options))
@@ -258,7 +295,7 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
         return Plan("cpu", o.dtype or "fp32", "CPU",
                     note=f"no usable CUDA GPU or pycuda ({why_no_gpu})" if why_no_gpu else "",
                     **choose_recipe("cpu", o.recompute, o.optimizer, o.in_backward), fp8_scaling=fp8_scaling, **masks,
-                    options=o)
+                    **choose_lora(o, "cpu", o.dtype or "fp32"), options=o)
     why_not_bf16 = bf16_unsupported(config)
     if o.dtype in ("bf16", "fp8") and why_not_bf16:
         raise PlanError(f"--dtype {o.dtype}: {why_not_bf16}")
@@ -282,7 +319,8 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
                 next((v for k, v in peaks.items() if k in rt.name), None),
                 f"not bf16: {why_not_bf16}" if dtype == "fp32" and why_not_bf16 else "", **recipe,
                 fp8_scaling=fp8_scaling, fp8_gemm=gemm_chooser(fp8=True) if dtype == "fp8" else None,
-                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32", **masks, options=o)
+                zero=o.zero or 1, reduce_dtype=o.reduce_dtype or "fp32", **masks, **choose_lora(o, "cuda", dtype),
+                options=o)
     if o.zero is None and o.gpus > 1 and o.batch is not None:
         available = gpu_free() if free_memory is None else free_memory
         plan = replace(plan, zero=choose_zero(plan, config, *o.batch, o.gpus, available))
