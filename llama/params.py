@@ -208,7 +208,8 @@ class AdapterLayout:
         self.config, self.spec = config, spec
         base = ParameterLayout(config).tensors
         self.tensors: dict[str, Tensor] = {}
-        self.gemms: list[list[tuple[tuple[str, ...], Tensor, Tensor]]] = []  # per layer: (targets, A stack, B stack)
+        # per layer, per adapted GEMM: (its targets, their A stack, their B stack, the base's weights they adapt)
+        self.gemms: list[list[tuple[tuple[str, ...], Tensor, Tensor, list[Tensor]]]] = []
         offset = 0
         for i in range(config.n_layers):
             layer = []
@@ -224,7 +225,8 @@ class AdapterLayout:
                     offset = self._add(f"{w.name.removesuffix('.weight')}.lora_B", (w.shape[0], spec.rank), offset)
                 rows = sum(w.shape[0] for w in weights)
                 layer.append((group, Tensor(f"layers.{i}.{group}.lora_A", (len(group) * spec.rank, weights[0].shape[1]),
-                                            stack_a), Tensor(f"layers.{i}.{group}.lora_B", (rows, spec.rank), stack_b)))
+                                            stack_a), Tensor(f"layers.{i}.{group}.lora_B", (rows, spec.rank), stack_b),
+                              weights))
             self.gemms.append(layer)
         self.size = offset
 

@@ -23,7 +23,7 @@ CU_STREAM_NON_BLOCKING = 1  # the driver's stream flag: no implicit synchronizat
 
 class GPUModelBase(Model):
     def _setup(self, config: LlamaConfig, plan, batch: tuple[int, int], params: np.ndarray | None, seed: int, comm,
-               weight_dtype, gradients: bool = True) -> np.ndarray | None:
+               weight_dtype, gradients: bool = True, trained=None) -> np.ndarray | None:
         """The shared part of a GPU model's __init__, from every model's arguments (llama/model/__init__.py):
         activations are sized for batches of up to batch (B, T); weight_dtype is that of the weights the forward
         reads (fp32, or the bf16 copy); gradients False: no full gradient buffer (the model keeps them a group at a
@@ -31,7 +31,9 @@ class GPUModelBase(Model):
         and its gradients' reduce-scatter dtype, the document mask's BOS (each forward then computes its batch's
         document bounds on the GPU: _document_bounds). params None: each GPU draws its part of a fresh
         initialization from seed (llama/ops/init.py; on several GPUs its shard of the master weights,
-        Zero.fill_master). Returns the starting flat fp32 params: params checked, or None when drawn."""
+        Zero.fill_master). trained: the layout of what the optimizer trains when it is not the model's parameters
+        (the adapters of --lora, llama/params.py AdapterLayout), params then theirs. Returns the starting flat fp32
+        params: params checked, or None when drawn."""
         B, T = batch
         if T > config.max_seq_len:
             raise ValueError(f"T={T} exceeds max_seq_len {config.max_seq_len}")
@@ -41,10 +43,12 @@ class GPUModelBase(Model):
             bounds = allocate(document_bounds(B, T))
             self.doc_start, self.doc_end = bounds["doc_start"], bounds["doc_end"]
         self.layout = ParameterLayout(config)
-        params = model_parameters(self.layout, params, seed) if params is not None else None
+        self.trained = trained or self.layout  # what the optimizer (ZeRO) holds
+        if trained is None and params is not None:
+            params = model_parameters(self.layout, params, seed)
         reduce_dtype = BF16 if plan.reduce_dtype == "bf16" else np.float32
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero.for_model(self.layout, comm, params, weight_dtype, plan.optimizer, gradients, plan.zero,
+        self.zero = Zero.for_model(self.trained, comm, params, weight_dtype, plan.optimizer, gradients, plan.zero,
                                    reduce_dtype)
         if params is None:
             drawn = sum(end - start for _, start, end, _ in self.zero.layout.owned_flat(self.zero.rank))
@@ -93,8 +97,8 @@ class GPUModelBase(Model):
         """The root mean square of the fp32 master weights, summed on the device (one GPU: what the checkpoint
         guard judges, at the start and at each checkpoint, without a pass over the host copy)."""
         out, partial = empty(1), empty(ops.NORM_BLOCKS)
-        ops.global_norm_squared(out, partial, self.zero.master.prefix(self.layout.size))
-        return math.sqrt(float(out.download()[0]) / self.layout.size)
+        ops.global_norm_squared(out, partial, self.zero.master.prefix(self.trained.size))
+        return math.sqrt(float(out.download()[0]) / self.trained.size)
 
     # state for checkpoints: full arrays on rank 0, None elsewhere
     def get_params(self) -> np.ndarray | None:

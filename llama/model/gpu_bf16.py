@@ -42,6 +42,7 @@ import numpy as np
 from .. import ops
 from ..config import LlamaConfig
 from ..optim import AdamWConfig
+from ..params import AdapterLayout, init_adapters
 from ..parallel.zero import MasterReplica
 from ..runtime.cuda import BF16, DeviceArray, allocate
 from .base import check_batch, counted_targets, weakly
@@ -51,8 +52,11 @@ from .bf16_inputs import PinnedInputs
 from .bf16_step import CapturedStep
 from .gpu_base import GPUModelBase
 from .fp8_linears import FP8Linears
+from .frozen_base import FrozenBase
 from .linears import BF16Linears
-from .shapes import CLASSIFIER_CHUNK, LAYER_ACTIVATIONS, activation_shapes, bf16_activations, bf16_scratch
+from .lora_linears import LoRALinears
+from .shapes import (CLASSIFIER_CHUNK, LAYER_ACTIVATIONS, activation_shapes, bf16_activations, bf16_scratch,
+                     frozen_gradients)
 
 
 class GPUModelBF16(GPUModelBase):
@@ -63,15 +67,26 @@ class GPUModelBF16(GPUModelBase):
         backward or after it), the document mask (each forward computes its batch's document bounds on the GPU
         from the uploaded tokens, inside the captured graphs, and every layer's attention, forward and backward,
         is document-masked), and with sft that the loss is divided by the step's counted targets (train_step's
-        counted, read by the classifier from a device scalar)."""
-        params = self._setup(config, plan, batch, params, seed, comm, BF16, gradients=not plan.in_backward)
+        counted, read by the classifier from a device scalar). With the plan's lora the model fine-tunes through
+        adapters: params (or seed) are the frozen base's (model/frozen_base.py), the adapters drawn from seed as PEFT
+        draws them (llama/params.py init_adapters) are what the optimizer (ZeRO) trains."""
+        self.base = None  # the frozen base of a fine-tune through adapters
+        if plan.lora is not None:
+            adapters = AdapterLayout(config, plan.lora)
+            self.base = FrozenBase(config, plan.qlora, params, seed)
+            params = self._setup(config, plan, batch, init_adapters(adapters, seed), seed, comm, BF16, trained=adapters)
+        else:
+            params = self._setup(config, plan, batch, params, seed, comm, BF16, gradients=not plan.in_backward)
         self.params_bf16 = self.zero.weights
         norms = self.layout.norm_names()
-        self.norm_weights = None if comm is None else MasterReplica(self.zero, self.layout, norms, params)
+        self.norm_weights = None if comm is None or self.base else MasterReplica(self.zero, self.layout, norms, params)
         self.step = InBackwardStep(self) if plan.in_backward else CapturedStep(self)
         self._allocate()
         weight, grad = weakly(self.weight), weakly(self.grad)
-        if plan.dtype == "fp8":
+        if self.base:
+            self.linears = LoRALinears(plan, weight, weakly(self.adapter_weight), grad, self.trained, config,
+                                       self.B * self.T)
+        elif plan.dtype == "fp8":
             self.linears = FP8Linears(plan, weight, grad, config, self.layout, self.B, self.T, self.zero)
         else:
             self.linears = BF16Linears(plan, weight, grad)
@@ -94,6 +109,8 @@ class GPUModelBF16(GPUModelBase):
         self.norm_scratch, self.norm_squared, self.loss_total = (scratch[k] for k in ("norm_scratch", "norm_squared",
                                                                                      "loss_total"))
         self.inputs = PinnedInputs(N)
+        if self.base:
+            self.frozen_gradients = allocate(frozen_gradients(self.config))["frozen_gradients"]
 
     def _views(self, b: int, t: int) -> tuple[list[dict], dict]:
         """Activations for a (b, t) batch: prefixes of the buffers, shaped as in the reference."""
@@ -106,19 +123,31 @@ class GPUModelBF16(GPUModelBase):
         return layers, views
 
     def weight(self, tensor) -> DeviceArray:
-        """A weight's bf16 copy, as the GEMMs read it (a Tensor of the layout or its name)."""
+        """A weight's bf16 copy, as the GEMMs read it (a Tensor of the layout or its name): the frozen base's with
+        adapters."""
         tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+        return self.base.matrix(tensor) if self.base else self.zero.weight(tensor.offset, tensor.shape)
+
+    def adapter_weight(self, tensor) -> DeviceArray:
+        """An adapter's bf16 copy (a Tensor of the adapters' layout), written by AdamW with its master."""
         return self.zero.weight(tensor.offset, tensor.shape)
 
     def master(self, name: str) -> DeviceArray:
-        """A weight's fp32 master copy, as the RMSNorms read it (their small updates would be lost in bf16)."""
+        """A weight's fp32 master copy, as the RMSNorms read it (their small updates would be lost in bf16); the
+        frozen base's norm with adapters."""
+        if self.base:
+            return self.base.norm(name)
         if self.norm_weights is not None:
             return self.norm_weights.view(name)
         tensor = self.layout.tensors[name]
         return self.zero.master.view(tensor.offset, tensor.shape)
 
     def grad(self, tensor) -> DeviceArray:
-        """Where a tensor's gradient accumulates (a Tensor of the layout or its name): the step's to say."""
+        """Where a tensor's gradient accumulates (a Tensor of what the optimizer trains, or a name): the step's to
+        say; a frozen base's norm's goes to a discard buffer (the norm kernels' backward writes one)."""
+        if self.base and (isinstance(tensor, str) or tensor.name in self.layout.tensors):
+            tensor = self.layout.tensors[tensor] if isinstance(tensor, str) else tensor
+            return self.frozen_gradients.prefix(*tensor.shape)
         return self.step.grad(self.layout.tensors[tensor] if isinstance(tensor, str) else tensor)
 
     def gemm(self, c: DeviceArray, a: DeviceArray, b: DeviceArray, **options) -> None:
@@ -186,7 +215,7 @@ class GPUModelBF16(GPUModelBase):
     def launch_forward(self, loss_scale: float | None, with_targets: bool, loss_weight: float) -> None:
         """The forward's launches for the uploaded batch of shape self.shape (captured by the step), each
         layer's after its weights are there (ZeRO: Zero.layer, Zero.use_weights)."""
-        c, z, starts = self.config, self.zero, self.layout.layer_starts()  # each layer's first offset, the final norm's
+        c, z, starts = self.config, self.zero, self.trained.layer_starts()  # each layer's first offset (ZeRO's buckets)
         b, t = self.shape
         N, H, KV, D = b * t, c.n_heads, c.n_kv_heads, c.head_dim
         layers, s = self._views(b, t)
@@ -204,16 +233,18 @@ class GPUModelBF16(GPUModelBase):
         ops.rmsnorm_residual_forward_bf16(s["residual"], s["lnf"], s["rstdf"], layers[-1]["h"], s["branch"],
                                      self.master("norm.weight"), c.norm_eps)
         if with_targets:
-            z.use_weights(self.layout.output().offset)
+            if not self.base:
+                z.use_weights(self.layout.output().offset)
             self._classifier(s, N, loss_scale, loss_weight)
 
     def _classifier(self, s: dict, N: int, loss_scale: float | None, loss_weight: float) -> None:
         """Chunks of tokens: logits, losses and dlogits (over the logits); with loss_scale also the
-        head's dX (into dln) and dW at once. Each token's loss counts loss_weight / N and its gradient
+        head's dX (into dln) and dW (not with adapters: the head is frozen) at once. Each token's loss counts loss_weight / N and its gradient
         loss_scale / N; with the plan's sft, times 1 / the step's counted targets instead of 1 / N, read from the
         device scalar loss_scale (set per step: a replayed graph reads the new value)."""
         C, V = self.config.dim, self.config.vocab_size
-        w_out, dw_out = self.weight(self.layout.output()), self.grad(self.layout.output())
+        w_out = self.weight(self.layout.output())
+        dw_out = None if self.base else self.grad(self.layout.output())
         targets = self.inputs.batch["targets"]
         if self.plan.sft:
             dloss, weight, scale = loss_scale or 0.0, loss_weight, self.inputs.loss_scale
@@ -227,7 +258,8 @@ class GPUModelBF16(GPUModelBase):
                                       dloss_scale=scale)
             if loss_scale is not None:
                 self.gemm(s["dln"].view(start * C, (n, C)), logits, w_out)
-                self.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
+                if dw_out is not None:
+                    self.gemm(dw_out, logits, lnf, trans_a=True, accumulate=True)
         ops.loss_accumulate_bf16(self.loss_total, s["losses"], weight, scale_at=scale)
 
     def backward(self) -> None:
@@ -241,7 +273,7 @@ class GPUModelBF16(GPUModelBase):
     def launch_backward(self, sync: bool) -> None:
         """The backward's launches (captured by the step); with sync (the last micro-batch of a step, several
         GPUs) each bucket of final gradients is reduce-scattered while the backward goes on."""
-        c, z, starts = self.config, self.zero, self.layout.layer_starts()
+        c, z, starts = self.config, self.zero, self.trained.layer_starts()
         b, t = self.shape
         N, H, KV = b * t, c.n_heads, c.n_kv_heads
         layers, s = self._views(b, t)
@@ -254,15 +286,21 @@ class GPUModelBF16(GPUModelBase):
         for i in reversed(range(c.n_layers)):
             with z.layer(starts[i], prefetch=starts[i - 1] if i else None, gradients=True):
                 self.block.backward(i, layers[i], s, N, rope)
-            self._gradients_final(f"layers.{i}.attention_norm.weight", sync)
+            self._gradients_final(f"layers.{i}.attention_norm.weight", sync, starts[i])
+        if self.base:
+            return  # the embedding is frozen
         ops.embedding_backward_bf16(grad("tok_embeddings.weight"), dx, self.inputs.batch["order"].prefix(N),
                                     self.inputs.batch["segments"].prefix(N, 4), self.embedding_scratch)
         self._gradients_final("tok_embeddings.weight", sync)
 
-    def _gradients_final(self, name: str, sync: bool) -> None:
+    def _gradients_final(self, name: str, sync: bool, adapters_from: int | None = None) -> None:
         """The gradients from this tensor to the end of the flat buffer are final: the step's to take on
-        (reduce-scatter them on several GPUs, or update the group this tensor starts)."""
-        self.step.gradients_final(self.layout.tensors[name].offset, sync)
+        (reduce-scatter them on several GPUs, or update the group this tensor starts). With adapters, those from
+        adapters_from on (a layer's first), nothing for a tensor of the frozen base."""
+        if not self.base:
+            self.step.gradients_final(self.layout.tensors[name].offset, sync)
+        elif adapters_from is not None:
+            self.step.gradients_final(adapters_from, sync)
 
     def token_losses(self) -> np.ndarray:
         """(b, t) fp32 cross-entropy of each target of the last forward() with targets (of its bf16 logits)."""
@@ -293,5 +331,9 @@ class GPUModelBF16(GPUModelBase):
 
     def master_weights(self) -> DeviceArray:
         """The full flat fp32 weights on the device (gathered from every rank on several GPUs: all
-        ranks call it), e.g. for a decoder."""
+        ranks call it), e.g. for a decoder; not with adapters, whose base is frozen in bf16 or NF4 (export the run
+        with --merge, or --adapter, and generate from that)."""
+        if self.base:
+            raise ValueError("a model with adapters keeps no fp32 weights to decode from: export the run (--merge or "
+                             "--adapter) and generate from the export")
         return self.zero.gather_flat(self.zero.master)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import ops
 from ..config import LlamaConfig
 from ..ops.flash_attention import FlashSource, flash_attention_scratch_size
-from ..params import ParameterLayout
+from ..params import LORA_GEMMS, ParameterLayout
 from ..runtime.cuda import BF16, FP8
 
 F32, F64, I32 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)
@@ -126,6 +126,56 @@ def fp8_weight_copies(layout, layer: int) -> dict:
     return copies
 
 
+def linear_members(layout, layer: int) -> list:
+    """A layer's seven linear weights as Meta's tensors (wq, wk, wv, wo, w1, w3, w2), in the layout's order."""
+    return [t for t in layout.tensors.values() if t.name.startswith(f"layers.{layer}.") and len(t.shape) == 2]
+
+
+def frozen_base(config: LlamaConfig, qlora: bool) -> dict:
+    """The frozen base of a fine-tune through adapters (llama/model/frozen_base.py): the norms in fp32, and every
+    other weight in bf16 (LoRA), or a block's linear weights in NF4 (codes, the double-quantized absmaxes, the
+    offset), the embedding and head in bf16, one bf16 scratch a fused GEMM's weight is dequantized into, the
+    quantization's absmax scratch and its tables (QLoRA); and the staging buffer the weights come in through, fp32,
+    the largest linear weight's values (freed once the base is built)."""
+    layout = ParameterLayout(config)
+    members = [t for i in range(config.n_layers) for t in linear_members(layout, i)]
+    buffers = {name: (layout.tensors[name].shape, F32) for name in layout.norm_names()}
+    buffers["staging"] = ((max(t.size for t in members),), F32)
+    if not qlora:
+        return buffers | {"bf16 weights": ((layout.size,), BF16)}
+    for t in layout.tensors.values():
+        if len(t.shape) == 2 and t not in members:  # the embedding, an untied head
+            buffers[t.name] = (t.shape, BF16)
+    for t in members:
+        sizes = ops.nf4_sizes(t.shape)
+        buffers |= {f"{t.name} codes": (sizes["codes"], np.dtype(np.uint8)),
+                    f"{t.name} absmax_codes": (sizes["absmax"], np.dtype(np.uint8)),
+                    f"{t.name} absmax_scales": (sizes["absmax_scales"], F32), f"{t.name} offset": ((1,), F32)}
+    fused = max(t.size for i in range(config.n_layers) for t in linear_weights(layout, i))
+    return buffers | {"dequantized": ((fused,), BF16),
+                      "nf4 absmax": ((max(ops.nf4_sizes(t.shape)["absmax"][0] for t in members),), F32),
+                      "nf4 tables": ((ops.nf4_tables().size,), F32)}
+
+
+def lora_scratch(config: LlamaConfig, spec, N: int) -> dict:
+    """The adapters' scratch for N tokens (llama/model/lora_linears.py): x A^T and its gradient (N, m r) for the
+    widest stack of m targets, the block-diagonal spread of a stacked B (its rows, m r) and the fp32 product whose
+    blocks are B's gradient, each for the widest fused GEMM."""
+    layout = ParameterLayout(config)
+    r = spec.rank
+    stacks = [(len(group), w.shape[0]) for group, w in zip(LORA_GEMMS, linear_weights(layout, 0))
+              if set(group) <= set(spec.targets)]
+    m = max(k for k, _ in stacks)
+    fused = max([k * rows for k, rows in stacks if k > 1] or [1])  # the widest block-diagonal spread's values
+    return {"xa": ((N * m * r,), BF16), "dxa": ((N * m * r,), BF16), "block_diagonal": ((fused * r,), BF16),
+            "block_products": ((fused * r,), F32)}
+
+
+def frozen_gradients(config: LlamaConfig) -> dict:
+    """Where the RMSNorms' backward writes the frozen base's norm gradients, which nothing reads."""
+    return {"frozen_gradients": ((config.dim,), F32)}
+
+
 def fp32_activations(config: LlamaConfig, b: int, t: int) -> tuple[dict, dict]:
     """The fp32 model's (llama/model/gpu_fp32.py) activations for a (b, t) batch, all float32: ({name: (shape,
     dtype)} of a layer, of the shared ones, the backward's among them)."""
@@ -167,6 +217,10 @@ def model_buffers(config: LlamaConfig, plan, B: int, T: int) -> dict[str, int]:
                "shared activations, a logits chunk": nbytes(shared), "scratch, inputs, RoPE tables": nbytes(small)}
     if plan.in_backward:
         buffers["fp32 gradients (a group at a time)"] = nbytes(gradient_groups(ParameterLayout(config)))
+    if plan.lora:
+        buffers[f"frozen base ({'nf4' if plan.qlora else 'bf16'}), its staging while built"] = nbytes(
+            frozen_base(config, plan.qlora))
+        buffers["adapters' scratch"] = nbytes(lora_scratch(config, plan.lora, N) | frozen_gradients(config))
     if plan.dtype == "fp8":
         layout = ParameterLayout(config)
         buffers["FP8 weight copies"] = sum(nbytes(copy) for i in range(config.n_layers)

@@ -23,6 +23,7 @@ global_norm      the gradient norm (fp32, bf16) and the optimizer-in-backward's 
 adamw            AdamW (fp32, bf16, 8-bit moments) and its decay mask, a bit per weight
 convert          fp32 <-> bf16
 fp8              --dtype fp8: float8 e4m3 casts with power-of-two scales per row or column, the FP8 GEMM
+lora             --lora's updates beside a linear layer's GEMM (the stacked adapters)
 nf4              --qlora's frozen base: NF4 quantization (bitsandbytes' codes) and dequantization into bf16
 gemv             the decoder's skinny GEMMs (1-16 sequences) with fused epilogues, and their scratch
 decode           the decoder's embedding, cache write, flash-decoding attention and step end
@@ -48,6 +49,7 @@ from .gemm import gemm
 from .gemv import DecodeScratch, StreamNorm, gemv_logits, gemv_qkv_rope, gemv_residual, gemv_swiglu
 from .global_norm import NORM_BLOCKS, clip_norm_estimate, global_norm_squared, global_norm_squared_bf16
 from .init import fill_parameters, init_normal, init_parameters_on_gpu
+from .lora import lora_add_bf16, lora_block_diagonal_bf16, lora_take_blocks_f32
 from .matmul import matmul, matmul_backward, matmul_forward
 from .nf4 import nf4_dequantize_bf16, nf4_quantize, nf4_sizes, nf4_tables
 from .residual import residual_forward

@@ -25,7 +25,7 @@ from ..model.shapes import model_buffers
 from .. import ops
 from ..optim import QUANT_BLOCK, AdamW8bitState
 from ..options import RECIPES, zero_stages
-from ..params import ParameterLayout, count_parameters
+from ..params import AdapterLayout, ParameterLayout, count_parameters
 from ..parallel.zero import flat_gather_length, home_lengths, model_shards
 
 FLOAT32 = 4
@@ -67,12 +67,13 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
 
 
 def zero_buffers(config: LlamaConfig, gpus: int, zero: int, reduce_dtype: str = "fp32",
-                 optimizer: str = "adamw") -> tuple[int, int, int, int, int]:
+                 optimizer: str = "adamw", trained=None) -> tuple[int, int, int, int, int]:
     """Values per GPU under ZeRO (llama/parallel/zero.py): the weights the forward reads, the gradients, a shard,
     the scratch of a later micro-batch's fp32 reduction, and the longest bucket. Stage 1: the full padded buffers; stage 2 keeps the
     gradients, and stage 3 the weights too, in their buckets' homes (the first and last bucket, two slots); 8-bit
-    moments pad the buckets to whole blocks (model_shards)."""
-    shards = model_shards(ParameterLayout(config), gpus, optimizer)
+    moments pad the buckets to whole blocks (model_shards). trained: the layout of what the optimizer holds (--lora's
+    adapters), by default the model's parameters."""
+    shards = model_shards(trained or ParameterLayout(config), gpus, optimizer)
     full = shards.padded_size
     own, slots = home_lengths(shards) if zero > 1 else ({}, [])
     homes = sum(own.values()) + sum(slots)
@@ -88,8 +89,9 @@ def gpu_training_buffers(config: LlamaConfig, plan, B: int, T: int, gpus: int = 
     gradients there, the model keeps them a group at a time) and the model's own (llama/model/shapes.py
     model_buffers: its activations, scratch, inputs). The CUDA context, the kernels' code and the CUDA graphs
     come on top."""
+    trained = AdapterLayout(config, plan.lora) if plan.lora else None
     weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, plan.zero, plan.reduce_dtype,
-                                                              plan.optimizer)
+                                                              plan.optimizer, trained)
     stage = f" (ZeRO-{plan.zero})" if gpus > 1 else ""
     if plan.dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
@@ -97,10 +99,11 @@ def gpu_training_buffers(config: LlamaConfig, plan, B: int, T: int, gpus: int = 
                 "adamw moments": 2 * FLOAT32 * shard, "decay mask": ops.packed_mask_size(shard),
                 **model_buffers(config, plan, B, T)}
     quantized = plan.optimizer == "adamw8bit"
-    buffers = {"bf16 weights" + stage: 2 * weights}
+    what = "adapters' " if plan.lora else ""
+    buffers = {f"{what}bf16 weights" + stage: 2 * weights}
     if not plan.in_backward:
-        buffers["fp32 gradients" + stage] = FLOAT32 * (gradients + scratch)
-    buffers |= {"fp32 master weights": FLOAT32 * shard,
+        buffers[f"{what}fp32 gradients" + stage] = FLOAT32 * (gradients + scratch)
+    buffers |= {f"{what}fp32 master weights": FLOAT32 * shard,
                 f"{plan.optimizer} moments": (2 * (shard + FLOAT32 * -(-shard // QUANT_BLOCK)) + ops.quantization_maps().nbytes
                                               if quantized else 2 * FLOAT32 * shard),
                 "decay mask": ops.packed_mask_size(shard)}

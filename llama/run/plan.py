@@ -17,7 +17,8 @@ from .memory import choose_zero
 from ..runtime.machine import gpu_free
 from ..model.shapes import HOPPER_ATTENTION
 from ..optim import QUANT_BLOCK
-from ..params import LORA_TARGETS, LoraSpec
+from ..ops.lora import MAX_K as LORA_MAX_K
+from ..params import LORA_GEMMS, LORA_TARGETS, LoraSpec
 from ..options import DOC_MASKS, FP8_SCALINGS, RECIPES, REDUCE_DTYPES, ZERO_STAGES, RunOptions, zero_stages
 from ..ops.common import VECTOR
 from ..ops.flash_attention import HEAD_DIMS, FlashSource
@@ -251,12 +252,16 @@ def choose_lora(options: RunOptions, device: str, dtype: str) -> dict:
         spec = LoraSpec(o.lora, o.lora_alpha if o.lora_alpha is not None else LoraSpec.alpha, o.lora_dropout, targets)
     except ValueError as e:
         raise PlanError(f"--lora: {e}") from None
+    stacked = max(len(set(group) & set(targets)) for group in LORA_GEMMS)  # the most targets one GEMM adapts
     refused = [(spec.dropout > 0, "--lora-dropout: only 0 trains for now"),
                (o.in_backward, "--optimizer-in-backward with --lora: the adapters' gradients are small; drop it"),
                (device == "cuda" and dtype in ("fp8", "fp32"), f"--dtype {dtype} with --lora: the adapters run on "
                 "the bf16 GPU model"),
                (device == "cuda" and o.zero == 3, "--zero 3 with --lora: the frozen base is held whole on each GPU; "
                 "take --zero 1 or 2"),
+               (device == "cuda" and (spec.rank % 8 or stacked * spec.rank > LORA_MAX_K),
+                f"--lora {spec.rank}: on the GPU a multiple of 8, and at most {LORA_MAX_K // stacked} with "
+                f"{stacked} targets in one GEMM (kernels/lora.cu's LORA_MAX_K)"),
                (device == "cuda" and bool(spec.split_gemms()), "--lora-targets: on the GPU "
                 + " and ".join(",".join(g) for g in spec.split_gemms()) + " run as one GEMM, so adapt them together")]
     for refuse, why in refused:

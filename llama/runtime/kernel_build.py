@@ -40,6 +40,7 @@ PATH_MODULES = {"fp32": ("adamw", "attention", "classifier", "embedding", "globa
                          "rmsnorm", "rope", "swiglu"),
                 "bf16": BF16_MODULES, "fp8": BF16_MODULES + ("fp8",)}
 DECODER_MODULES = ("decode", "sample")
+LORA_MODULES = {"lora": ("lora",), "qlora": ("lora", "nf4")}  # the adapters' updates, and QLoRA's NF4 base
 DOC_MASK_MODULE = "document_mask"  # the document bounds of a batch, launched by a model with the document mask
 DECODER_GEMV = r"gemv_\w+_b8"  # the training run's sampler decodes one sequence: gemv.cu's entries for B <= 8
 GEMM_MMA_MODULE, SPLITK_REDUCE = "gemm_mma", "gemm_splitk_reduce"  # version 1, and every version's split-K reduce
@@ -249,7 +250,9 @@ def kernels_for(plan, code: str, decoder: bool = False) -> list[Unit]:
     if plan.path == "cpu":
         return []
     modules = (PATH_MODULES[plan.path] + (PATH_MODULES["bf16"] + DECODER_MODULES if decoder else ())
-               + ((DOC_MASK_MODULE,) if plan.doc_mask else ()))
+               + ((DOC_MASK_MODULE,) if plan.doc_mask else ())
+               + (LORA_MODULES["qlora" if getattr(plan, "qlora", False) else "lora"] if getattr(plan, "lora", None)
+                  else ()))
     units = [unit_of(kernel_dir() / f"{module}.cu", code) for module in dict.fromkeys(modules)]
     if plan.path != "fp32" or decoder:
         units += gemm_units(plan.gemm, code) + [unit_of(kernel_dir() / f"{plan.attention.module}.cu", code)]

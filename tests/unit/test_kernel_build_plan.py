@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from llama.runtime import kernel_build
-from llama.runtime.kernel_build import (DECODER_MODULES, DOC_MASK_MODULE, GEMM_MMA_MODULE, PATH_MODULES, SPLITK_REDUCE,
-                                        entries_of, kernel_dir, kernels_for, unit_of)
+from llama.runtime.kernel_build import (DECODER_MODULES, DOC_MASK_MODULE, GEMM_MMA_MODULE, LORA_MODULES, PATH_MODULES,
+                                        SPLITK_REDUCE, entries_of, kernel_dir, kernels_for, unit_of)
 from llama.ops.gemm import GEMM_VERSIONS
+from llama.params import LoraSpec
 from llama.run.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
 
 LLAMA = Path(kernel_build.__file__).parents[1]
@@ -77,7 +78,8 @@ def plan(dtype: str, hopper: bool = True, dynamic: bool = False) -> Plan:
 def test_each_paths_modules_are_those_its_model_launches():
     # the bf16 and fp8 paths; each model launches the document mask's module only with it (kernels_for's plan)
     bf16_model = reached_modules(*model_files("model/gpu_bf16.py"), "parallel/zero.py") - {DOC_MASK_MODULE}
-    assert bf16_model == set(PATH_MODULES["bf16"]) | set(PATH_MODULES["fp8"]) | {GEMM_MMA_MODULE, "gemm_wgmma"}
+    assert bf16_model == set(PATH_MODULES["bf16"]) | set(PATH_MODULES["fp8"]) | {GEMM_MMA_MODULE, "gemm_wgmma"} | set(
+        LORA_MODULES["qlora"])
     assert set(PATH_MODULES["fp8"]) - set(PATH_MODULES["bf16"]) == {"fp8"}
     assert reached_modules(*model_files("model/gpu_fp32.py")) - {DOC_MASK_MODULE} == set(PATH_MODULES["fp32"])
     decoder = reached_modules(*model_files("model/gpu_decoder.py"))
@@ -130,4 +132,6 @@ def test_every_plan_unit_exists_and_the_cpu_plan_needs_none():
     assert fp32 == set(PATH_MODULES["fp32"])  # no GEMM or attention builds beside the exact path's own
     for dtype in ("bf16", "fp32"):  # the document mask's module with the mask only
         masked = {u.source.stem for u in kernels_for(replace(plan(dtype), doc_mask_bos=1), "sm_90a")}
+        adapted = {u.source.stem for u in kernels_for(replace(plan(dtype), lora=LoraSpec(8), qlora=True), "sm_90a")}
+        assert adapted - {u.source.stem for u in kernels_for(plan(dtype), "sm_90a")} == {"lora", "nf4"}
         assert masked - {u.source.stem for u in kernels_for(plan(dtype), "sm_90a")} == {DOC_MASK_MODULE}

@@ -74,14 +74,15 @@ def test_the_parts_each_plan_composes():
     with recording_gpu():
         parts = {}
         for name, options in {"bf16": dict(dtype="bf16"), "fp8": dict(dtype="fp8"),
-                              "in backward": dict(dtype="bf16", in_backward=True)}.items():
+                              "in backward": dict(dtype="bf16", in_backward=True), "qlora": dict(lora=8, qlora=True)}.items():
             model = build_model(CONFIG, make_plan(CONFIG, RunOptions("cuda", **options)), (2, 64))
             parts[name] = type(model).__name__, type(model.linears).__name__, type(model.step).__name__
             assert model.block.linears is model.linears
             del model
     assert parts == {"bf16": ("GPUModelBF16", "BF16Linears", "CapturedStep"),
                      "fp8": ("GPUModelBF16", "FP8Linears", "CapturedStep"),
-                     "in backward": ("GPUModelBF16", "BF16Linears", "InBackwardStep")}
+                     "in backward": ("GPUModelBF16", "BF16Linears", "InBackwardStep"),
+                     "qlora": ("GPUModelBF16", "LoRALinears", "CapturedStep")}
     with pytest.raises(ValueError, match="the numpy reference runs a CPU plan"):
         build_model(CONFIG, make_plan(CONFIG, RunOptions("cpu")), None, comm=object())
 
@@ -89,7 +90,8 @@ def test_the_parts_each_plan_composes():
 @pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="bf16", recompute="none"),
                                      dict(dtype="bf16", recompute="full", optimizer="adamw8bit"), dict(dtype="fp8"),
                                      dict(dtype="bf16", in_backward=True), dict(dtype="bf16", sft=True),
-                                     dict(dtype="fp32"), dict(dtype="fp32", doc_mask="on")])
+                                     dict(dtype="fp32"), dict(dtype="fp32", doc_mask="on"), dict(lora=16),
+                                     dict(lora=8, qlora=True, sft=True), dict(lora=16, lora_targets="o,down")])
 def test_the_memory_accounting_is_what_a_model_allocates(options):
     """llama/run/memory.py sums llama/model/shapes.py's descriptions and ZeRO's buffers; a model allocates from the
     same descriptions: the two agree to the byte (on one GPU, the model built, before any launch)."""
