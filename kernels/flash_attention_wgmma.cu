@@ -1,7 +1,8 @@
 // Flash attention in bf16 on Hopper (sm_90a): wgmma fed by TMA, warp-specialized. The build llama/run/plan.py runs on
 // H100/H200 (flash_attention.cu, v2 on mma.sync, everywhere else): ladder version 6's forward at D = 64 (persistent
 // CTAs, the consumers in ping-pong), version 3's forward at D = 128 and version 3's backward at both (dev/cuda/
-// flash_attention_v3.cu to v6.cu include this file and pick their forward through its two hooks, below). Same
+// flash_attention_v3.cu to v6.cu include this file and pick their forward through its two hooks, below; v4 adds the
+// entry points of the fused-dQ backward, whose switch is the dK/dV kernel's DqMode). Same
 // contract and layouts (flash_attention.cuh); each entry point takes, first, a pointer to the TMA maps that
 // llama/ops/flash_attention.py encodes: qkv, then dout (backward), each (inner = columns, T, B) in boxes of 64
 // columns x 64 rows, 128-byte swizzled; rows past T arrive as zeros.
@@ -151,14 +152,12 @@ using ForwardWork = FLASH_FORWARD_WORK(D);
 
 // launch configuration, read by the host as flash_attention.cu's: per head dim (64, 128), for the forward, dkdv and
 // dq kernels in turn: threads per CTA, rows per CTA (query, kv, query), shared bytes; then whether the forward is
-// persistent (its grid a CTA per SM); then the fused (dK, dV and dQ) kernel's threads, kv rows and shared bytes
-__constant__ int flash_attention_config[2][13] = {
+// persistent (its grid a CTA per SM)
+__constant__ int flash_attention_config[2][10] = {
     {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<64, ForwardWork<64>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), ForwardWork<64>::PERSISTENT,
-     fa3::THREADS, fa3::DKDV_KV_ROWS, fa3::dkdv_shared<64, true>()},
+     fa3::dkdv_shared<64, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<64>(), ForwardWork<64>::PERSISTENT},
     {fa3::THREADS, fa3::FWD_ROWS, fa3::forward_shared<128, ForwardWork<128>>(), fa3::THREADS, fa3::DKDV_KV_ROWS,
-     fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), ForwardWork<128>::PERSISTENT,
-     fa3::THREADS, fa3::DKDV_KV_ROWS, fa3::dkdv_shared<128, true>()},
+     fa3::dkdv_shared<128, false>(), fa3::THREADS, fa3::DQ_ROWS, fa3::dq_shared<128>(), ForwardWork<128>::PERSISTENT},
 };
 
 #ifdef WGMMA_ENABLED
@@ -466,9 +465,10 @@ __device__ __forceinline__ void flash_forward_wgmma(const CUtensorMap* map, bf16
 
 // ---- backward: dK, dV (and, fused, dQ)
 
-// How the dK/dV kernel treats dQ: SEPARATE leaves it to the dQ kernel; ORDERED and UNORDERED also form each
-// step's dQ partial (dS K) and add it into an fp32 buffer, ORDERED in a fixed order of kv tiles (deterministic),
-// UNORDERED as the CTAs come (opt-in, for measuring what the order costs).
+// How the dK/dV kernel treats dQ: SEPARATE (the entry points below) leaves it to the dQ kernel; ORDERED and UNORDERED
+// (the ladder's v4, dev/cuda/flash_attention_v4.cu) also form each step's dQ partial (dS K) and add it into an fp32
+// buffer, ORDERED in a fixed order of kv tiles (deterministic), UNORDERED as the CTAs come (opt-in, for measuring
+// what the order costs).
 enum class DqMode { SEPARATE, ORDERED, UNORDERED };
 
 namespace fa3 {
@@ -731,24 +731,6 @@ __device__ __forceinline__ void flash_backward_dkdv_wgmma(const CUtensorMap* map
                   first_kv + 16 * warp, T, nullptr, nullptr, lane);
 }
 
-// dQ of the fused backward: dq_accum (its per-tile layout above) times 1/sqrt(D), rotated back, as bf16 into dqkv.
-// CTA of 128 threads per (query head, batch, 64-row query tile); thread t rebuilds the m64nD accumulator that a
-// warpgroup's thread t would hold and stores it as the dQ kernel does.
-template <int D>
-__device__ __forceinline__ void flash_backward_dq_store(bf16* dqkv, const float* dq_accum, const float* cos_table,
-                                                        const float* sin_table, int T, int H, int KV) {
-    using namespace fa3;
-    const int h = blockIdx.x, b = blockIdx.y, m = blockIdx.z, t = threadIdx.x, warp = t / 32, lane = t % 32;
-    const float* tile = dq_accum + (((long long)b * H + h) * gridDim.z + m) * (DKDV_Q_ROWS * D);
-    float acc[D / 8][4];
-    #pragma unroll
-    for (int n = 0; n < D / 8; n++)
-        *reinterpret_cast<float4*>(acc[n]) = *reinterpret_cast<const float4*>(tile + dq_offset<D>(n / (D / 16), n % (D / 16), t));
-    const long long stride = (long long)(H + 2 * KV) * D;
-    store_rows<D>(dqkv + (long long)b * T * stride + h * D, stride, acc, rsqrtf((float)D), m * DKDV_Q_ROWS + 16 * warp,
-                  T, cos_table, sin_table, lane);
-}
-
 // ---- backward: dQ
 
 template <int D, bool MASKED>
@@ -865,8 +847,8 @@ __device__ __forceinline__ void flash_backward_dq_wgmma(const CUtensorMap* maps,
                   rsqrtf((float)D), first_row + 16 * warp, T, cos_table, sin_table, lane);
 }
 
-// The document mask: each body but dq_store's is built twice, MASKED and plain causal, and the entry point picks one
-// per launch from doc_start (null: plain causal), so that the plain path has no test of the mask in its loops
+// The document mask: each body is built twice, MASKED and plain causal, and the entry point picks one per launch from
+// doc_start (null: plain causal), so that the plain path has no test of the mask in its loops
 template <bool B>
 struct Masked {
     static constexpr bool value = B;
@@ -886,11 +868,10 @@ __device__ __forceinline__ void masked_or_causal(const int* doc_start, Body body
     FLASH_BODY(masked_or_causal(doc_start, [&](auto masked) { constexpr bool MASKED = decltype(masked)::value; call; }))
 
 // Entry points: the maps first, then flash_attention.cu's arguments (its qkv, dout, qkv pointers are unused here:
-// the maps carry them), so that one launcher drives both builds; the fused backward adds the dQ buffer and its
-// per-tile counts (ORDERED; zeroed, with the buffer, before each launch); all but dq_store end with the document
-// mask's doc_start, doc_end (flash_attention.cuh; both null: plain causal). On anything but sm_90a they compile to
-// nothing and the plan never selects this build. The forward also takes the batch count after KV (a persistent
-// grid does not carry it).
+// the maps carry them), so that one launcher drives both builds; they end with the document mask's doc_start, doc_end
+// (flash_attention.cuh; both null: plain causal). On anything but sm_90a they compile to nothing and the plan never
+// selects this build. The forward also takes the batch count after KV (a persistent grid does not carry it). (The
+// fused backward's entry points, DqMode::ORDERED and UNORDERED, are the ladder's v4: dev/cuda/flash_attention_v4.cu.)
 #define FLASH_FORWARD_ENTRY(D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_forward_d##D(                  \
         const CUtensorMap* maps, bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, int B,             \
@@ -905,30 +886,13 @@ __device__ __forceinline__ void masked_or_causal(const int* doc_start, Body body
         const int* doc_start, const int* doc_end) {                                                               \
         FLASH_MASKED_BODY(call)                                                                                   \
     }
-#define FLASH_FUSED_ENTRY(name, D, MODE)                                                                          \
-    extern "C" __global__ void __launch_bounds__(fa3::THREADS, 1) flash_attention_backward_##name##_d##D(        \
-        const CUtensorMap* maps, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,                 \
-        const float* delta, const float* cos_table, const float* sin_table, int T, int H, int KV,                 \
-        float* dq_accum, int* dq_counts, const int* doc_start, const int* doc_end) {                              \
-        FLASH_MASKED_BODY((flash_backward_dkdv_wgmma<D, MODE, MASKED>(maps, dqkv, lse, delta, cos_table, sin_table, \
-                                                                      T, H, KV, dq_accum, dq_counts, doc_start,   \
-                                                                      doc_end)))                                  \
-    }
-#define FLASH_DQ_STORE_ENTRY(D)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) flash_attention_backward_dq_store_d##D(                    \
-        bf16* dqkv, const float* dq_accum, const float* cos_table, const float* sin_table, int T, int H, int KV) { \
-        FLASH_BODY(flash_backward_dq_store<D>(dqkv, dq_accum, cos_table, sin_table, T, H, KV))                    \
-    }
 #define FLASH_ENTRIES(D)                                                                                          \
     FLASH_FORWARD_ENTRY(D)                                                                                        \
     FLASH_BACKWARD_ENTRY(dkdv, D, (flash_backward_dkdv_wgmma<D, DqMode::SEPARATE, MASKED>(                        \
                                       maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV, nullptr, nullptr,   \
                                       doc_start, doc_end)))                                                       \
     FLASH_BACKWARD_ENTRY(dq, D, (flash_backward_dq_wgmma<D, MASKED>(maps, dqkv, lse, delta, cos_table, sin_table, \
-                                                                    T, H, KV, doc_start)))                        \
-    FLASH_FUSED_ENTRY(fused, D, DqMode::ORDERED)                                                                  \
-    FLASH_FUSED_ENTRY(fused_unordered, D, DqMode::UNORDERED)                                                      \
-    FLASH_DQ_STORE_ENTRY(D)
+                                                                    T, H, KV, doc_start)))
 
 FLASH_ENTRIES(64)
 FLASH_ENTRIES(128)

@@ -1,5 +1,7 @@
-// bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the GEMM ladder's versions 2 to 8 (dev/cuda/README.md);
-// production on H100/H200 is version 5 or 6 per shape, their twins 8 or 7 on several GPUs (llama/run/plan.py GemmChooser).
+// bf16 GEMM with wgmma fed by TMA on Hopper (sm_90a): the versions of the GEMM ladder (dev/cuda/README.md) that the
+// plan runs on H100/H200: version 5 or 6 per shape, their twins 8 or 7 on several GPUs, version 6 in FP8
+// (llama/run/plan.py GemmChooser). The ladder's other rungs on these templates (versions 2 to 4, FP8's version 5) are
+// entry points in dev/cuda/gemm_v<N>.cu, which include this file.
 //
 // Same contract as gemm_mma.cu: C = alpha * op(A) @ op(B), fp32 accumulation, the shared epilogue
 // (gemm_epilogue.cuh), strided-batched, layouts nt (forward), nn (dX), tn (dW), no transposes.
@@ -431,100 +433,6 @@ __device__ __forceinline__ void gemm_pingpong(const CUtensorMap* map_a, const CU
     }
 }
 
-// Version 4: clusters of two CTAs along N with the shared A tile multicast. The pair covers 256 x 256 of C:
-// both CTAs take the same 256 rows of A, each its own 128 columns of B (CTA rank r: columns n0 + 128 r).
-// Each CTA loads half of A's 256 x 64 slice (rows 128 r ..) and multicasts it into both CTAs' stage, so a
-// CTA reads 32 KB from L2 per k-block for a 256 x 128 x 64 product where version 3 reads 32 KB for
-// 128 x 128 x 64. Consumers cooperate: warpgroup w takes rows 128 w .. 128 w + 127 of the CTA's tile
-// (2 x m64n128k16 per k16, as version 3). A stage is written by both CTAs' producers, so it is free only
-// once the consumers of both CTAs released it: every consumer warp arrives on its own CTA's empty[s] and
-// on its partner's (16 arrivals).
-#define CL_BM 256
-
-template <int STAGES, bool A_KMAJOR, bool B_KMAJOR>
-__device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUtensorMap* map_b, Epilogue e, int K,
-                                             int batches) {
-    constexpr int A_BYTES = CL_BM * WG_BK * 2, B_BYTES = PP_BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;  // swizzled tiles start on 1 KB
-    const uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
-    const uint32_t rank = cluster_rank(), partner = rank ^ 1;
-    const int tiles_m = (e.M + CL_BM - 1) / CL_BM, pairs_n = (e.N + 2 * PP_BN - 1) / (2 * PP_BN);
-    const int tiles = tiles_m * pairs_n, units = tiles * batches, KT = (K + WG_BK - 1) / WG_BK;
-    const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
-    const int warpgroup = threadIdx.x / 128;
-
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbarrier_init(full + 8 * s, 1);
-            mbarrier_init(empty + 8 * s, 16);  // one arrival per consumer warp of both CTAs
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    cluster_barrier();  // the partner's barriers exist before anything arrives on them
-
-    if (warpgroup == 0) {  // producer: the pair's units in the same order in both CTAs
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (threadIdx.x == 0) {
-            int stage = 0, phase = 0;
-            for (int unit = cluster; unit < units; unit += clusters) {
-                int tm, tp;
-                tile_coords(unit % tiles, tiles_m, pairs_n, &tm, &tp);
-                const int batch = unit / tiles, m0 = tm * CL_BM, n0 = (2 * tp + rank) * PP_BN;
-                for (int kt = 0; kt < KT; kt++) {
-                    mbarrier_wait(empty + 8 * stage, phase ^ 1);
-                    const uint32_t a = base + stage * STAGE_BYTES, b = a + A_BYTES, bar = full + 8 * stage;
-                    mbarrier_expect_tx(bar, STAGE_BYTES);  // our half of A, the partner's half, our B
-                    const int k0 = kt * WG_BK, rows = m0 + rank * 128;
-                    if (A_KMAJOR) {
-                        tma_load_multicast(a + rank * 16384, map_a, k0, rows, batch, bar, 3);
-                    } else {
-                        tma_load_multicast(a + rank * 16384, map_a, rows, k0, batch, bar, 3);
-                        tma_load_multicast(a + rank * 16384 + 8192, map_a, rows + 64, k0, batch, bar, 3);
-                    }
-                    load_b_kblock_128<B_KMAJOR>(b, map_b, k0, n0, batch, bar);
-                    if (++stage == STAGES) { stage = 0; phase ^= 1; }
-                }
-            }
-        }
-    } else {  // consumers: warpgroup 1 takes rows 0-127 of the CTA's 256 x 128 tile, warpgroup 2 rows 128-255
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-        const int half = warpgroup - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-        int stage = 0, phase = 0;
-        float d0[64], d1[64];
-        for (int unit = cluster; unit < units; unit += clusters) {
-            int tm, tp;
-            tile_coords(unit % tiles, tiles_m, pairs_n, &tm, &tp);
-            const int batch = unit / tiles, m0 = tm * CL_BM, n0 = (2 * tp + rank) * PP_BN;
-            int previous = -1;
-            for (int kt = 0; kt < KT; kt++) {
-                mbarrier_wait(full + 8 * stage, phase);
-                const uint32_t a = base + stage * STAGE_BYTES + half * 16384, b = base + stage * STAGE_BYTES + A_BYTES;
-                wgmma_fence();
-                mma_kblock_128x128<A_KMAJOR, B_KMAJOR>(d0, d1, a, b, kt > 0);
-                wgmma_commit();
-                wgmma_wait<1>();  // the previous slice's wgmmas are done: release its stage in both CTAs
-                if (previous >= 0 && lane == 0) {
-                    mbarrier_arrive(empty + 8 * previous);
-                    mbarrier_arrive_cluster(empty + 8 * previous, partner);
-                }
-                previous = stage;
-                if (++stage == STAGES) { stage = 0; phase ^= 1; }
-            }
-            wgmma_wait<0>();
-            accumulator_fence(d0);
-            accumulator_fence(d1);
-            if (lane == 0) {
-                mbarrier_arrive(empty + 8 * previous);
-                mbarrier_arrive_cluster(empty + 8 * previous, partner);
-            }
-            const int row = m0 + half * 128 + warp * 16 + lane / 4, col = n0 + 2 * (lane % 4);
-            EPILOGUE_DISPATCH(e.mode, store_tile, e, d0, d1, batch, row, col)
-        }
-    }
-    cluster_barrier();  // no CTA leaves while its partner may still arrive on its barriers
-}
-
 #endif  // WGMMA_ENABLED
 
 // Each entry point below is guarded by KERNEL_ENTRY(name), so that a build unit may compile one alone
@@ -533,9 +441,10 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
 #define KERNEL_ENTRY(name) 1
 #endif
 
-// Entry points gemm_wgmma_<layout>_128x<BN>; shared memory STAGES * (128 + BN) * 64 * 2 + 1024 + 16 * STAGES.
-// counter: versions 7 and 8's tile counter (WorkUnits), unused by the others. On anything but sm_90a they
-// compile to nothing and the launcher never selects them.
+// The cooperative entry points (gemm_wgmma; the ladder's version 2, dev/cuda/gemm_v2.cu, is this macro without the
+// staged epilogue); shared memory STAGES * (128 + BN) * 64 * 2 + 1024 + 16 * STAGES. counter: version 7's tile
+// counter (WorkUnits), unused by the others. On anything but sm_90a they compile to nothing and the launcher never
+// selects them.
 #ifdef WGMMA_ENABLED
 #define GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                              \
     const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
@@ -551,27 +460,8 @@ __device__ __forceinline__ void gemm_cluster(const CUtensorMap* map_a, const CUt
         GEMM_WGMMA_BODY(BN_, STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                  \
     }
 
-#if KERNEL_ENTRY(gemm_wgmma_nt_128x256)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x256, 256, 4, true, true, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma_nn_128x256)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x256, 256, 4, true, false, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma_tn_128x256)
-GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x256, 256, 4, false, false, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma_nt_128x128)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nt_128x128, 128, 6, true, true, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma_nn_128x128)
-GEMM_WGMMA_ENTRY(gemm_wgmma_nn_128x128, 128, 6, true, false, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma_tn_128x128)
-GEMM_WGMMA_ENTRY(gemm_wgmma_tn_128x128, 128, 6, false, false, false, false)
-#endif
-
-// Version 6 entry points gemm_wgmma6_<layout>_128x<BN>: version 2 with the staged epilogue (the same stage
-// counts; the staging rows fit beside them). Shared memory as version 2's + STAGING_BYTES.
+// Version 6 entry points gemm_wgmma6_<layout>_128x<BN>: version 2 with the staged epilogue (version 2's stage
+// counts; the staging rows fit beside them). Shared memory as above + STAGING_BYTES.
 #if KERNEL_ENTRY(gemm_wgmma6_nt_128x256)
 GEMM_WGMMA_ENTRY(gemm_wgmma6_nt_128x256, 256, 4, true, true, true, false)
 #endif
@@ -612,13 +502,11 @@ GEMM_WGMMA_ENTRY(gemm_wgmma7_nn_128x128, 128, 6, true, false, true, true)
 GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x128, 128, 6, false, false, true, true)
 #endif
 
-// Ping-pong entry points: version 3 gemm_wgmma3_<layout> (128 x 128 tiles, ping-pong consumers, split-K in
-// the kernel; splits = 1: plain batches), shared memory PP_STAGES * 32 KB + 1024 + 16 * PP_STAGES + 16; version 5
-// gemm_wgmma5_<layout>, the same with the staged epilogue and one stage fewer for its rows, shared memory
-// PP5_STAGES * 32 KB + STAGING_BYTES + 1024 + 16 * PP5_STAGES + 16; version 8 gemm_wgmma8_<layout>, version 5 with
-// dynamic claiming of its work units (split-K ones too: each writes its own partials), shared memory version 5's
-// + UNIT_RING_BYTES. counter as the cooperative entries'.
-#define PP_STAGES 7
+// Ping-pong entry points (128 x 128 tiles, ping-pong consumers, split-K in the kernel; splits = 1: plain batches):
+// version 5 gemm_wgmma5_<layout>, version 3 (dev/cuda/gemm_v3.cu) with the staged epilogue and one stage fewer for
+// its rows, shared memory PP5_STAGES * 32 KB + STAGING_BYTES + 1024 + 16 * PP5_STAGES + 16; version 8
+// gemm_wgmma8_<layout>, version 5 with dynamic claiming of its work units (split-K ones too: each writes its own
+// partials), shared memory version 5's + UNIT_RING_BYTES. counter as the cooperative entries'.
 #define PP5_STAGES 6
 #ifdef WGMMA_ENABLED
 #define GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                \
@@ -636,15 +524,6 @@ GEMM_WGMMA_ENTRY(gemm_wgmma7_tn_128x128, 128, 6, false, false, true, true)
         GEMM_PINGPONG_BODY(STAGES_, A_KMAJOR, B_KMAJOR, STAGED_, DYNAMIC_)                                    \
     }
 
-#if KERNEL_ENTRY(gemm_wgmma3_nt)
-GEMM_PINGPONG_ENTRY(gemm_wgmma3_nt, PP_STAGES, true, true, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma3_nn)
-GEMM_PINGPONG_ENTRY(gemm_wgmma3_nn, PP_STAGES, true, false, false, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma3_tn)
-GEMM_PINGPONG_ENTRY(gemm_wgmma3_tn, PP_STAGES, false, false, false, false)
-#endif
 #if KERNEL_ENTRY(gemm_wgmma5_nt)
 GEMM_PINGPONG_ENTRY(gemm_wgmma5_nt, PP5_STAGES, true, true, true, false)
 #endif
@@ -664,10 +543,9 @@ GEMM_PINGPONG_ENTRY(gemm_wgmma8_nn, PP5_STAGES, true, false, true, true)
 GEMM_PINGPONG_ENTRY(gemm_wgmma8_tn, PP5_STAGES, false, false, true, true)
 #endif
 
-
-// FP8 entry points (both operands K-major, the nt layout only; row_scales (M,) and col_scales (N,) fp32):
-// gemm_wgmma6_fp8_128x<BN> (version 6's kernel, the same stages and shared memory) and gemm_wgmma5_fp8
-// (version 5's).
+// FP8 entry points gemm_wgmma6_fp8_128x<BN> (both operands K-major, the nt layout only; row_scales (M,) and
+// col_scales (N,) fp32): version 6's kernel, the same stages and shared memory. (Version 5's, the FP8 rung the plan
+// does not pick: dev/cuda/gemm_fp8_v5.cu.)
 #ifdef WGMMA_ENABLED
 #define FP8_EPILOGUE                                                                                      \
     Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};            \
@@ -675,12 +553,8 @@ GEMM_PINGPONG_ENTRY(gemm_wgmma8_tn, PP5_STAGES, false, false, true, true)
     e.col_scales = col_scales;
 #define GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)                                                                \
     FP8_EPILOGUE gemm_wgmma<BN_, STAGES_, true, true, true, true>(maps, maps + 1, e, K, batches, nullptr);
-#define GEMM_WGMMA5_FP8_BODY                                                                              \
-    FP8_EPILOGUE gemm_pingpong<PP5_STAGES, true, true, true, true>(maps, maps + 1, e, K, batches, splits, split_kb, \
-                                                                   nullptr);
 #else
 #define GEMM_WGMMA6_FP8_BODY(BN_, STAGES_)
-#define GEMM_WGMMA5_FP8_BODY
 #endif
 #define GEMM_WGMMA6_FP8_ENTRY(name, BN_, STAGES_)                                                             \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) name(                                         \
@@ -694,43 +568,4 @@ GEMM_WGMMA6_FP8_ENTRY(gemm_wgmma6_fp8_128x256, 256, 4)
 #endif
 #if KERNEL_ENTRY(gemm_wgmma6_fp8_128x128)
 GEMM_WGMMA6_FP8_ENTRY(gemm_wgmma6_fp8_128x128, 128, 6)
-#endif
-
-#if KERNEL_ENTRY(gemm_wgmma5_fp8)
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma5_fp8(
-    const CUtensorMap* maps, void* C, const float* row_scales, const float* col_scales, const float* cos,
-    const float* sin, long long stride_c, int M, int N, int K, int batches, int splits, int split_kb, int ldc,
-    int mode, int rope_T, int rope_cols, int head_dim, float alpha) {
-    GEMM_WGMMA5_FP8_BODY
-}
-#endif
-
-
-// Version 4 entry points gemm_wgmma4_<layout>: clusters of 2 CTAs (launch an even grid), each CTA a 256 x 128
-// tile, A multicast. Shared memory CL_STAGES * 48 KB + 1024 + 16 * CL_STAGES.
-#define CL_STAGES 4
-#ifdef WGMMA_ENABLED
-#define CLUSTER_PAIR __cluster_dims__(2, 1, 1)
-#define GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)                                                              \
-    const Epilogue e = {C, cos, sin, stride_c, ldc, M, N, mode, alpha, rope_T, rope_cols, head_dim};      \
-    gemm_cluster<CL_STAGES, A_KMAJOR, B_KMAJOR>(maps, maps + 1, e, K, batches);
-#else
-#define GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)
-#define CLUSTER_PAIR
-#endif
-#define GEMM_WGMMA4_ENTRY(name, A_KMAJOR, B_KMAJOR)                                                           \
-    extern "C" __global__ void CLUSTER_PAIR __launch_bounds__(WG_THREADS, 1) name(               \
-        const CUtensorMap* maps, void* C, const float* cos, const float* sin, long long stride_c, int M, int N, \
-        int K, int batches, int ldc, int mode, int rope_T, int rope_cols, int head_dim, float alpha) {        \
-        GEMM_WGMMA4_BODY(A_KMAJOR, B_KMAJOR)                                                                  \
-    }
-
-#if KERNEL_ENTRY(gemm_wgmma4_nt)
-GEMM_WGMMA4_ENTRY(gemm_wgmma4_nt, true, true)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma4_nn)
-GEMM_WGMMA4_ENTRY(gemm_wgmma4_nn, true, false)
-#endif
-#if KERNEL_ENTRY(gemm_wgmma4_tn)
-GEMM_WGMMA4_ENTRY(gemm_wgmma4_tn, false, false)
 #endif

@@ -42,24 +42,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 
-// Thread-block clusters (the rank and the barrier are common.cuh's cluster_rank, cluster_barrier): a box
-// multicast into the same shared-memory offset of every CTA in cta_mask (each CTA's mbarrier at offset `bar`
-// receives the bytes it got), and an arrival on the mbarrier at offset `bar` of CTA `cta`.
-__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                                   uint32_t bar, uint16_t cta_mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
-        : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(cta) : "memory");
-}
-
 // generic-proxy writes to shared memory made visible to the async proxy (wgmma operands, bulk copies)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

@@ -1,7 +1,8 @@
 """Causal GQA attention in bf16: our flash attention, each version of the ladder asked for (dev/cuda/
-flash_attention_v<N>.cu; v2 is kernels/flash_attention.cu, v3 and v4 kernels/flash_attention_wgmma.cu
-(v4 with dQ inside the dK/dV kernel), Hopper only), against torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True),
-measured in the same run.
+flash_attention_v<N>.cu, imported from dev/cuda/flash_attention_ladder.py, where the rungs live; v2 is
+kernels/flash_attention.cu, v3 to v6 kernels/flash_attention_wgmma.cu with their forwards (v4 with dQ inside the
+dK/dV kernel), Hopper only; production on Hopper is v6's row at D = 64 and v3's at 128), against
+torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True), measured in the same run.
 
     python scripts/bench_attention.py [--versions 2 3 4] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
@@ -21,25 +22,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ladder's module, dev/cuda
-from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
+from dev.cuda.flash_attention_ladder import VERSIONS, Build, FlashAttentionProblem  # noqa: E402
 from llama.runtime.cli import require  # noqa: E402
 from llama.runtime.cuda import runtime, time_ms  # noqa: E402
-from llama.ops.flash_attention import FlashSource  # noqa: E402
 
 SHAPES = [(16, 12, 4, 1024, 64), (8, 32, 8, 2048, 64), (2, 32, 8, 8192, 128), (1, 32, 8, 32768, 64)]
-ENTRY_POINTS = {False: ("forward", "backward_dkdv", "backward_dq"),  # by FlashSource.fused_dq
+ENTRY_POINTS = {False: ("forward", "backward_dkdv", "backward_dq"),  # by Build.fused_dq
                 True: ("forward", "backward_fused", "backward_dq_store")}
 
 
 def bench_ours(buf, version, repeats):
-    src = FlashSource.ladder(version, LADDER)
-    forward = time_ms(lambda: buf.forward(src), repeats=repeats, inner=1)
-    backward = time_ms(lambda: buf.backward(src), repeats=repeats, inner=1)
-    both = time_ms(lambda: (buf.forward(src), buf.backward(src)), repeats=repeats, inner=1)
+    build = Build.rung(version)
+    forward = time_ms(lambda: buf.forward(build), repeats=repeats, inner=1)
+    backward = time_ms(lambda: buf.backward(build), repeats=repeats, inner=1)
+    both = time_ms(lambda: (buf.forward(build), buf.backward(build)), repeats=repeats, inner=1)
     atomic = None
-    if has_nondeterministic_backward(src):
-        atomic = time_ms(lambda: buf.backward_nondeterministic(src), repeats=repeats, inner=1)
-    extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.scratch(src), buf.dqkv))
+    if build.nondeterministic_backward:
+        atomic = time_ms(lambda: buf.backward_nondeterministic(build), repeats=repeats, inner=1)
+    extra = sum(a.nbytes for a in (buf.out, buf.lse, buf.scratch(build), buf.dqkv))
     return {"fwd_ms": forward, "fwdbwd_ms": both, "bwd_ms": backward, "bwd_atomic_ms": atomic, "memory": extra}
 
 
@@ -77,7 +77,8 @@ def bench_sdpa(B, H, KV, T, D, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3, 4], help="ladder versions to time")
+    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3, 4], choices=VERSIONS,
+                        help="ladder versions to time")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,KV,T,D each")
     args = parser.parse_args()
@@ -111,11 +112,12 @@ def main():
               f"{r['bwd'] / r['fwd']:8.2f}{r['bwd_ms']:9.3f}{atomic}{r['mem']:8.0f}")
     print("\nregisters per thread at launch / local memory bytes (spills) of each entry point")
     for version in args.versions:
-        src = FlashSource.ladder(version, LADDER)
+        source = Build.rung(version).source
         for D in sorted({shape[4] for shape in shapes}):
             cells = []
-            for entry in ENTRY_POINTS[src.fused_dq]:
-                function = runtime().module(src.module, src.directory).get_function(f"flash_attention_{entry}_d{D}")
+            for entry in ENTRY_POINTS[Build.rung(version).fused_dq]:
+                function = runtime().module(source.module, source.directory).get_function(
+                    f"flash_attention_{entry}_d{D}")
                 cells.append(f"{entry} {function.num_regs}/{function.local_size_bytes}")
             print(f"v{version} D={D}: " + ", ".join(cells))
 

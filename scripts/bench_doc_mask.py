@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # llama, dev.cuda and scripts, run from anywhere
-from dev.cuda.flash_attention_ladder import FlashAttentionProblem  # noqa: E402
+from dev.cuda.flash_attention_ladder import Build, FlashAttentionProblem  # noqa: E402
 from llama import ops  # noqa: E402
 from llama.runtime.cli import refuse, require  # noqa: E402
 from llama.runtime.cuda import empty, runtime, time_ms, to_device  # noqa: E402
@@ -159,8 +159,8 @@ class OurAttention:
 
     def backward(self) -> None:
         p = self.problem
-        ops.flash_attention_backward(p.dqkv, p.scratch(self.source), p.dout, p.out, p.lse, p.qkv, N_HEADS, N_KV_HEADS,
-                                     source=self.source, doc_start=self.doc_start, doc_end=self.doc_end)
+        ops.flash_attention_backward(p.dqkv, p.scratch(Build(self.source)), p.dout, p.out, p.lse, p.qkv, N_HEADS,
+                                     N_KV_HEADS, source=self.source, doc_start=self.doc_start, doc_end=self.doc_end)
 
     def both(self) -> None:
         self.forward()

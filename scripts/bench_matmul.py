@@ -11,7 +11,9 @@ llama.runtime.cuda.Graph, cuBLAS's through torch.cuda.graph) and the replays tim
 of both numbers (device time only). Our dW accumulates into fp32 (as training does); the others store bf16.
 FP8: every GEMM runs with both operands K-major (dX and dW on the transposed copies the casts write), e4m3
 with one fp32 scale per row of each operand; _scaled_mm's outputs are bf16 (what it takes with row-wise
-scales), our dW still accumulates into fp32.
+scales), our dW still accumulates into fp32. The versions are the whole ladder's, production's and the rungs the
+plan does not pick (imported from dev/cuda/gemm_ladder.py, where they live), so that every rung is timed next to
+cuBLAS and to the production choice in one run.
 
     python3 scripts/bench_matmul.py [--json out.json] [--versions mma wgmma wgmma3 wgmma4 wgmma5 wgmma6 wgmma7 wgmma8]
     python3 scripts/bench_matmul.py --dtype fp8 [--versions wgmma5 wgmma6 auto]
@@ -21,14 +23,18 @@ scales), our dW still accumulates into fp32.
 import argparse
 import json
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from llama import ops
-from llama.runtime.cli import require
-from llama.config import get_preset
-from llama.runtime.cuda import BF16, FP8, DeviceArray, Graph, runtime, time_ms
-from llama.run.plan import gemm_chooser
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ladder's rungs, dev/cuda
+from dev.cuda.gemm_ladder import FP8_VERSIONS, VERSIONS  # noqa: E402
+from llama import ops  # noqa: E402
+from llama.runtime.cli import require  # noqa: E402
+from llama.config import get_preset  # noqa: E402
+from llama.runtime.cuda import BF16, FP8, DeviceArray, Graph, runtime, time_ms  # noqa: E402
+from llama.run.plan import gemm_chooser  # noqa: E402
 
 TOKENS = 16384
 L2_FLUSH_BYTES = 256 << 20  # rotate input sets until they span this much
@@ -105,7 +111,7 @@ def bench_fp8(layout, M, N, K, versions, graph=False):
         def ours():
             a, sa, b, sb = dev_inputs[next(counter) % sets]
             ops.gemm_fp8(c_dev, a, sa, b, sb, accumulate=layout == "tn",
-                         version=gemm_chooser(fp8=True) if version == "auto" else version)
+                         version=gemm_chooser(fp8=True) if version == "auto" else version, versions=FP8_VERSIONS)
         result[version] = flops / device_ms(ours, graph) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()
@@ -137,7 +143,7 @@ def bench(layout, M, N, K, versions, graph=False):
         def ours():
             a, b = dev_inputs[next(counter) % sets]
             ops.gemm(c_dev, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=layout == "tn",
-                     version=gemm_chooser() if version == "auto" else version)
+                     version=gemm_chooser() if version == "auto" else version, versions=VERSIONS)
         result[version] = flops / device_ms(ours, graph) / 1e9
     del inputs, dev_inputs
     torch.cuda.empty_cache()
@@ -163,8 +169,7 @@ def main():
     hopper = runtime().device.compute_capability() == (9, 0)
     if args.dtype == "fp8" and not hopper:
         raise SystemExit("--dtype fp8: our FP8 GEMMs need sm_90a")
-    all_versions = ["wgmma5", "wgmma6", "auto"] if args.dtype == "fp8" else (
-        ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8", "auto"] if hopper else ["mma"])
+    all_versions = [*FP8_VERSIONS, "auto"] if args.dtype == "fp8" else [*VERSIONS, "auto"] if hopper else ["mma"]
     versions = args.versions or all_versions
     reference = "torch._scaled_mm" if args.dtype == "fp8" else "cuBLAS"
     print(f"device: {runtime().name}; TFLOP/s, {args.dtype} operands, fp32 accumulation; "

@@ -23,14 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dev.cuda.flash_attention_ladder import LADDER, FlashAttentionProblem, has_nondeterministic_backward  # noqa: E402
+from dev.cuda.flash_attention_ladder import VERSIONS, Build, FlashAttentionProblem  # noqa: E402
 from llama.runtime.cuda import runtime, time_ms  # noqa: E402
-from llama.ops.flash_attention import FlashSource  # noqa: E402
 from llama.twins.flash_attention import flash_attention_backward, flash_attention_forward  # noqa: E402
-
-
-def source(version: int) -> FlashSource:
-    return FlashSource.ladder(version, LADDER)
 
 
 def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
@@ -39,16 +34,16 @@ def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
 
 def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, float]:
     """||out - ref|| / ||ref|| of every output against the float64 reference of the same bf16 inputs."""
-    src, buf = source(version), FlashAttentionProblem(B, T, H, KV, D, seed=1)
+    build, buf = Build.rung(version), FlashAttentionProblem(B, T, H, KV, D, seed=1)
     qkv, dout = buf.qkv_host.astype(np.float64), buf.dout_host.astype(np.float64)
     ref_out, ref_lse = flash_attention_forward(qkv, H, KV)
     expected = flash_attention_backward(dout, ref_out, ref_lse, qkv, H, KV)
-    buf.forward(src)
+    buf.forward(build)
     errors = {"out": relative_error(buf.out.download(), ref_out), "lse": relative_error(buf.lse.download(), ref_lse)}
     parts = {"dq": slice(0, H * D), "dk": slice(H * D, (H + KV) * D), "dv": slice((H + KV) * D, None)}
-    runs = [("", buf.backward)] + [("nondet ", buf.backward_nondeterministic)] * has_nondeterministic_backward(src)
+    runs = [("", buf.backward)] + [("nondet ", buf.backward_nondeterministic)] * build.nondeterministic_backward
     for name, run in runs:
-        run(src)
+        run(build)
         dqkv = buf.dqkv.download()
         for part, cols in parts.items():
             errors[name + part] = relative_error(dqkv[..., cols], expected[..., cols])
@@ -57,7 +52,7 @@ def check(version: int, B: int, T: int, H: int, KV: int, D: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
+    parser.add_argument("--versions", type=int, nargs="+", default=list(VERSIONS), choices=VERSIONS)
     for name, default in (("B", 8), ("H", 32), ("KV", 8), ("T", 2048), ("D", 64)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--check-T", type=int, default=1000,
@@ -73,8 +68,8 @@ def main() -> None:
         buf = FlashAttentionProblem(B, T, H, KV, D)
         for version in args.versions:
             for _ in range(2):
-                buf.forward(source(version))
-                buf.backward(source(version))
+                buf.forward(Build.rung(version))
+                buf.backward(Build.rung(version))
         runtime().stream.synchronize()
         return
     print(f"flash attention ladder on {runtime().name}")
@@ -89,14 +84,14 @@ def main() -> None:
     print(f"B={B} H={H} KV={KV} T={T} D={D}: ms (TFLOP/s)")
     print(f"{'version':<9}{'forward':>17}{'backward':>17}{'forward+backward':>19}")
     for version in args.versions:
-        src = source(version)
-        forward = time_ms(lambda: buf.forward(src), repeats=args.repeats, inner=1)
-        backward = time_ms(lambda: buf.backward(src), repeats=args.repeats, inner=1)
+        build = Build.rung(version)
+        forward = time_ms(lambda: buf.forward(build), repeats=args.repeats, inner=1)
+        backward = time_ms(lambda: buf.backward(build), repeats=args.repeats, inner=1)
         print(f"v{version:<8}{forward:9.3f} ({flops / forward / 1e9:4.0f}){backward:9.3f} "
               f"({2.5 * flops / backward / 1e9:4.0f}){forward + backward:11.3f} "
               f"({3.5 * flops / (forward + backward) / 1e9:4.0f})")
-        if has_nondeterministic_backward(src):
-            nondet = time_ms(lambda: buf.backward_nondeterministic(src), repeats=args.repeats, inner=1)
+        if build.nondeterministic_backward:
+            nondet = time_ms(lambda: buf.backward_nondeterministic(build), repeats=args.repeats, inner=1)
             print(f"  v{version} nondeterministic backward: {nondet:.3f} ms "
                   f"({2.5 * flops / nondet / 1e9:.0f}); determinism costs {backward / nondet - 1:+.0%}")
 

@@ -7,7 +7,8 @@ against the float64 product of the dequantized casts, timed next to torch._scale
     python3 dev/cuda/gemm.py --versions wgmma5 wgmma8 wgmma6 wgmma7 --layout tn --M 768 --N 768 --K 16384
     python3 dev/cuda/gemm.py --dtype fp8 --versions wgmma5 wgmma6 --M 8192 --N 8192 --K 8192
 
-Versions are the launchers ops.gemm takes (llama/run/plan.py picks the production one).
+Versions are every rung of the ladder (dev/cuda/gemm_ladder.py's VERSIONS: production's, which llama/run/plan.py
+picks from, and the rungs kept here).
 """
 
 import argparse
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from dev.cuda.gemm_ladder import FP8_VERSIONS, VERSIONS  # noqa: E402
 from llama import ops  # noqa: E402
 from llama.runtime.cuda import BF16, empty, time_ms, to_device  # noqa: E402
 from llama.twins.fp8 import dequantize_fp8, quantize_fp8  # noqa: E402
@@ -24,7 +26,7 @@ from llama.twins.fp8 import dequantize_fp8, quantize_fp8  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", nargs="+", default=["mma", "wgmma"])
+    parser.add_argument("--versions", nargs="+", default=["mma", "wgmma"], choices=list(VERSIONS))
     parser.add_argument("--layout", choices=("nt", "nn", "tn"), default="nt")
     parser.add_argument("--M", type=int, default=4096)
     parser.add_argument("--N", type=int, default=4096)
@@ -44,7 +46,7 @@ def main() -> int:
     flops = 2 * M * N * K
     print(f"{layout} M={M} N={N} K={K}: fp32 output, ||out - ref|| / ||ref|| and TFLOP/s")
     check_and_time(args.versions, c, ref, flops, lambda version: ops.gemm(
-        c, a_dev, b_dev, trans_a=layout == "tn", trans_b=layout == "nt", version=version))
+        c, a_dev, b_dev, trans_a=layout == "tn", trans_b=layout == "nt", version=version, versions=VERSIONS))
     try:
         import torch
     except ImportError:
@@ -74,7 +76,7 @@ def fp8(args) -> int:
     flops = 2 * M * N * K
     print(f"fp8 nt M={M} N={N} K={K}: fp32 output, ||out - ref|| / ||ref|| and TFLOP/s")
     check_and_time(args.versions, c, ref, flops, lambda version: ops.gemm_fp8(c, a_dev, sa_dev, b_dev, sb_dev,
-                                                                              version=version))
+                                                                              version=version, versions=FP8_VERSIONS))
     try:
         import torch
     except ImportError:

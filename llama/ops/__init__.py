@@ -1,17 +1,18 @@
 """Every kernel's Python launcher, one module per op for all its precisions: `from llama import ops; ops.gemm(...)`.
 Each op is kernels/<op>.cu, its launchers here in llama/ops/<op>.py, its numpy twin in llama/twins/<op>.py and
 its tests in tests/gpu/test_<op>.py. ops.gemm and ops.matmul are the launchers; their modules, which those names
-hide, are importlib.import_module("llama.ops.gemm") and ("llama.ops.matmul"). The flash attention ladder's own
-launchers and benchmark problem live with the ladder, in dev/cuda/flash_attention_ladder.py.
+hide, are importlib.import_module("llama.ops.gemm") and ("llama.ops.matmul"). Only the kernel versions the plan
+(llama/run/plan.py) can pick are here; the ladders' other rungs, with their launchers, runners and tests, live in
+dev/cuda (README.md there).
 
 common           kernel loading, the kernels' constants read from their source, argument checks, grid sizes
 embedding        the token embedding (fp32, bf16)
 rmsnorm          RMSNorm (fp32; bf16 fused with the residual add)
 matmul           the fp32 path's matmul and linear layer
-gemm             the bf16 GEMM's front: checks, split-K, the version ladder (GEMM_VERSIONS)
+gemm             the bf16 GEMM's front: checks, split-K, the versions the plan picks from (GEMM_VERSIONS)
 gemm_problem     one GEMM as its versions receive it
 gemm_mma         GEMM version 1 (mma.sync, from sm_80) and the split-K reduce
-gemm_wgmma       GEMM versions 2 to 8 (Hopper: wgmma fed by TMA)
+gemm_wgmma       GEMM versions 5 to 8 (Hopper: wgmma fed by TMA)
 rope             the fp32 path's RoPE with the split into heads (the bf16 path rotates in the GEMM's epilogue)
 attention        the fp32 path's attention (matmuls around a causal softmax)
 document_mask    the document mask's bounds from the BOS tokens, the form the attention launchers take it in

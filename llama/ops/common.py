@@ -36,10 +36,11 @@ def kernel(module: str, name: str, signature: str, directory: Path | None = None
 
 
 @functools.cache
-def _definitions(module: str) -> dict[str, str]:
-    """The integer constants that kernels/<module>.cu defines outside functions (at the start of a line), by name:
-    the expression text of each `#define NAME expr` and `constexpr int NAME = expr` (comma-separated lists too)."""
-    source = (kernel_dir() / f"{module}.cu").read_text()
+def _definitions(module: str, directory: Path | None) -> dict[str, str]:
+    """The integer constants that kernels/<module>.cu (or <directory>/<module>.cu) defines outside functions (at the
+    start of a line), by name: the expression text of each `#define NAME expr` and `constexpr int NAME = expr`
+    (comma-separated lists too)."""
+    source = ((directory or kernel_dir()) / f"{module}.cu").read_text()
     source = re.sub(r"//[^\n]*", "", source)
     found = {name: expr.strip() for name, expr in re.findall(r"^#define\s+(\w+)[ \t]+([^\n]+)$", source, re.M)}
     for declarations in re.findall(r"^constexpr int ([^;]+);", source, re.M):
@@ -49,34 +50,36 @@ def _definitions(module: str) -> dict[str, str]:
     return found
 
 
-def kernel_constant(module: str, name: str) -> int:
-    """The value of the integer constant `name` of kernels/<module>.cu (a number, or arithmetic on numbers and
-    the file's other constants), so that a launcher's sizes are the kernel's own, not a copy."""
-    definitions = _definitions(module)
+def kernel_constant(module: str, name: str, directory: Path | None = None) -> int:
+    """The value of the integer constant `name` of kernels/<module>.cu (or <directory>/<module>.cu: a number, or
+    arithmetic on numbers and the file's other constants), so that a launcher's sizes are the kernel's own, not a
+    copy."""
+    definitions = _definitions(module, directory)
     if name not in definitions:
-        raise KeyError(f"kernels/{module}.cu defines no integer constant {name}")
-    return _evaluate(ast.parse(definitions[name], mode="eval").body, module)
+        raise KeyError(f"{directory or 'kernels'}/{module}.cu defines no integer constant {name}")
+    return _evaluate(ast.parse(definitions[name], mode="eval").body, module, directory)
 
 
 _OPERATORS = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.Div: int.__floordiv__,
               ast.LShift: int.__lshift__}
 
 
-def _evaluate(node: ast.AST, module: str) -> int:
+def _evaluate(node: ast.AST, module: str, directory: Path | None) -> int:
     """A constant's expression: integers, + - * / << and the names of the module's other constants."""
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
     if isinstance(node, ast.Name):
-        return kernel_constant(module, node.id)
+        return kernel_constant(module, node.id, directory)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.left, module), _evaluate(node.right, module))
-    raise ValueError(f"kernels/{module}.cu: {ast.unparse(node)!r} is not an integer expression")
+        return _OPERATORS[type(node.op)](_evaluate(node.left, module, directory),
+                                         _evaluate(node.right, module, directory))
+    raise ValueError(f"{directory or 'kernels'}/{module}.cu: {ast.unparse(node)!r} is not an integer expression")
 
 
-def kernel_entries(module: str, macro: str) -> list[list[str]]:
-    """The arguments of every line of kernels/<module>.cu that invokes `macro` to define an entry point,
-    e.g. kernel_entries("gemm_mma", "GEMM_MMA_ENTRY")[0] == ["gemm_mma_nt_128x128", "128", "128", "4", ...]."""
-    source = (kernel_dir() / f"{module}.cu").read_text()
+def kernel_entries(module: str, macro: str, directory: Path | None = None) -> list[list[str]]:
+    """The arguments of every line of kernels/<module>.cu (or <directory>/<module>.cu) that invokes `macro` to define
+    an entry point, e.g. kernel_entries("gemm_mma", "GEMM_MMA_ENTRY")[0] == ["gemm_mma_nt_128x128", "128", ...]."""
+    source = ((directory or kernel_dir()) / f"{module}.cu").read_text()
     return [[argument.strip() for argument in arguments.split(",")]
             for arguments in re.findall(rf"^{macro}\(([^)]*)\)\s*$", source, re.M)]
 

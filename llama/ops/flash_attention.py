@@ -1,47 +1,37 @@
 """Launchers of the bf16 flash attention (kernels/flash_attention.cu on mma.sync, kernels/flash_attention_wgmma.cu
-on Hopper, or a rung of the dev/cuda ladder; twin llama/twins/flash_attention.py): causal grouped-query
-attention reading q, k, v from the packed projection, O(T) memory, optionally document-masked (doc_start, doc_end
-from llama/ops/document_mask.py). The wgmma build reads its inputs through TMA maps, encoded here. The ladder's
-own launchers and its benchmark problem: dev/cuda/flash_attention_ladder.py."""
+on Hopper; twin llama/twins/flash_attention.py): causal grouped-query attention reading q, k, v from the packed
+projection, O(T) memory, optionally document-masked (doc_start, doc_end from llama/ops/document_mask.py). The wgmma
+build reads its inputs through TMA maps, encoded here. The ladder's rungs (dev/cuda/flash_attention_v<N>.cu) launch
+through these too, or, where they differ, through their own launchers in dev/cuda/flash_attention_ladder.py."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ..runtime.cuda import BF16, DeviceArray, runtime
-from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, kernel_constant, multiprocessors
+from .common import BLOCK, ROWS_PER_BLOCK, blocks, check, check_aligned, kernel, multiprocessors
 from .document_mask import check_document_bounds
 from .gemm_wgmma import device_maps, tensor_map
 
 HEAD_DIMS = (64, 128)  # the head dims the kernels are built for
 TMA_BOX_ROWS = 64  # the wgmma build loads 64 columns x 64 rows per TMA box
-FIRST_TMA_VERSION = 3  # ladder rungs from this one on take TMA maps (sm_90a only)
-FUSED_DQ_VERSIONS = (4,)  # the ladder rungs that form dQ inside the dK/dV kernel (v5, v6 run v3's backward)
-FIRST_DOCUMENT_MASK_VERSION = 2  # ladder rungs from this one on (the production builds) take doc_start, doc_end
-DQ_TILE_ROWS = kernel_constant("flash_attention_wgmma", "DKDV_Q_ROWS")  # the fused backward's fp32 dQ tiles' rows
 
 
 @dataclass(frozen=True)
 class FlashSource:
     """Which flash attention build to launch: kernels/flash_attention.cu (the default), kernels/
-    flash_attention_wgmma.cu (tma: its kernels take TMA maps first, and its forward the batch count after KV;
-    fused_dq: its backward forms dQ in the dK/dV kernel, through an fp32 buffer in the scratch), or a rung of
-    the dev/cuda ladder (document_mask: its kernels take doc_start, doc_end last, as the production builds')."""
+    flash_attention_wgmma.cu (tma: its kernels take TMA maps first, and its forward the batch count after KV), or
+    a rung of the dev/cuda ladder (directory; document_mask: its kernels take doc_start, doc_end last, as every
+    production build's do)."""
     module: str = "flash_attention"
     directory: Path | None = None
     tma: bool = False
-    fused_dq: bool = False
     document_mask: bool = True
-
-    @classmethod
-    def ladder(cls, version: int, directory: Path) -> "FlashSource":
-        """Rung `version` of the ladder, module flash_attention_v<version> in directory."""
-        return cls(f"flash_attention_v{version}", directory, tma=version >= FIRST_TMA_VERSION,
-                   fused_dq=version in FUSED_DQ_VERSIONS, document_mask=version >= FIRST_DOCUMENT_MASK_VERSION)
 
 
 @dataclass(frozen=True)
@@ -53,15 +43,15 @@ class _FlashLaunch:
 
 
 _FLASH_CONFIGS = {}
-# flash_attention_config's columns: (threads, rows, shared bytes) of the forward, dkdv and dq kernels, whether the
-# forward is persistent, then (in the wgmma build) the fused kernel's three
-_CONFIG_COLUMNS = {"forward": 0, "dkdv": 3, "dq": 6, "fused": 10}
+# flash_attention_config's columns: (threads, rows, shared bytes) of the forward, dkdv and dq kernels, then whether
+# the forward is persistent
+_CONFIG_COLUMNS = {"forward": 0, "dkdv": 3, "dq": 6}
 _FORWARD_PERSISTENT = 9
 
 
 def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
-    """The launch shape of one kernel ('forward', 'dkdv', 'dq' or, in the wgmma build, 'fused'), from the
-    module's own flash_attention_config table, so that tile sizes are defined once, in the .cu file."""
+    """The launch shape of one kernel ('forward', 'dkdv' or 'dq'), from the module's own flash_attention_config
+    table, so that tile sizes are defined once, in the .cu file."""
     if source not in _FLASH_CONFIGS:
         rt = runtime()
         pointer, nbytes = rt.module(source.module, source.directory).get_global("flash_attention_config")
@@ -132,38 +122,43 @@ def flash_attention_forward(out: DeviceArray, lse: DeviceArray, qkv: DeviceArray
 
 
 def flash_attention_scratch_size(B: int, T: int, H: int, D: int, source: FlashSource) -> int:
-    """float32 elements of the backward's scratch: delta (B, H, T), then, for a fused-dQ build, from a 256-byte
-    boundary the fp32 dQ tiles (B, H, ceil(T / 64), 64 * D), one int32 count per tile and the CTAs' work counter."""
-    delta = B * H * T
-    if not source.fused_dq:
-        return delta
-    tiles = B * H * math.ceil(T / DQ_TILE_ROWS)
-    return _dq_offset(delta) + tiles * (DQ_TILE_ROWS * D + 1) + 1
+    """float32 elements of the backward's scratch for this build: delta (B, H, T), the same for every production
+    build (a ladder rung that needs more has its own size: dev/cuda/flash_attention_ladder.py)."""
+    return B * H * T
 
 
-def _dq_offset(delta: int) -> int:
-    return -(-delta // 64) * 64
+@dataclass(frozen=True)
+class BackwardArguments:
+    """A checked backward problem after its delta kernel: its shape and what its kernels take, in order: the TMA
+    maps (a wgmma build's), the pointers dqkv, dout, qkv, lse, delta, cos, sin, the sizes T, H, KV, and last the
+    document mask's pointers (none for a rung without it; mask_signature their letters)."""
+    shape: tuple[int, int, int, int, int]  # B, T, H, KV, D
+    maps: tuple
+    pointers: tuple
+    sizes: tuple
+    mask_signature: str
+    mask: tuple
+
+    def leading(self) -> tuple[str, tuple]:
+        """The signature letters and values of the maps, pointers and sizes, which every backward kernel takes first."""
+        return "P" * len(self.maps) + "PPPPPPPiii", (*self.maps, *self.pointers, *self.sizes)
 
 
-def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: DeviceArray, out: DeviceArray,
-                             lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
-                             cos: DeviceArray | None = None, sin: DeviceArray | None = None, *,
-                             source: FlashSource, deterministic: bool = True, doc_start: DeviceArray | None = None,
-                             doc_end: DeviceArray | None = None) -> None:
-    """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
-    lse; scratch, float32 (flash_attention_scratch_size,), holds delta and, fused, the fp32 dQ. With cos/sin
-    (>= T, D/2) float32, dq and dk are rotated back by RoPE (dqkv is then the gradient of the projection before
-    RoPE). doc_start, doc_end: the forward's document mask. Deterministic; deterministic=False (fused-dQ builds
-    only, opt-in, for measuring what the order costs) adds the dQ partials in whatever order the CTAs reach them."""
+def backward_arguments(dqkv: DeviceArray, scratch: DeviceArray, dout: DeviceArray, out: DeviceArray,
+                       lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int, cos: DeviceArray | None,
+                       sin: DeviceArray | None, source: FlashSource, doc_start: DeviceArray | None,
+                       doc_end: DeviceArray | None,
+                       scratch_size: Callable[..., int] = flash_attention_scratch_size) -> BackwardArguments:
+    """Every check of flash_attention_backward's arguments (the scratch's size scratch_size(B, T, H, D, source)),
+    then the delta kernel (delta = rowsum(dout * out) into the scratch's start): what the build's backward kernels
+    take, which the caller launches."""
     B, T, H, KV, D = flash_shapes(qkv, n_heads, n_kv_heads)
     check("dqkv", dqkv, qkv.shape, BF16)
     check("dout", dout, (B, T, H * D), BF16)
     check("out", out, (B, T, H * D), BF16)
     check("lse", lse, (B, H, T))
-    check("scratch", scratch, (flash_attention_scratch_size(B, T, H, D, source),))
+    check("scratch", scratch, (scratch_size(B, T, H, D, source),))
     check_aligned(dqkv=dqkv, dout=dout, out=out, qkv=qkv, scratch=scratch)
-    if not deterministic and not source.fused_dq:
-        raise ValueError(f"deterministic=False: {source.module} has no unordered backward (fused-dQ builds only)")
     if (cos is None) != (sin is None):
         raise ValueError("cos and sin: pass both (fused inverse RoPE) or neither")
     if cos is not None:
@@ -177,23 +172,26 @@ def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: Devi
     kernel(source.module, "flash_attention_backward_delta", "PPPiiii", source.directory)(
         blocks(B * T * H, ROWS_PER_BLOCK), BLOCK, scratch.ptr, dout.ptr, out.ptr, B * T * H, T, H, D)
     maps = _tma_maps(qkv, dout) if source.tma else ()
-    args = (*maps, dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, scratch.ptr, cos_ptr, sin_ptr, T, H, KV)
-    signature = "P" * len(maps) + "PPPPPPPiii"
-    if source.fused_dq:
-        dq = scratch.view(_dq_offset(B * H * T), (scratch.size - _dq_offset(B * H * T),))
-        dq.fill_zero()  # the tiles, then their counts
-        counts = dq.ptr + B * H * math.ceil(T / DQ_TILE_ROWS) * DQ_TILE_ROWS * D * 4
-        fused = flash_config(source, D, "fused")
-        name = "fused" if deterministic else "fused_unordered"
-        kernel(source.module, f"flash_attention_backward_{name}_d{D}", signature + "PP" + mask_signature,
-               source.directory)((KV, B, math.ceil(T / fused.rows)), fused.threads, *args, dq.ptr, counts, *mask,
-                                 shared=fused.shared)
-        kernel(source.module, f"flash_attention_backward_dq_store_d{D}", "PPPPiii", source.directory)(
-            (H, B, math.ceil(T / DQ_TILE_ROWS)), 128, dqkv.ptr, dq.ptr, cos_ptr, sin_ptr, T, H, KV)
-        return
+    return BackwardArguments((B, T, H, KV, D), maps, (dqkv.ptr, dout.ptr, qkv.ptr, lse.ptr, scratch.ptr, cos_ptr,
+                                                      sin_ptr), (T, H, KV), mask_signature, mask)
+
+
+def flash_attention_backward(dqkv: DeviceArray, scratch: DeviceArray, dout: DeviceArray, out: DeviceArray,
+                             lse: DeviceArray, qkv: DeviceArray, n_heads: int, n_kv_heads: int,
+                             cos: DeviceArray | None = None, sin: DeviceArray | None = None, *,
+                             source: FlashSource, doc_start: DeviceArray | None = None,
+                             doc_end: DeviceArray | None = None) -> None:
+    """dqkv (B, T, (H + 2KV) * D) bf16, packed like qkv, from dout (B, T, H * D) and the forward's out and
+    lse; scratch, float32 (flash_attention_scratch_size,), holds delta. With cos/sin (>= T, D/2) float32, dq and dk
+    are rotated back by RoPE (dqkv is then the gradient of the projection before RoPE). doc_start, doc_end: the
+    forward's document mask. Deterministic: a dK/dV kernel over kv tiles, then a dQ kernel over query tiles."""
+    a = backward_arguments(dqkv, scratch, dout, out, lse, qkv, n_heads, n_kv_heads, cos, sin, source, doc_start,
+                           doc_end)
+    B, T, H, KV, D = a.shape
+    signature, args = a.leading()
     dkdv = flash_config(source, D, "dkdv")
-    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature + mask_signature, source.directory)(
-        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, *mask, shared=dkdv.shared)
+    kernel(source.module, f"flash_attention_backward_dkdv_d{D}", signature + a.mask_signature, source.directory)(
+        (KV, B, math.ceil(T / dkdv.rows)), dkdv.threads, *args, *a.mask, shared=dkdv.shared)
     dq = flash_config(source, D, "dq")
-    kernel(source.module, f"flash_attention_backward_dq_d{D}", signature + mask_signature, source.directory)(
-        (H, B, math.ceil(T / dq.rows)), dq.threads, *args, *mask, shared=dq.shared)
+    kernel(source.module, f"flash_attention_backward_dq_d{D}", signature + a.mask_signature, source.directory)(
+        (H, B, math.ceil(T / dq.rows)), dq.threads, *args, *a.mask, shared=dq.shared)

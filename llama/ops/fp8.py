@@ -1,7 +1,7 @@
 """--dtype fp8's launchers: the FP8 casts (kernels/fp8.cu), float8 e4m3fn (llama.runtime.cuda.FP8) with one power-of-two
 fp32 scale per row or per column, bit for bit llama/twins/fp8.py's quantize_fp8; and the FP8 GEMM
-(kernels/gemm_wgmma.cu's versions 5 and 6 with FP8 operands), which multiplies the casts and applies their
-scales in its epilogue."""
+(kernels/gemm_wgmma.cu's version 6 with FP8 operands), which multiplies the casts and applies their scales in its
+epilogue."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Callable
 from ..runtime.cuda import BF16, FP8, DeviceArray, empty
 from ..options import FP8_SCALINGS
 from .common import I32, U32, check, check_aligned, kernel, kernel_constant
-from .gemm import gemm_epilogue, launch_gemm
+from .gemm import GemmVersion, gemm_epilogue, launch_gemm
 from .gemm_problem import GemmProblem
-from .gemm_wgmma import gemm_wgmma5, gemm_wgmma6
+from .gemm_wgmma import gemm_wgmma6
 
 AMAX_ROWS, AMAX_ROW_WARPS = kernel_constant("fp8", "FP8_AMAX_ROWS"), kernel_constant("fp8", "FP8_AMAX_ROW_WARPS")
 AMAX_COLUMNS = 32 * 8  # fp8_amax's block: AMAX_ROWS rows of x, warps of 32 lanes that load 8 columns each
@@ -130,18 +130,19 @@ def _ptr(array: DeviceArray | None) -> int:
     return 0 if array is None else array.ptr
 
 
-# ---- the FP8 GEMM (versions 5 and 6 of kernels/gemm_wgmma.cu with FP8 = true)
+# ---- the FP8 GEMM (version 6 of kernels/gemm_wgmma.cu with FP8 = true; the ladder's version 5: dev/cuda)
 
-FP8_GEMM_VERSIONS = {"wgmma5": gemm_wgmma5, "wgmma6": gemm_wgmma6}
+FP8_GEMM_VERSIONS = {"wgmma6": GemmVersion(gemm_wgmma6)}  # the versions the plan picks from
 
 
 def gemm_fp8(c: DeviceArray, a: DeviceArray, a_scales: DeviceArray, b: DeviceArray, b_scales: DeviceArray,
              alpha: float = 1.0, accumulate: bool = False, rope: tuple | None = None, *,
-             version: str | Callable[[int, int, int], str]) -> None:
+             version: str | Callable[[int, int, int], str], versions: dict = FP8_GEMM_VERSIONS) -> None:
     """c (M, N) = alpha * (a_scales[:, None] * a) @ (b_scales[:, None] * b)^T: FP8 e4m3 a (M, K) and b (N, K),
     both K-major as FP8 wgmma reads them (cast_fp8 writes the transposed copies a GEMM on another layout needs),
     fp32 accumulation, the power-of-two scales (M,) and (N,) applied in the epilogue. c, alpha, accumulate and
-    rope as ops.gemm's. version: 'wgmma5' or 'wgmma6', or a chooser of one by (M, N, K) (the plan's)."""
+    rope as ops.gemm's. version: 'wgmma6' (a name in versions, FP8_GEMM_VERSIONS by default), or a chooser of one by
+    (M, N, K) (the plan's)."""
     M, N = c.shape
     K = a.shape[-1]
     check("a", a, (M, K), FP8)
@@ -154,4 +155,4 @@ def gemm_fp8(c: DeviceArray, a: DeviceArray, a_scales: DeviceArray, b: DeviceArr
         return
     launch_gemm(GemmProblem("nt", 1, M, N, K, a.ptr, K, M * K, b.ptr, K, N * K, c.ptr, M * N, alpha=alpha, fp8=True,
                             row_scales=a_scales.ptr, col_scales=b_scales.ptr, **epilogue),
-                c, accumulate, version, FP8_GEMM_VERSIONS)
+                c, accumulate, version, versions)

@@ -32,8 +32,8 @@ def gemm_mma(p: GemmProblem, tile: str | None = None) -> None:
 
 
 def splitk_splits(p: GemmProblem) -> int:
-    """Versions 1 and 2: how many K splits (a power of two dividing K) a weight-gradient GEMM (tn,
-    fp32 out, one batch) needs to fill the GPU."""
+    """The versions that split K as a batch (1, 6 and 7; the ladder's 2 and 4): how many K splits (a power of two
+    dividing K) a weight-gradient GEMM (tn, fp32 out, one batch) needs to fill the GPU."""
     if p.layout != "tn" or p.batch != 1 or p.mode not in ("f32", "acc_f32"):
         return 1
     tiles, sms, splits = math.ceil(p.M / 128) * math.ceil(p.N / 128), multiprocessors(), 1

@@ -1,5 +1,6 @@
-"""Launchers of the GEMM ladder's versions 2 to 8 (kernels/gemm_wgmma.cu, Hopper sm_90a): TMA tensor
-maps encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled).
+"""Launchers of the GEMM versions 5 to 8 that the plan runs on Hopper (kernels/gemm_wgmma.cu, sm_90a; the ladder's
+other rungs on the same templates launch through launch_cooperative and launch_pingpong from dev/cuda/gemm_ladder.py):
+TMA tensor maps encoded through the driver (ctypes on libcuda, cuTensorMapEncodeTiled).
 
 Maps depend only on pointers and shapes, so they are cached, on the host and in device memory
 (the kernel reads them from there: PyCUDA's launches carry at most 256 bytes of arguments): a
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -18,17 +20,22 @@ from ..runtime.cuda import DeviceArray, driver, runtime, to_device, zeros
 from .common import kernel, kernel_constant, kernel_entries, multiprocessors
 from .gemm_problem import GemmProblem
 
+MODULE = "gemm_wgmma"  # the module of the launchers below (and the default of launch_cooperative, launch_pingpong)
 BM, BK = kernel_constant("gemm_wgmma", "WG_BM"), kernel_constant("gemm_wgmma", "WG_BK")
-STAGES = {int(bn): int(stages) for name, bn, stages, *_ in kernel_entries("gemm_wgmma", "GEMM_WGMMA_ENTRY")
-          if name.startswith("gemm_wgmma_nt_")}  # versions 2, 6, 7: pipeline stages by tile width
-PINGPONG_STAGES = kernel_constant("gemm_wgmma", "PP_STAGES")  # version 3: 128 x 128 tiles
-CLUSTER_BM = kernel_constant("gemm_wgmma", "CL_BM")  # version 4: 256 x 128 tiles per CTA
-CLUSTER_STAGES = kernel_constant("gemm_wgmma", "CL_STAGES")
+
+
+def cooperative_stages(module: str = MODULE, directory: Path | None = None) -> dict[int, int]:
+    """The pipeline stages by tile width of a module's cooperative entries (versions 6 and 7 here)."""
+    return {int(bn): int(stages) for name, bn, stages, *_ in kernel_entries(module, "GEMM_WGMMA_ENTRY", directory)
+            if "_nt_" in name}
+
+
+STAGES = cooperative_stages()
 PINGPONG_STAGED_STAGES = kernel_constant("gemm_wgmma", "PP5_STAGES")  # versions 5 and 8
 STAGING_BYTES = kernel_constant("gemm_wgmma", "STAGING_BYTES")  # versions 5 to 8: the epilogue's staged rows
 UNIT_RING_BYTES = kernel_constant("gemm_wgmma", "UNIT_RING_BYTES")  # versions 7, 8: the claimed units' ring
-# version 3's split-K model (H200 figures): one 128x128x64 k-block on one SM at ~650 TFLOP/s over
-# 132 SMs; the reduce pass's bandwidth and its launch
+# the ping-pong versions' split-K model (version 3's, H200 figures): one 128x128x64 k-block on one SM at ~650
+# TFLOP/s over 132 SMs; the reduce pass's bandwidth and its launch
 KBLOCK_SECONDS, REDUCE_BYTES_PER_SECOND, REDUCE_LAUNCH_SECONDS, MAX_SPLITS = 0.43e-6, 3e12, 3e-6, 32
 UINT8_TYPE, BF16_TYPE, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO = 0, 9, 0, 3, 3, 0
 
@@ -81,46 +88,43 @@ def operand_maps(p: GemmProblem, bn: int) -> tuple[bytes, bytes]:
     return map_a, map_b
 
 
-def gemm_wgmma(p: GemmProblem, bn: int | None = None) -> None:
-    """Version 2: wgmma + TMA, warp-specialized, persistent (one CTA per multiprocessor at most)."""
-    _cooperative(p, bn, "gemm_wgmma", staging=0)
-
-
 def gemm_wgmma6(p: GemmProblem, bn: int | None = None) -> None:
-    """Version 6: version 2 whose epilogue sends each warp's rows through shared memory and writes them
+    """Version 6: wgmma + TMA, warp-specialized, persistent (one CTA per multiprocessor at most), cooperative
+    consumers (the ladder's version 2) whose epilogue sends each warp's rows through shared memory and writes them
     as whole row segments (version 5's epilogue)."""
-    _cooperative(p, bn, "gemm_wgmma6", staging=STAGING_BYTES)
+    launch_cooperative(p, bn, "gemm_wgmma6", staging=STAGING_BYTES)
 
 
 def gemm_wgmma7(p: GemmProblem, bn: int | None = None) -> None:
     """Version 7: version 6 whose CTAs claim their tiles after the first (their block index) one by one from a
     counter (tile_counter()) instead of taking every grid-th, so that CTAs that start late (multiprocessors held
     by NCCL) leave those tiles to the others. The same results bit for bit."""
-    _cooperative(p, bn, "gemm_wgmma7", staging=STAGING_BYTES, dynamic=True)
+    launch_cooperative(p, bn, "gemm_wgmma7", staging=STAGING_BYTES, dynamic=True)
 
 
-def _cooperative(p: GemmProblem, bn: int | None, entry: str, staging: int, dynamic: bool = False) -> None:
-    """Launch a cooperative version's kernel `entry`_<layout>_128x<bn> (versions 2, 6 and 7)."""
+def launch_cooperative(p: GemmProblem, bn: int | None, entry: str, staging: int, dynamic: bool = False,
+                       stages: dict[int, int] = STAGES, module: str = MODULE, directory: Path | None = None) -> None:
+    """Launch a cooperative version's kernel `entry`_<layout>_128x<bn> (versions 6 and 7; the ladder's 2) of
+    <directory>/<module>.cu (kernels/gemm_wgmma.cu by default), whose entries have these stages by tile width."""
     sms = multiprocessors()
     if bn is None:  # the wide tile once it alone fills the GPU
         bn = 256 if math.ceil(p.M / BM) * math.ceil(p.N / 256) * p.batch >= sms else 128
     tiles = math.ceil(p.M / BM) * math.ceil(p.N / bn) * p.batch
     maps = device_maps(b"".join(operand_maps(p, bn)))
-    shared = STAGES[bn] * (BM + bn) * BK * 2 + staging + 1024 + 16 * STAGES[bn] + UNIT_RING_BYTES * dynamic
-    kind, extra = _variant(p, entry, dynamic)
-    kernel("gemm_wgmma", f"{entry}_{kind}_128x{bn}", "PP" + "P" * len(extra) + "PPqiiiiiiiiif")(
+    shared = stages[bn] * (BM + bn) * BK * 2 + staging + 1024 + 16 * stages[bn] + UNIT_RING_BYTES * dynamic
+    kind, extra = _variant(p, dynamic)
+    kernel(module, f"{entry}_{kind}_128x{bn}", "PP" + "P" * len(extra) + "PPqiiiiiiiiif", directory)(
         (min(tiles, sms),), 384, maps.ptr, p.c, *extra, p.cos, p.sin, p.stride_c, p.M, p.N, p.K, p.batch,
         *p.epilogue_args(), shared=shared)
 
 
-def _variant(p: GemmProblem, entry: str, dynamic: bool) -> tuple[str, tuple]:
-    """The kernel name's operand part (the layout, or 'fp8': versions 5 and 6, 'nt') and the arguments after c:
+def _variant(p: GemmProblem, dynamic: bool) -> tuple[str, tuple]:
+    """The kernel name's operand part (the layout, or 'fp8': both operands K-major, 'nt') and the arguments after c:
     FP8's scales, or bf16's tile counter (versions 7 and 8; null for the others)."""
     if not p.fp8:
         return p.layout, (tile_counter().ptr if dynamic else 0,)
-    if entry not in ("gemm_wgmma5", "gemm_wgmma6") or p.layout != "nt":
-        raise ValueError(f"FP8 GEMMs are versions 5 and 6 with both operands K-major ('nt'), not {entry} "
-                         f"{p.layout!r}")
+    if dynamic or p.layout != "nt":
+        raise ValueError(f"FP8 GEMMs take both operands K-major ('nt', not {p.layout!r}) on a static version")
     return "fp8", (p.row_scales, p.col_scales)
 
 
@@ -138,27 +142,24 @@ def tile_counter() -> DeviceArray:
 _TILE_COUNTERS = {}
 
 
-def gemm_wgmma3(p: GemmProblem, splits: int = 1) -> None:
-    """Version 3: ping-pong consumer warpgroups on 128 x 128 tiles, persistent. splits > 1 (one batch,
-    fp32 c): split s multiplies k-blocks [s * split_kb, (s + 1) * split_kb) and writes its partial
-    product to batch s of c (splits, M, N); splits is a count that splitk_splits3 returns."""
-    _pingpong(p, splits, "gemm_wgmma3", PINGPONG_STAGES, staging=0)
-
-
 def gemm_wgmma5(p: GemmProblem, splits: int = 1) -> None:
-    """Version 5: version 3 whose epilogue sends each warp's rows through shared memory and writes them
-    as whole row segments; one pipeline stage fewer. splits as version 3's."""
-    _pingpong(p, splits, "gemm_wgmma5", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES)
+    """Version 5: ping-pong consumer warpgroups on 128 x 128 tiles, persistent (the ladder's version 3), whose
+    epilogue sends each warp's rows through shared memory and writes them as whole row segments. splits > 1 (one
+    batch, fp32 c): split s multiplies k-blocks [s * split_kb, (s + 1) * split_kb) and writes its partial product to
+    batch s of c (splits, M, N); splits is a count that splitk_splits3 returns."""
+    launch_pingpong(p, splits, "gemm_wgmma5", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES)
 
 
 def gemm_wgmma8(p: GemmProblem, splits: int = 1) -> None:
     """Version 8: version 5 whose CTAs claim their work units (split-K ones too) one by one from a counter, as
-    version 7's. splits as version 3's; the same results bit for bit."""
-    _pingpong(p, splits, "gemm_wgmma8", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES, dynamic=True)
+    version 7's. splits as version 5's; the same results bit for bit."""
+    launch_pingpong(p, splits, "gemm_wgmma8", PINGPONG_STAGED_STAGES, staging=STAGING_BYTES, dynamic=True)
 
 
-def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int, dynamic: bool = False) -> None:
-    """Launch a ping-pong version's kernel `entry`_<layout> (versions 3, 5 and 8)."""
+def launch_pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int, dynamic: bool = False,
+                    module: str = MODULE, directory: Path | None = None) -> None:
+    """Launch a ping-pong version's kernel `entry`_<layout> (versions 5 and 8; the ladder's 3) of
+    <directory>/<module>.cu (kernels/gemm_wgmma.cu by default)."""
     k_blocks = math.ceil(p.K / p.k_block)
     split_kb = math.ceil(k_blocks / splits)
     if splits > 1 and (p.batch != 1 or p.mode != "f32" or math.ceil(k_blocks / split_kb) != splits):
@@ -167,29 +168,17 @@ def _pingpong(p: GemmProblem, splits: int, entry: str, stages: int, staging: int
     units = math.ceil(p.M / BM) * math.ceil(p.N / 128) * p.batch * splits
     maps = device_maps(b"".join(operand_maps(p, 128)))
     shared = stages * (BM + 128) * BK * 2 + staging + 1024 + 16 * stages + 16 + UNIT_RING_BYTES * dynamic
-    kind, extra = _variant(p, entry, dynamic)
-    kernel("gemm_wgmma", f"{entry}_{kind}", "PP" + "P" * len(extra) + "PPqiiiiiiiiiiif")(
+    kind, extra = _variant(p, dynamic)
+    kernel(module, f"{entry}_{kind}", "PP" + "P" * len(extra) + "PPqiiiiiiiiiiif", directory)(
         (min(units, multiprocessors()),), 384, maps.ptr, p.c, *extra, p.cos, p.sin, p.stride_c, p.M, p.N, p.K,
         p.batch, splits, split_kb, *p.epilogue_args(), shared=shared)
 
 
-def gemm_wgmma4(p: GemmProblem) -> None:
-    """Version 4: clusters of two CTAs, each a 256 x 128 tile of C with cooperative consumers; the pair
-    shares its 256 rows of A, each CTA loading half and multicasting it to both. Persistent (one pair of
-    multiprocessors per cluster at most)."""
-    pairs = math.ceil(p.M / CLUSTER_BM) * math.ceil(p.N / 256) * p.batch
-    maps = device_maps(b"".join(operand_maps(p, 128)))
-    shared = CLUSTER_STAGES * (CLUSTER_BM + 128) * BK * 2 + 1024 + 16 * CLUSTER_STAGES
-    kernel("gemm_wgmma", f"gemm_wgmma4_{p.layout}", "PPPPqiiiiiiiiif")(
-        (2 * min(pairs, multiprocessors() // 2),), 384, maps.ptr, p.c, p.cos, p.sin, p.stride_c, p.M, p.N, p.K,
-        p.batch, *p.epilogue_args(), shared=shared)
-
-
 def splitk_splits3(p: GemmProblem, sms: int) -> int:
-    """Version 3's (and 5's, 8's) split-K count for a weight gradient (tn or FP8's nt, fp32 out, one batch) on sms
-    multiprocessors: the one that minimizes a model of the time, rounds of 128 x 128 work units over the
-    multiprocessors times k-blocks per split, plus the reduce pass (reads the partials and c, writes c). Any
-    count of non-empty splits."""
+    """The ping-pong versions' split-K count (5 and 8; the ladder's 3, which brought it) for a weight gradient (tn
+    or FP8's nt, fp32 out, one batch) on sms multiprocessors: the one that minimizes a model of the time, rounds of
+    128 x 128 work units over the multiprocessors times k-blocks per split, plus the reduce pass (reads the partials
+    and c, writes c). Any count of non-empty splits."""
     if (p.layout != "tn" and not p.fp8) or p.batch != 1 or p.mode not in ("f32", "acc_f32"):
         return 1
     tiles, k_blocks = math.ceil(p.M / BM) * math.ceil(p.N / 128), math.ceil(p.K / p.k_block)

@@ -1,6 +1,8 @@
 """The bf16 tensor-core GEMM against the float64 product of the same bf16-rounded inputs, every
 layout, batched and not, at tile multiples and odd shapes, every epilogue, each GEMM version the
-device runs. Fresh random inputs each run; outputs NaN-poisoned first.
+device runs that the plan picks from (GEMM_VERSIONS). Fresh random inputs each run; outputs NaN-poisoned first.
+The ladder's other rungs run these same tests from dev/cuda/test_gemm_ladder.py, through the fixtures `gemm`,
+`version` and `splitting_version`.
 
 Tolerances (‖out − ref‖ / ‖ref‖): fp32 output 1e-5, bf16 output 5e-3."""
 
@@ -9,6 +11,7 @@ import importlib
 import numpy as np
 import pytest
 
+from llama.ops.gemm import GEMM_VERSIONS
 from llama.run.plan import DYNAMIC_TWINS
 from llama.twins.matmul import matmul_forward
 from llama.twins.rope import rotate_pairs
@@ -25,17 +28,29 @@ def ops():
     return ops
 
 
-def versions():
+def runs_on_this_gpu(version: str) -> str:
+    """version, which the test takes; skipped where it cannot run (every version but 'mma' needs sm_90a)."""
     from llama.runtime.cuda import runtime
-    hopper = runtime().device.compute_capability() == (9, 0)
-    return ["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8"] if hopper else ["mma"]
+    if version != "mma" and runtime().device.compute_capability() != (9, 0):
+        pytest.skip(f"{version} needs sm_90a")
+    return version
 
 
-@pytest.fixture(params=["mma", "wgmma", "wgmma3", "wgmma4", "wgmma5", "wgmma6", "wgmma7", "wgmma8"])
+@pytest.fixture(params=list(GEMM_VERSIONS))
 def version(request):
-    if request.param not in versions():
-        pytest.skip(f"{request.param} needs sm_90a")
-    return request.param
+    return runs_on_this_gpu(request.param)
+
+
+@pytest.fixture(params=[name for name, v in GEMM_VERSIONS.items() if v.splits_in_kernel])
+def splitting_version(request):
+    """The versions that split K inside the kernel."""
+    return runs_on_this_gpu(request.param)
+
+
+@pytest.fixture
+def gemm(ops):
+    """The GEMM front the tests run their versions through."""
+    return ops.gemm
 
 
 def operands(layout, M, N, K, batch):
@@ -48,7 +63,7 @@ def operands(layout, M, N, K, batch):
 
 SHAPES = {  # (M, N, K, batch) per layout: M and N of an M- or N-major operand are multiples of 8
     # (2000, 2056, 776): 272 tiles of 128 x 128, two or more per persistent CTA, a partial last k-block;
-    # (4000, 1032, 136): 80 cluster units of 256 x 256 (version 4), more than the 66 clusters of an H100
+    # (4000, 1032, 136): 80 cluster units of 256 x 256 (the ladder's version 4), more than the 66 clusters of an H100
     "nt": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 8, 8192, 1), (17, 128256, 72, 1),
            (128, 256, 64, 1), (70, 48, 40, 3), (2000, 2056, 776, 1), (4000, 1032, 136, 1)],
     "nn": [(1, 8, 8, 1), (17, 136, 72, 1), (1000, 136, 768, 1), (16384, 136, 72, 1), (17, 128256, 72, 1),
@@ -61,33 +76,33 @@ CASES = [(layout, *shape) for layout, shapes in SHAPES.items() for shape in shap
 
 @pytest.mark.parametrize("layout, M, N, K, batch", CASES)
 @pytest.mark.parametrize("out", ["bf16", "f32"])
-def test_gemm(ops, version, layout, M, N, K, batch, out):
+def test_gemm(gemm, version, layout, M, N, K, batch, out):
     from llama.runtime.cuda import BF16
     a, b, opa, opb = operands(layout, M, N, K, batch)
     c = poisoned(((batch,) if batch > 1 else ()) + (M, N), BF16 if out == "bf16" else np.float32)
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.5, version=version)
+    gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.5, version=version)
     check(f"gemm_{version}_{out}[{layout}]", c, 0.5 * opa @ opb, TOL[out])
 
 
 @pytest.mark.parametrize("layout, M, N, K, batch", [("nt", 17, 136, 72, 1), ("nn", 1000, 136, 768, 1),
                                                     ("tn", 1000, 136, 768, 1), ("tn", 72, 48, 40, 3)])
-def test_gemm_accumulate(ops, version, layout, M, N, K, batch):
+def test_gemm_accumulate(gemm, version, layout, M, N, K, batch):
     a, b, opa, opb = operands(layout, M, N, K, batch)
     c0 = rng.standard_normal(((batch,) if batch > 1 else ()) + (M, N)).astype(np.float32)
     c = dev(c0)
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=-2.0,
-             accumulate=True, version=version)
+    gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=-2.0,
+         accumulate=True, version=version)
     check(f"gemm_{version}_accumulate[{layout}]", c, c0 - 2.0 * opa @ opb, TOL["f32"])
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.0,
-             accumulate=True, version=version)
+    gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.0,
+         accumulate=True, version=version)
     before = c.download()
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.0,
-             accumulate=True, version=version)
+    gemm(c, dev_bf16(a), dev_bf16(b), trans_a=layout == "tn", trans_b=layout == "nt", alpha=0.0,
+         accumulate=True, version=version)
     assert np.array_equal(c.download().view(np.uint32), before.view(np.uint32)), "alpha = 0 changed c"
 
 
 @pytest.mark.parametrize("B, T, H, KV, D", [(2, 37, 4, 2, 16), (1, 128, 12, 4, 64), (3, 5, 2, 1, 128)])
-def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
+def test_gemm_rope_epilogue(gemm, version, B, T, H, KV, D):
     """The QKV projection with RoPE in its epilogue equals matmul_forward then RoPE on q and k."""
     from llama.runtime.cuda import BF16, to_device
     C = 64
@@ -96,29 +111,27 @@ def test_gemm_rope_epilogue(ops, version, B, T, H, KV, D):
     angles = rng.uniform(0, 2 * np.pi, (T + 3, D // 2))
     cos, sin = np.cos(angles), np.sin(angles)
     out = poisoned((B * T, (H + 2 * KV) * D), BF16)
-    ops.gemm(out, dev_bf16(x), dev_bf16(w), trans_b=True, version=version,
-             rope=(to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32)), T, (H + KV) * D))
+    gemm(out, dev_bf16(x), dev_bf16(w), trans_b=True, version=version,
+         rope=(to_device(cos.astype(np.float32)), to_device(sin.astype(np.float32)), T, (H + KV) * D))
     heads = matmul_forward(x, w).reshape(B, T, H + 2 * KV, D).transpose(0, 2, 1, 3)
     rotated = rotate_pairs(heads[:, :H + KV], cos[:T], sin[:T])
     expected = np.concatenate([rotated, heads[:, H + KV:]], axis=1).transpose(0, 2, 1, 3).reshape(B * T, -1)
     check(f"gemm_{version}_rope", out, expected, TOL["bf16"])
 
 
-@pytest.mark.parametrize("version", ["wgmma3", "wgmma5", "wgmma8"])
 @pytest.mark.parametrize("splits", [2, 3, 16])
-def test_gemm_split_in_kernel(ops, monkeypatch, version, splits):
-    """Versions 3, 5 and 8 split K inside the kernel over uneven K ranges (K = 1000: 16 k-blocks in splits
-    of 8, 6 + 6 + 4 or 1, the last one partial), overwriting and accumulating."""
-    if version not in versions():
-        pytest.skip(f"{version} needs sm_90a")
+def test_gemm_split_in_kernel(gemm, monkeypatch, splitting_version, splits):
+    """Versions 5 and 8 (and the ladder's 3) split K inside the kernel over uneven K ranges (K = 1000: 16 k-blocks
+    in splits of 8, 6 + 6 + 4 or 1, the last one partial), overwriting and accumulating."""
+    version = splitting_version
     monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "splitk_splits3", lambda p, sms: splits)
     a, b, opa, opb = operands("tn", 200, 136, 1000, 1)
     c = poisoned((200, 136))
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version=version)
+    gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=0.5, version=version)
     check(f"gemm_{version}_split{splits}", c, 0.5 * opa @ opb, TOL["f32"])
     c0 = rng.standard_normal((200, 136)).astype(np.float32)
     c = dev(c0)
-    ops.gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=-2.0, accumulate=True, version=version)
+    gemm(c, dev_bf16(a), dev_bf16(b), trans_a=True, alpha=-2.0, accumulate=True, version=version)
     check(f"gemm_{version}_split{splits}_accumulate", c, c0 - 2.0 * opa @ opb, TOL["f32"])
 
 
@@ -145,8 +158,7 @@ def run_gemm(ops, version, layout, a, b, c0, mode):
 def test_dynamic_claiming_is_bit_identical(ops, monkeypatch, dynamic, layout, M, N, K, batch, mode, splits):
     """Versions 7 and 8 (tiles claimed at run time, in whatever order) give their static twins' bits: each tile
     is still one CTA's, over K in the same order."""
-    if dynamic not in versions():
-        pytest.skip(f"{dynamic} needs sm_90a")
+    runs_on_this_gpu(dynamic)
     if splits is not None:
         monkeypatch.setattr(importlib.import_module("llama.ops.gemm"), "splitk_splits3", lambda p, sms: splits)
     a, b = (dev_bf16(x) for x in operands(layout, M, N, K, batch)[:2])
@@ -160,8 +172,7 @@ def test_dynamic_claiming_counter_resets(ops, version):
     """Versions 7 and 8 share one tile counter: launches back to back (different tile counts, no synchronization
     between them) each find it at zero and leave it there, so the same GEMM gives the same bits the second
     time, and a captured graph replays them."""
-    if version not in versions():
-        pytest.skip(f"{version} needs sm_90a")
+    runs_on_this_gpu(version)
     from llama.runtime.cuda import Graph
     from llama.ops.gemm_wgmma import tile_counter
     shapes = [(2000, 2056, 776), (17, 136, 72), (4000, 4104, 264)]
@@ -195,8 +206,7 @@ def test_dynamic_claiming_takes_its_tiles_from_the_counter(ops, version):
     """With the counter preset past the last unit, every claim fails: each CTA runs only its first tile (its block
     index), and the tiles past the grid stay poisoned. A kernel that ignored the counter would write them all.
     9 x 16 tiles of 128 x 128 (too few for version 7's wide tiles; a bf16 c, so version 8 does not split K)."""
-    if version not in versions():
-        pytest.skip(f"{version} needs sm_90a")
+    runs_on_this_gpu(version)
     from llama.runtime.cuda import BF16
     from llama.ops.common import multiprocessors
     from llama.ops.gemm_wgmma import tile_counter
@@ -218,14 +228,14 @@ def test_dynamic_claiming_takes_its_tiles_from_the_counter(ops, version):
     assert np.array_equal(written[np.isfinite(written)], reference[np.isfinite(written)])
 
 
-def test_gemm_deterministic(ops, version):
+def test_gemm_deterministic(gemm, version):
     for layout in ("nt", "nn", "tn"):
         a, b, _, _ = operands(layout, 1000, 1032, 2048, 1)
         a, b = dev_bf16(a), dev_bf16(b)
         results = []
         for _ in range(2):
             c = poisoned((1000, 1032))
-            ops.gemm(c, a, b, trans_a=layout == "tn", trans_b=layout == "nt", version=version)
+            gemm(c, a, b, trans_a=layout == "tn", trans_b=layout == "nt", version=version)
             results.append(c.download().view(np.uint32))
         assert np.array_equal(*results), f"{layout}: two runs differ"
 

@@ -55,11 +55,13 @@ def test_the_gemv_arguments_match_their_numpy_layout(tmp_path):
 
 
 def constants_read() -> dict[str, set[str]]:
-    """Every kernels/<module>.cu constant a launcher reads with kernel_constant("module", "NAME"), by module."""
+    """Every constant a launcher (llama/ops, dev/cuda) reads with kernel_constant, by module: kernels/<module>.cu's
+    (kernel_constant("module", "NAME")), and as "dev/cuda/<module>" the ladders' sources' (kernel_constant("module",
+    "NAME", LADDER))."""
     read = {}
-    for source in (REPO / "llama" / "ops").glob("*.py"):
-        for module, name in re.findall(r'kernel_constant\("(\w+)", "(\w+)"\)', source.read_text()):
-            read.setdefault(module, set()).add(name)
+    for source in [*(REPO / "llama" / "ops").glob("*.py"), *(REPO / "dev" / "cuda").glob("*.py")]:
+        for module, name, ladder in re.findall(r'kernel_constant\("(\w+)", "(\w+)"(, LADDER)?\)', source.read_text()):
+            read.setdefault("dev/cuda/" * bool(ladder) + module, set()).add(name)
     return read
 
 
@@ -70,12 +72,14 @@ def test_the_launchers_read_the_kernels_own_constants(module, tmp_path):
     parses them): each value is the one the C compiler gives that constant in the Hopper build's device code
     (where every constant of the wgmma kernels is defined), checked by static_assert."""
     from llama.ops.common import kernel_constant
-    namespaces = set(re.findall(r"^namespace (\w+) \{", (kernel_dir() / f"{module}.cu").read_text(), re.M))
+    folder, name_of = (REPO / "dev" / "cuda", module.rsplit("/", 1)[1]) if "/" in module else (kernel_dir(), module)
+    namespaces = set(re.findall(r"^namespace (\w+) \{", (folder / f"{name_of}.cu").read_text(), re.M))
     uses = "".join(f"using namespace {namespace};\n" for namespace in sorted(namespaces))
-    asserts = "".join(f'static_assert(({name}) == {kernel_constant(module, name)}, "{name}");\n'
+    asserts = "".join(f'static_assert(({name}) == {kernel_constant(name_of, name, folder)}, "{name}");\n'
                       for name in sorted(constants_read()[module]))
     program = tmp_path / "constants.cu"
-    program.write_text(f'#include "{module}.cu"\n{uses}#ifdef __CUDA_ARCH__\n{asserts}#endif\n')
-    build = subprocess.run(["nvcc", "-ptx", "-std=c++17", "-arch=sm_90a", "-I", str(kernel_dir()), "-o",
-                            str(tmp_path / "constants.ptx"), str(program)], capture_output=True, text=True, timeout=300)
+    program.write_text(f'#include "{name_of}.cu"\n{uses}#ifdef __CUDA_ARCH__\n{asserts}#endif\n')
+    build = subprocess.run(["nvcc", "-ptx", "-std=c++17", "-arch=sm_90a", "-I", str(kernel_dir()), "-I", str(folder),
+                            "-o", str(tmp_path / "constants.ptx"), str(program)], capture_output=True, text=True,
+                           timeout=300)
     assert build.returncode == 0, build.stderr

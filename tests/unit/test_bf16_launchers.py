@@ -245,8 +245,8 @@ def wgmma_launch(monkeypatch, version, M, N, K):
     monkeypatch.setattr(gemm_wgmma, "operand_maps", lambda p, bn: (b"", b""))
     monkeypatch.setattr(gemm_wgmma, "device_maps", lambda maps: fake((256,), np.uint8))
     monkeypatch.setattr(gemm_wgmma, "tile_counter", lambda: COUNTER)
-    monkeypatch.setattr(gemm_wgmma, "kernel", lambda module, name, signature: lambda grid, block, *args, shared: (
-        launches.append((name, signature, grid, args, shared))))
+    monkeypatch.setattr(gemm_wgmma, "kernel", lambda module, name, signature, directory: (
+        lambda grid, block, *args, shared: launches.append((name, signature, grid, args, shared))))
     ops.gemm(fake((M, N)), fake((M, K)), fake((N, K)), trans_b=True, version=version)
     (launch,) = launches
     return launch

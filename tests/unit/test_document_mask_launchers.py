@@ -36,11 +36,14 @@ def test_flash_backward_rejects(changes, message):
         ops.flash_attention_backward(**backward_args(**bounds(**changes)))
 
 
-def test_a_ladder_rung_without_the_mask_rejects_it():
-    v1 = ops.FlashSource.ladder(1, None)
-    assert not v1.document_mask and ops.FlashSource.ladder(2, None).document_mask and ops.FlashSource().document_mask
+def test_a_build_without_the_mask_rejects_it():
+    """Every production build takes the mask; a ladder rung may not (dev/cuda's v1), and then a mask is refused."""
+    assert ops.FlashSource().document_mask and ops.FlashSource("flash_attention_wgmma", tma=True).document_mask
+    unmasked = ops.FlashSource("flash_attention_v1", document_mask=False)
     with pytest.raises(ValueError, match="flash_attention_v1 has no document mask"):
-        ops.flash_attention_forward(**forward_args(source=v1, **bounds()))
+        ops.flash_attention_forward(**forward_args(source=unmasked, **bounds()))
+    with pytest.raises(ValueError, match="flash_attention_v1 has no document mask"):
+        ops.flash_attention_backward(**backward_args(source=unmasked, **bounds()))
 
 
 def attention_args(**changes):

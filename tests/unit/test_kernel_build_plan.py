@@ -21,19 +21,39 @@ from llama.run.plan import ATTENTION, ATTENTION_HOPPER, GemmChooser, Plan
 LLAMA = Path(kernel_build.__file__).parents[1]
 
 
+def string_constants(tree: ast.AST) -> dict[str, str]:
+    """The names bound to a string literal in a module: its top-level constants and its functions' parameter
+    defaults (a launcher's module parameter), e.g. {"MODULE": "gemm_wgmma", "module": "gemm_wgmma"}."""
+    found = {t.id: node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+             for t in node.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            arguments = node.args.args[len(node.args.args) - len(node.args.defaults):] + node.args.kwonlyargs
+            defaults = node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+            for argument, default in zip(arguments, defaults):
+                value = found.get(default.id) if isinstance(default, ast.Name) else getattr(default, "value", None)
+                if isinstance(value, str):
+                    found[argument.arg] = value
+    return found
+
+
 @functools.cache
 def launcher_graph() -> dict[str, tuple[set, set]]:
     """Every top-level definition in llama/ops: (the modules its kernel() calls name, the names it refers to)."""
     graph = {}
     for path in (LLAMA / "ops").glob("*.py"):
-        for node in ast.parse(path.read_text()).body:
+        tree = ast.parse(path.read_text())
+        constants = string_constants(tree)
+        for node in tree.body:
             names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
                 [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
             modules, refs = set(), set()
             for inner in ast.walk(node):
-                if isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "kernel" and \
-                        isinstance(inner.args[0], ast.Constant):
-                    modules.add(inner.args[0].value)
+                if isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "kernel":
+                    module = inner.args[0]  # a literal or a name bound to one (the attention build's: the plan's)
+                    if isinstance(module, (ast.Constant, ast.Name)):
+                        modules.add(module.value if isinstance(module, ast.Constant) else constants[module.id])
                 refs.add(getattr(inner, "id", None) or getattr(inner, "attr", None))
             for name in names:
                 graph[name] = (graph.get(name, (set(), set()))[0] | modules, graph.get(name, (set(), set()))[1] | refs)
@@ -97,7 +117,7 @@ def test_a_choosers_versions_are_its_named_ones(hopper, dynamic, fp8):
 
 def test_gemm_units_are_the_versions_entry_points():
     for version, launcher in GEMM_VERSIONS.items():  # each launcher names its entry points gemm_<version>_...
-        assert version == "mma" or re.search(rf'"gemm_{version}[_"]', inspect.getsource(launcher))
+        assert version == "mma" or re.search(rf'"gemm_{version}[_"]', inspect.getsource(launcher.launch))
     names = wgmma_entries(plan("bf16"))
     assert names == {f"gemm_wgmma5_{layout}" for layout in ("nt", "nn", "tn")} | {
         f"gemm_wgmma6_{layout}_128x{bn}" for layout in ("nt", "nn", "tn") for bn in (128, 256)}

@@ -7,7 +7,6 @@ import pytest
 
 from llama.run import plan as plan_module
 from llama.config import get_preset
-from llama.ops.flash_attention import FlashSource
 from llama.options import RunOptions
 
 
@@ -28,16 +27,3 @@ def test_attention_build_per_gpu(monkeypatch, capability, code, module, tma, nam
     plan = plan_module.make_plan(get_preset("d12"), RunOptions(device="cuda"))
     assert (plan.attention.module, plan.attention.tma, plan.attention_name) == (module, tma, name)
     assert f"attention {name}" in plan.summary()
-
-
-def test_ladder_sources_take_tma_maps_from_v3():
-    assert [FlashSource.ladder(v, None).tma for v in (1, 2, 3, 4, 5, 6)] == [False, False, True, True, True, True]
-    assert FlashSource.ladder(3, None).module == "flash_attention_v3"
-
-
-def test_only_v4_forms_dq_in_the_dkdv_kernel():
-    """v5 and v6 are v3's build with another forward: their backward is v3's (the separate dQ kernel), with the
-    mask."""
-    assert [FlashSource.ladder(v, None).fused_dq for v in (1, 2, 3, 4, 5, 6)] == [False] * 3 + [True, False, False]
-    assert FlashSource.ladder(5, None).document_mask and FlashSource.ladder(6, None).document_mask
-
