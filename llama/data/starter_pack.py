@@ -27,9 +27,9 @@ TINYSHAKESPEARE = dict(base="https://raw.githubusercontent.com",
                        sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")
 
 
-def fetch(spec: dict, args, **kwargs) -> Path:
+def fetch(spec: dict, args, dest: Path, **kwargs) -> Path:
     url = f"{(args.base_url or spec['base']).rstrip('/')}/{spec['path']}"
-    return download(url, Path(args.dest) / spec["dest"], size=spec["size"], sha256=spec["sha256"],
+    return download(url, dest / spec["dest"], size=spec["size"], sha256=spec["sha256"],
                     retries=args.retries, timeout=args.timeout, **kwargs)
 
 
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     try:
         tokenizer_path = dest / TOKENIZER["dest"]
         if args.hf_token:
-            fetch(TOKENIZER, args, headers={"Authorization": f"Bearer {args.hf_token}"}, gated=True)
+            fetch(TOKENIZER, args, dest, headers={"Authorization": f"Bearer {args.hf_token}"}, gated=True)
         else:
             try:
                 fetch_llama3_tokenizer(tokenizer_path, wheel=args.tokenizer_wheel, index_url=args.index_url,
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                 print(f"could not get the Llama 3 tokenizer from the llama-models wheel: {e}\n"
                       "Alternatively: " + GATED_HELP + "\nThe data is tokenized with the byte-level tokenizer "
                       "instead.", file=sys.stderr)
-        text = fetch(TINYSHAKESPEARE, args)
+        text = fetch(TINYSHAKESPEARE, args, dest)
         tokenizer = Llama3Tokenizer(tokenizer_path) if tokenizer_path.exists() else ByteTokenizer()
         shards = starter_pack_shards(dest)
         if shards_match(shards, tokenizer.vocab_size):
