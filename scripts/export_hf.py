@@ -5,8 +5,9 @@ format) load: config.json, generation_config.json, safetensors weights and the t
     python scripts/export_hf.py runs/d12/ckpt_00002000 exported/d12 --dtype fp32
 
 Then: transformers.LlamaForCausalLM.from_pretrained("exported/d12") and AutoTokenizer likewise.
-The export replaces its folder whole; a folder that holds anything but an earlier export (a
-training run, a checkpoint, other files) is refused.
+The export replaces its folder whole; a folder that holds anything but an earlier export as it was
+written (llama_cuda_export.json, written last, lists its files) is refused: a training run, a
+checkpoint, a Hugging Face model of your own, other files.
 The tokenizer is the one the run trained with (--tokenizer, else the --init hf: folder's, else
 the tokenizer in the per-user cache); a byte-level model is exported without one. A checkpoint, tokenizer
 or folder that does not work is one `error:` line and exit code 2, as in the trainer; Ctrl-C stops with
