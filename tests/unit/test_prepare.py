@@ -177,17 +177,17 @@ def test_an_interrupt_leaves_no_shard_behind(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "x.jsonl", [{"text": "abcdefgh"}] * 10)
     written = []
 
-    def interrupt_on_the_third(path, *args):
+    def interrupt_on_the_third(path, *args, **kwargs):
         if len(written) == 2:
             raise KeyboardInterrupt
         written.append(path)
-        real_write(path, *args)
+        real_write(path, *args, **kwargs)
 
     real_write = prepare.write_shard
     monkeypatch.setattr(prepare, "write_shard", interrupt_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, [tmp_path / "x.jsonl"], shard_tokens=10)
-    assert len(written) == 2 and not list((tmp_path / "out").iterdir())
+    assert len(written) == 2 and not (tmp_path / "out").exists()  # the folder made for the dataset too
 
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
