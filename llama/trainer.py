@@ -302,9 +302,22 @@ class Trainer:
                                        seed=args.seed, vocab_size=V)
         self.val_loader = (DataLoader(self.val_pattern, B, T, self.rank, self.world, shuffle=False, vocab_size=V)
                            if self.val_pattern else None)
-        if self.plan.sft:  # every shard's loss mask, before the run starts
+        if args.train_data:
+            print("data: " + ", ".join(f"{what} {loader.describe()}" for what, loader in
+                                       (("train", self.train_loader), ("val", self.val_loader)) if loader))
+        if self.plan.sft:  # every shard's loss mask, before the run starts, and something in them to learn from
             for loader in filter(None, (self.train_loader, self.val_loader)):
                 loader.check_masks()
+            if not self.train_loader.counted_tokens():
+                raise UserError(f"--sft: the loss masks of {self.train_pattern} count no token (conversations without "
+                                "an assistant reply): nothing to learn from; prepare conversations with replies")
+        elif self.train_loader.has_masks():
+            print(f"note: {self.train_pattern} has loss masks (.mask.bin: chat data), which count only without --sft: "
+                  "every token is trained on; pass --sft to train on the assistant's replies", file=sys.stderr)
+        if self.plan.doc_mask and not self.train_loader.holds_token(self.tokenizer.bos_id):
+            print(f"note: --doc-mask: the first shard of {self.train_pattern} holds no <|begin_of_text|> (id "
+                  f"{self.tokenizer.bos_id}) to start a document, so every row attends as with --doc-mask off",
+                  file=sys.stderr)
         self.upcoming = None  # the next step's (micro-batches, loss divisor), read while this step's were on the GPU
         if args.steps is not None and args.steps != -1:
             self.steps = args.steps
