@@ -5,6 +5,7 @@ in train_llama.py), so is a model or checkpoint that does not exist, bad inputs 
 import os
 import re
 import runpy
+import shlex
 import shutil
 import subprocess
 import sys
@@ -205,7 +206,10 @@ def device_script(tmp_path, name: str, args=(), tools=("dirname", "basename"), f
     `fakes` (commands that print their name), and modules: None, or {module: source} put first on PYTHONPATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # a script that runs this interpreter by its own path: a link to a virtual environment's python would lose the
+    # environment, which Python finds beside the path it was started by (issue 63 item 8)
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    (bin_dir / "python3").chmod(0o755)
     for tool in tools:
         (bin_dir / tool).symlink_to(shutil.which(tool))
     for fake in fakes:
