@@ -273,3 +273,16 @@ def test_gpu_check_passes_on_a_failing_step(tmp_path, pytest_args, skip_bench, p
     assert pytest_says in (tmp_path / "out" / "pytest.log").read_text()
     bench_log = tmp_path / "out" / "bench.log"
     assert "error: scripts/bench_gpu.py needs a CUDA GPU" in bench_log.read_text() if skip_bench == "0" else not bench_log.exists()
+
+
+def test_bench_startup_without_the_llama3_tokenizer_says_so_before_any_run(tmp_path):
+    """Issue 63 item 9: the 8B rows ended in a traceback once the d12 rows were done."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_startup.py"), "--no-torch"],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "LLAMA_CUDA_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"error: llama3.1-8b needs the Llama 3 tokenizer, which is not at {tmp_path / 'cache/tokenizer/tokenizer.model'} "
+        "and could not be fetched: get it with python3 scripts/download_starter_pack.py, or time the others alone "
+        "(--models d12)")
+    assert "Traceback" not in result.stderr
