@@ -36,9 +36,9 @@ from llama.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_floa
 from llama.config import ConfigError
 from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError
-from llama.io.checkpoint import CheckpointError, complete_checkpoints
+from llama.io.checkpoint import CheckpointError, complete_checkpoints, read_state
 from llama.io.hf import HFError
-from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, describe_contents
+from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, default_runs, describe_contents
 from llama.kernel_build import KernelBuildError
 from llama.memory import NotEnoughMemory
 from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES,
@@ -212,14 +212,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_resume(args: argparse.Namespace, holds: str) -> None:
+def check_resume(args: argparse.Namespace, holds: str, chosen: bool) -> None:
     """A plain --resume needs a complete checkpoint in the folder (--resume auto starts anew without one);
-    holds: what the folder held before this run (describe_contents)."""
+    holds: what the folder held before this run (describe_contents). Without -o (chosen), the newest run that
+    --resume finds must have trained on this command's data, else the error names the runs that did."""
     out = Path(args.output_dir)
-    if args.resume is True and not complete_checkpoints(out):
+    checkpoints = complete_checkpoints(out)
+    if args.resume is True and not checkpoints:
         raise UserError(f"--resume: {out} {holds}, and no complete checkpoint to continue from; start a new run "
                         "without --resume, or pass --resume auto (continue where there is a checkpoint, else start "
                         "anew)")
+    mine = data_arguments(vars(args))
+    if chosen and checkpoints and trained_on(out) != mine:
+        same = [str(run) for run in default_runs().values() if trained_on(run) == mine]
+        raise UserError(f"--resume without -o continues the newest run, {out}, which trained on {trained_on(out)}, "
+                        f"not on {mine}: name the run to continue with -o"
+                        + (f" ({', '.join(same)} trained on this data)" if same else ""))
+
+
+def data_arguments(args: dict) -> str:
+    """A run's data in the words of its command line."""
+    given = " ".join(f"{flag} {args[key]}" for flag, key in (("-i", "train_data"), ("-j", "val_data")) if args.get(key))
+    return given or "the default data"
+
+
+def trained_on(run: Path) -> str | None:
+    """The data of the newest complete checkpoint's run in words (None: none, or unreadable)."""
+    newest = complete_checkpoints(run)
+    try:
+        return data_arguments(read_state(newest[-1]).get("args", {})) if newest else None
+    except CheckpointError:
+        return None
 
 
 def connect(env: DistributedEnv, timeout: float):
@@ -259,7 +282,7 @@ def train(args: argparse.Namespace, chosen: bool, env: DistributedEnv) -> int:
     run_dir = (RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) if env.is_main
                else FollowerRunDir(args.output_dir))
     with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
-        check_resume(args, holds)
+        check_resume(args, holds, chosen)
         return Trainer(args, run_dir, comm).run()
 
 

@@ -338,7 +338,10 @@ class Trainer:
         try:
             self.train_loader.load_state_dict(state["loader"])
         except ValueError as e:
-            raise UserError(f"--resume: {e}") from None
+            trained = state.get("args", {})
+            data = " ".join(f"{flag} {trained[key]}" for flag, key in (("-i", "train_data"), ("-j", "val_data"))
+                            if trained.get(key)) or "the default data (no -i)"
+            raise UserError(f"--resume: {e}; the run trained on {data}: pass the same data") from None
         self.sample_rng.bit_generator.state = state["sample_rng"]
         self.model.group_norms_squared = state.get("group_norms_squared")
         self.start, self.log_bytes = state["step"], state.get("log_bytes")

@@ -17,14 +17,14 @@ exit code 130 and leaves the folder as it was.
 import argparse
 import sys
 
-from llama.cli import existing_path, positive_float
+from llama.cli import ArgumentParser, existing_path, positive_float
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
 from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, run_tokenizer_path, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=existing_path,
                         help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
     parser.add_argument("out", help="the folder to write")

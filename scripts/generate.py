@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from llama.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
+from llama.cli import ArgumentParser, existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
 from llama.io.checkpoint import CheckpointError
 from llama.io.model_folder import load_model
 from llama.generate import TextStream, generate
@@ -45,7 +45,7 @@ def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=existing_path, help="checkpoint folder, run folder, or Hugging Face folder")
     p.add_argument("--prompt", default=None, help="the prompt (default: read from stdin)")
     p.add_argument("--chat", action="store_true", help="Llama 3 chat format: the prompt is the user's message")

@@ -17,7 +17,7 @@ memory available here. A run that does not fit gets the least change that would 
 import argparse
 import sys
 
-from llama.cli import HelpFormatter, positive_float, positive_int
+from llama.cli import ArgumentParser, HelpFormatter, positive_float, positive_int
 from llama.config import ConfigError, get_preset
 from llama.memory import gpu_free, host_available, size_text, training_buffers, what_would_fit
 from llama.options import DEVICES, DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
@@ -29,7 +29,7 @@ KNOWN_GPUS = {"H100 80GB": 81559 * 2**20, "H200": 143771 * 2**20}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("model", help="a preset name (d12, llama3.2-1b, llama3.1-8b, ...)")
     p.add_argument("-b", "--batch-size", type=positive_int, required=True, help="sequences per micro-batch")
     p.add_argument("-t", "--seq-len", type=positive_int, required=True, help="tokens per sequence")

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from llama.cli import positive_int
+from llama.cli import ArgumentParser, positive_int
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
 EVAL_LINE = re.compile(r"^s:(\d+) (\w+):([0-9.]+) \2_norm:([0-9.]+)")
@@ -49,7 +49,7 @@ def trailing_mean(values: list[float], n: int) -> list[float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", help="main.log paths; with several, each run is labelled by its folder")
     parser.add_argument("-o", "--output", default=None, help="PNG path (default: next to the log)")
     parser.add_argument("--smooth", type=positive_int, default=1, metavar="N",

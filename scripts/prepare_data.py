@@ -21,14 +21,14 @@ import os
 import sys
 from pathlib import Path
 
-from llama.cli import HelpFormatter, nonnegative_int, positive_int
+from llama.cli import ArgumentParser, HelpFormatter, nonnegative_int, positive_int
 from llama.data.prepare import PrepareError, PrepareOptions, prepare_dataset
 from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError, load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("inputs", nargs="+", help=".txt, .jsonl, .json or .parquet files, folders of them, or globs")
     p.add_argument("--name", default=None, help="the dataset's name, the shards' prefix (default: the first "
                    "input's name)")

@@ -6,12 +6,11 @@ scripts/download_starter_pack.py."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
-from ..cli import nonnegative_int, positive_float
+from ..cli import ArgumentParser, nonnegative_int, positive_float
 from ..cache import CACHE_VARIABLE, cache_dir
 from .datasets import prepare_tinyshakespeare, starter_pack_shards
 from .download import GATED_HELP, DownloadError, download
@@ -41,7 +40,7 @@ def shards_match(paths, vocab_size: int) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--hf-token", default=os.environ.get("HF_TOKEN"),
                         help="get the tokenizer from the gated Hugging Face repository with this access token "
                              "instead of the llama-models wheel (default: $HF_TOKEN)")

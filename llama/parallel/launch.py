@@ -44,11 +44,11 @@ SAFE_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         """One line, not argparse's usage block."""
-        self.exit(2, f"launch: error: {message} (see python -m llama.launch --help)\n")
+        self.exit(2, f"launch: error: {message} (see python3 -m llama.launch --help)\n")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = _Parser(prog="python -m llama.launch",
+    parser = _Parser(prog="python3 -m llama.launch", allow_abbrev=False,
                      description="Start one process per GPU running `python SCRIPT ARGS`, with RANK, WORLD_SIZE, "
                                  "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (GPUs) on this host (default 1)")
