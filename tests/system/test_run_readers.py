@@ -3,6 +3,7 @@ they read, so that the rotation of a run that trains leaves it to a later turn, 
 replaces its folder whole, refusing one that holds anything but an earlier export (issue 26,
 items 3 to 6)."""
 
+import io
 import runpy
 import signal
 import subprocess
@@ -208,3 +209,26 @@ def test_a_failed_export_leaves_the_earlier_one_whole(run_folder, tmp_path, monk
         save_hf_folder("exported", CONFIG, init_parameters(CONFIG) + 1, "fp32", max_shard_bytes=50_000)
     assert files_under(tmp_path / "exported") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "out"]
+
+
+generate_main = runpy.run_path(str(REPO / "scripts" / "generate.py"))["main"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_generate_says_how_to_end_a_prompt_typed_on_a_terminal(run_folder, monkeypatch, capsys):
+    """Issue 63 item 15: without --prompt on a terminal it waited on stdin without a word."""
+    monkeypatch.setattr(sys, "stdin", Terminal("hi"))
+    assert generate_main(["out", "-n", "3", "--device", "cpu"]) == 0
+    assert capsys.readouterr().err.startswith("reading the prompt from the terminal: type it, then press Ctrl-D on a "
+                                              "line of its own (or pass --prompt)\n")
+
+
+def test_generate_says_when_the_context_cuts_new_tokens_short(run_folder, capsys):
+    """Issue 63 item 15: -n 600 on a model of max_seq_len 512 stopped at 508 tokens without a word."""
+    assert generate_main(["out", "--prompt", "abc", "-n", "600", "--device", "cpu", "--temperature", "0"]) == 0
+    assert (f"note: the model's context is {CONFIG.max_seq_len} tokens and the prompt takes 4: at most "
+            f"{CONFIG.max_seq_len - 4} new tokens, not -n 600") in capsys.readouterr().err
