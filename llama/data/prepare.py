@@ -112,13 +112,18 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[Record]:
             yield Record(str(path), row, "value", value)
 
 
+def json_error(e: json.JSONDecodeError) -> str:
+    """What is wrong and where on its line: "Expecting value at column 9", "Unterminated string starting at column 3"."""
+    return f"{e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno}"
+
+
 def _json_array_records(path: Path) -> Iterator[Record]:
     try:
         items = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
         raise PrepareError(f"{path}: not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     except json.JSONDecodeError as e:
-        raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({json_error(e)})") from None
     if not isinstance(items, list):
         raise PrepareError(f"{path}: a .json input is an array of objects, not a {type(items).__name__}")
     for number, item in enumerate(items, 1):
@@ -202,7 +207,7 @@ class DocumentEncoder:
             raise PrepareError(f"{record.where()}: not UTF-8 (byte {e.object[e.start]:#04x} at column "
                                f"{e.start + 1})") from None
         except json.JSONDecodeError as e:
-            raise PrepareError(f"{record.where()}: invalid JSON ({e.msg} at column {e.colno})") from None
+            raise PrepareError(f"{record.where()}: invalid JSON ({json_error(e)})") from None
         if not isinstance(value, dict):
             raise PrepareError(f"{record.where()}: a JSON {type(value).__name__}, not an object")
         return value
