@@ -286,3 +286,21 @@ def test_bench_startup_without_the_llama3_tokenizer_says_so_before_any_run(tmp_p
         "and could not be fetched: get it with python3 scripts/download_starter_pack.py, or time the others alone "
         "(--models d12)")
     assert "Traceback" not in result.stderr
+
+
+def test_plot_log_takes_a_run_folder_as_every_other_script_does(tmp_path, monkeypatch, capsys):
+    """Issue 63 item 17: `plot_log.py out` was refused (Is a directory)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "main.log").write_text("s:0 trl:5.0\ns:1 trl:4.0\ns:1 tel:4.5\n")
+    plot_log = runpy.run_path(str(REPO / "scripts" / "plot_log.py"))["main"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert plot_log(["out"]) == 2  # the logs are read before matplotlib is needed
+        assert capsys.readouterr().err == 'error: plotting needs matplotlib: pip install -e ".[plot]"\n'
+    else:
+        assert plot_log(["out"]) == 0 and (tmp_path / "out" / "main.png").exists()
+    (tmp_path / "empty").mkdir()
+    assert plot_log(["empty"]) == 2
+    assert capsys.readouterr().err == "error: cannot read empty/main.log: No such file or directory\n"
