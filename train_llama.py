@@ -1,9 +1,9 @@
 """Train a Llama 3.1 model: on the GPU with our CUDA kernels, or on the CPU with the numpy reference.
 
-    python train_llama.py                                  # the defaults: a few minutes on a CPU
-    python train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o runs/d12
-    python train_llama.py -o runs/d12 --resume             # continue from the newest complete checkpoint
-    python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o runs/1b
+    python3 train_llama.py                                  # the defaults: a few minutes on a CPU
+    python3 train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o runs/d12
+    python3 train_llama.py -o runs/d12 --resume             # continue from the newest complete checkpoint
+    python3 -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o runs/1b
 
 This file parses the command line; the run itself is llama/trainer.py's Trainer. On several GPUs
 (llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data parallel with ZeRO
@@ -60,7 +60,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval", default=None, metavar="TASK",
                    help="score the model on hellaswag (its validation set, downloaded on first use into the per-user cache) "
                         "or on a JSONL of {\"context\", \"choices\", \"label\"} items; main.log gets "
-                        "s:<step> hella:<acc> lines (default: none)")
+                        "s:<step> hella:<acc> lines (eval:<acc> for a JSONL) (default: none)")
     g.add_argument("--eval-every", type=nonnegative_int, default=None,
                    help="evaluate every N steps and at the last (0: the last only; default: --val-every's N)")
     g.add_argument("--eval-limit", type=positive_int, default=None, help="score the first N items only (default: all)")

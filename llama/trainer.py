@@ -78,7 +78,7 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     except OSError as e:
         raise UserError(f"cannot build the built-in corpus in {builtin}: {e.strerror or e}") from None
     print(f"data: the built-in corpus (this Python's standard library sources, {train}). For real text, run "
-          "python scripts/download_starter_pack.py")
+          "python3 scripts/download_starter_pack.py")
     return str(train), str(val)
 
 
@@ -218,7 +218,7 @@ class Trainer:
             self.guard = None
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
-        self._announce("from checkpoint" if checkpoint is not None or hf_folder
+        self._announce("from checkpoint" if checkpoint is not None else f"from {args.init}" if hf_folder
                        else args.model or self.defaults["model"])
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
         self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
@@ -262,7 +262,7 @@ class Trainer:
             if name in META_MODELS and config.vocab_size != tokenizer.vocab_size:
                 raise UserError(f"-e {name} is Meta's model, made for the Llama 3 tokenizer (vocab "
                                 f"{config.vocab_size}), but the tokenizer here is {tokenizer.name} (vocab "
-                                f"{tokenizer.vocab_size}); get it with python scripts/download_starter_pack.py, or "
+                                f"{tokenizer.vocab_size}); get it with python3 scripts/download_starter_pack.py, or "
                                 "pass it with --tokenizer")
             config = config.replace(vocab_size=tokenizer.vocab_size)
         if config.vocab_size != tokenizer.vocab_size:

@@ -3,7 +3,7 @@ flash_attention_v<N>.cu; v2 is kernels/flash_attention.cu, v3 and v4 kernels/fla
 (v4 with dQ inside the dK/dV kernel), Hopper only), against torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True),
 measured in the same run.
 
-    python scripts/bench_attention.py [--versions 2 3 4] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
+    python3 scripts/bench_attention.py [--versions 2 3 4] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
 TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 2.5x that backward, 3.5x
 forward+backward; median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous

@@ -1,8 +1,8 @@
 """Export a checkpoint as a Hugging Face Llama folder that transformers (and the tools built on its
 format) load: config.json, generation_config.json, safetensors weights and the tokenizer.
 
-    python scripts/export_hf.py runs/d12 exported/d12               # the run's newest checkpoint, bf16
-    python scripts/export_hf.py runs/d12/ckpt_00002000 exported/d12 --dtype fp32
+    python3 scripts/export_hf.py runs/d12 exported/d12               # the run's newest checkpoint, bf16
+    python3 scripts/export_hf.py runs/d12/ckpt_00002000 exported/d12 --dtype fp32
 
 Then: transformers.LlamaForCausalLM.from_pretrained("exported/d12") and AutoTokenizer likewise.
 The export replaces its folder whole; a folder that holds anything but an earlier export as it was

@@ -2,10 +2,10 @@
 accounting the trainer's memory check uses (llama/memory.py), for any preset, batch, length, GPU count
 and memory recipe, on any machine (no GPU needed).
 
-    python scripts/memory_plan.py llama3.2-1b -b 8 -t 2048
-    python scripts/memory_plan.py llama3.1-8b -b 1 -t 2048 --gpus 8
-    python scripts/memory_plan.py small -b 16 -t 256 --device cpu --recompute full --optimizer adamw8bit
-    python scripts/memory_plan.py small -b 16 -t 256 --device cpu --optimizer-in-backward
+    python3 scripts/memory_plan.py llama3.2-1b -b 8 -t 2048
+    python3 scripts/memory_plan.py llama3.1-8b -b 1 -t 2048 --gpus 8
+    python3 scripts/memory_plan.py small -b 16 -t 256 --device cpu --recompute full --optimizer adamw8bit
+    python3 scripts/memory_plan.py small -b 16 -t 256 --device cpu --optimizer-in-backward
 
 On the GPU (bf16) the buffers are those of llama/model/gpu_bf16.py with Hopper's flash attention build;
 the CUDA context, kernels and graphs come on top (about 1 GiB), so the total is a lower bound. It is
