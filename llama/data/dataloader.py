@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..progress import phase
 from .manifest import MANIFEST_SUFFIX, check_listed, unfinished
 from .prepare import INPUT_SUFFIXES
 from .shards import ShardError, check_mask, is_mask_sidecar, mask_path, open_mask, open_shard, read_header
@@ -133,12 +134,14 @@ class DataLoader:
         """The tokens the loss masks count, over every shard: from a prepared dataset's manifest, else read from
         the sidecars (after check_masks)."""
         total = 0
-        for shard, num_tokens in zip(self.files, self.num_tokens):
-            entry = self.listed.get(Path(shard))
-            if entry is not None and "counted" in entry:
-                total += entry["counted"]
-            else:
-                total += int(open_mask(mask_path(shard), num_tokens).sum(dtype=np.int64))
+        with phase("counting the tokens of the loss masks", total=sum(self.num_tokens), unit="tok") as progress:
+            for shard, num_tokens in zip(self.files, self.num_tokens):
+                entry = self.listed.get(Path(shard))
+                if entry is not None and "counted" in entry:
+                    total += entry["counted"]
+                else:
+                    total += int(open_mask(mask_path(shard), num_tokens).sum(dtype=np.int64))
+                progress.update(num_tokens)
         return total
 
     def state_dict(self) -> dict:
