@@ -134,3 +134,17 @@ def test_a_name_with_a_slash_is_one_line_and_chat_data_gets_the_sft_command(tmp_
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"train with: python3 train_llama.py -i 'data/chat/chat_train_*.bin' --sft --tokenizer "
         f"{tmp_path / 'tokenizer.model'}")
+
+
+def test_tinystories_unpacks_its_files_on_a_python_without_extraction_filters(tmp_path, monkeypatch):
+    """Python before 3.11.4 (Debian 12's 3.11.2, in a virtual environment) has no extractall(filter=)."""
+    extract_files = runpy.run_path(str(REPO / "data" / "tinystories.py"))["extract_files"]
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    with tarfile.open(tmp_path / "t.tar", "w") as tar:
+        for name, raw in (("data00.json", b"[]"), ("../outside.json", b"[]")):
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    with tarfile.open(tmp_path / "t.tar") as tar, pytest.raises(tarfile.TarError, match="outside the folder"):
+        extract_files(tar, tmp_path / "out")
+    assert (tmp_path / "out" / "data00.json").read_bytes() == b"[]" and not (tmp_path / "outside.json").exists()
