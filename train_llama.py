@@ -46,7 +46,7 @@ from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS,
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.plan import RECIPES, PlanError
 from llama.signals import StopNow
-from llama.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
+from llama.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError, data_arguments
 
 PATH_NAMES = {"cpu": "the CPU reference", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32"}
 
@@ -228,12 +228,6 @@ def check_resume(args: argparse.Namespace, holds: str, chosen: bool) -> None:
         raise UserError(f"--resume without -o continues the newest run, {out}, which trained on {trained_on(out)}, "
                         f"not on {mine}: name the run to continue with -o"
                         + (f" ({', '.join(same)} trained on this data)" if same else ""))
-
-
-def data_arguments(args: dict) -> str:
-    """A run's data in the words of its command line."""
-    given = " ".join(f"{flag} {args[key]}" for flag, key in (("-i", "train_data"), ("-j", "val_data")) if args.get(key))
-    return given or "the default data"
 
 
 def trained_on(run: Path) -> str | None:

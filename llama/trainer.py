@@ -82,6 +82,12 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     return str(train), str(val)
 
 
+def data_arguments(args: dict) -> str:
+    """A run's data in the words of its command line (args: its arguments, as a checkpoint records them)."""
+    given = " ".join(f"{flag} {args[key]}" for flag, key in (("-i", "train_data"), ("-j", "val_data")) if args.get(key))
+    return given or "the default data (no -i)"
+
+
 def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
     """Training FLOPs per token, llm.c's convention: 6 per matmul weight + causal attention."""
     layout = ParameterLayout(config)
@@ -338,10 +344,8 @@ class Trainer:
         try:
             self.train_loader.load_state_dict(state["loader"])
         except ValueError as e:
-            trained = state.get("args", {})
-            data = " ".join(f"{flag} {trained[key]}" for flag, key in (("-i", "train_data"), ("-j", "val_data"))
-                            if trained.get(key)) or "the default data (no -i)"
-            raise UserError(f"--resume: {e}; the run trained on {data}: pass the same data") from None
+            raise UserError(f"--resume: {e}; the run trained on {data_arguments(state.get('args', {}))}: pass the "
+                            "same data") from None
         self.sample_rng.bit_generator.state = state["sample_rng"]
         self.model.group_norms_squared = state.get("group_norms_squared")
         self.start, self.log_bytes = state["step"], state.get("log_bytes")
