@@ -223,7 +223,7 @@ def check_resume(args: argparse.Namespace, holds: str, chosen: bool) -> None:
                         "without --resume, or pass --resume auto (continue where there is a checkpoint, else start "
                         "anew)")
     mine = data_arguments(vars(args))
-    if chosen and checkpoints and trained_on(out) != mine:
+    if args.resume and chosen and checkpoints and trained_on(out) != mine:
         same = [str(run) for run in default_runs().values() if trained_on(run) == mine]
         raise UserError(f"--resume without -o continues the newest run, {out}, which trained on {trained_on(out)}, "
                         f"not on {mine}: name the run to continue with -o"

@@ -87,6 +87,7 @@ def test_resume_without_o_continues_only_a_run_of_the_same_data(corpus, tmp_path
     assert error.startswith("error: --resume: data loader state does not fit this loader: files was")
     assert error.endswith(f"; the run trained on -i {corpus[3]} -j {corpus[3]}: pass the same data")
     assert run(*BASE, *corpus, "-x", "3", "-o", "out", "--resume") == 0
+    assert run(*BASE, *corpus, "-x", "2", "--overwrite") == 0  # starting over in out_2 asks nothing of its data
     with pytest.raises(SystemExit) as usage:
         run(*BASE, *corpus, "-x", "3", "--resum")
     assert usage.value.code == 2 and "unrecognized arguments: --resum" in capsys.readouterr().err
