@@ -1,9 +1,9 @@
 """Train a Llama 3.1 model: on the GPU with our CUDA kernels, or on the CPU with the numpy reference.
 
-    python train_llama.py                                  # the defaults: a few minutes on a CPU
-    python train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o runs/d12
-    python train_llama.py -o runs/d12 --resume             # continue from the newest complete checkpoint
-    python -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o runs/1b
+    python3 train_llama.py                                  # the defaults: a few minutes on a CPU
+    python3 train_llama.py -e d12 -b 8 -t 1024 -x 2000 -o runs/d12
+    python3 train_llama.py -o runs/d12 --resume             # continue from the newest complete checkpoint
+    python3 -m llama.launch --nproc-per-node 8 train_llama.py -e llama3.2-1b -b 8 -t 2048 -o runs/1b
 
 This file parses the command line; the run itself is llama/run/trainer.py's Trainer. On several GPUs
 (llama.launch, torchrun, srun or mpirun: one process per GPU) the run is data parallel with ZeRO
@@ -36,9 +36,9 @@ from llama.runtime.cli import (ArgumentParser, HelpFormatter, fraction, nonnegat
 from llama.config import ConfigError
 from llama.data.shards import ShardError
 from llama.data.tokenizer import TokenizerError
-from llama.io.checkpoint import CheckpointError, complete_checkpoints
+from llama.io.checkpoint import CheckpointError, complete_checkpoints, read_state
 from llama.io.hf import HFError
-from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, describe_contents
+from llama.io.run_dir import FollowerRunDir, RunDir, RunDirError, default_output_dir, default_runs, describe_contents
 from llama.runtime.kernel_build import KernelBuildError
 from llama.runtime.machine import NotEnoughMemory
 from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES,
@@ -46,7 +46,7 @@ from llama.options import (DEVICES, DOC_MASKS, DTYPES, FP8_SCALINGS, OPTIMIZERS,
 from llama.parallel.distributed import DistributedEnv, DistributedError
 from llama.run.plan import RECIPES, PlanError
 from llama.runtime.signals import StopNow
-from llama.run.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError
+from llama.run.trainer import DEVICE_DEFAULTS, Trainer, TrainingDiverged, UserError, data_arguments
 
 PATH_NAMES = {"cpu": "the CPU reference", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32"}
 
@@ -60,7 +60,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval", default=None, metavar="TASK",
                    help="score the model on hellaswag (its validation set, downloaded on first use into the per-user cache) "
                         "or on a JSONL of {\"context\", \"choices\", \"label\"} items; main.log gets "
-                        "s:<step> hella:<acc> lines (default: none)")
+                        "s:<step> hella:<acc> lines (eval:<acc> for a JSONL) (default: none)")
     g.add_argument("--eval-every", type=nonnegative_int, default=None,
                    help="evaluate every N steps and at the last (0: the last only; default: --val-every's N)")
     g.add_argument("--eval-limit", type=positive_int, default=None, help="score the first N items only (default: all)")
@@ -230,14 +230,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_resume(args: argparse.Namespace, holds: str) -> None:
+def check_resume(args: argparse.Namespace, holds: str, chosen: bool) -> None:
     """A plain --resume needs a complete checkpoint in the folder (--resume auto starts anew without one);
-    holds: what the folder held before this run (describe_contents)."""
+    holds: what the folder held before this run (describe_contents). Without -o (chosen), the newest run that
+    --resume finds must have trained on this command's data, else the error names the runs that did."""
     out = Path(args.output_dir)
-    if args.resume is True and not complete_checkpoints(out):
+    checkpoints = complete_checkpoints(out)
+    if args.resume is True and not checkpoints:
         raise UserError(f"--resume: {out} {holds}, and no complete checkpoint to continue from; start a new run "
                         "without --resume, or pass --resume auto (continue where there is a checkpoint, else start "
                         "anew)")
+    mine = data_arguments(vars(args))
+    if args.resume and chosen and checkpoints and trained_on(out) != mine:
+        same = [str(run) for run in default_runs().values() if trained_on(run) == mine]
+        raise UserError(f"--resume without -o continues the newest run, {out}, which trained on {trained_on(out)}, "
+                        f"not on {mine}: name the run to continue with -o"
+                        + (f" ({', '.join(same)} trained on this data)" if same else ""))
+
+
+def trained_on(run: Path) -> str | None:
+    """The data of the newest complete checkpoint's run in words (None: none, or unreadable)."""
+    newest = complete_checkpoints(run)
+    try:
+        return data_arguments(read_state(newest[-1]).get("args", {})) if newest else None
+    except CheckpointError:
+        return None
 
 
 def connect(env: DistributedEnv, timeout: float):
@@ -277,7 +294,7 @@ def train(args: argparse.Namespace, chosen: bool, env: DistributedEnv) -> int:
     run_dir = (RunDir(args.output_dir, resume=args.resume, overwrite=args.overwrite) if env.is_main
                else FollowerRunDir(args.output_dir))
     with comm or contextlib.nullcontext(), run_dir, quiet(not env.is_main):
-        check_resume(args, holds)
+        check_resume(args, holds, chosen)
         return Trainer(args, run_dir, comm).run()
 
 

@@ -4,7 +4,7 @@ kernels/flash_attention.cu, v3 to v6 kernels/flash_attention_wgmma.cu with their
 dK/dV kernel), Hopper only; production on Hopper is v6's row at D = 64 and v3's at 128), against
 torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True), measured in the same run.
 
-    python scripts/bench_attention.py [--versions 2 3 4] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
+    python3 scripts/bench_attention.py [--versions 2 3 4] [--repeats 30] [--shapes 16,12,4,1024,64 ...]
 
 TFLOP/s with FLOPs = 2*B*H*T^2*D forward (the causal half of 4*B*H*T^2*D), 2.5x that backward, 3.5x
 forward+backward; median of --repeats runs between CUDA events, after warm-up. SDPA gets contiguous

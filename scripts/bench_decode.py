@@ -1,7 +1,7 @@
 """Generation speed on the GPU: our decoder (bf16 weights, bf16 KV cache, one CUDA graph per token, sampling
 on the GPU) against transformers' generate on the same model shape, prompt and batch, in the same run.
 
-    python scripts/bench_decode.py [--presets d12 llama3.2-1b] [--batches 1 8 16] [--prompt 128] [--steps 128]
+    python3 scripts/bench_decode.py [--presets d12 llama3.2-1b] [--batches 1 8 16] [--prompt 128] [--steps 128]
                                    [--prefill-prompt 2048] [--no-transformers] [--json out.json]
 
 Random weights (decode speed does not depend on them). Per row: time to first token (prefill of the

@@ -3,7 +3,7 @@ backward with the document mask (doc_start/doc_end from llama/ops/document_mask.
 the rows' BOS tokens) against torch's flex_attention with a document block mask (torch.compile'd), SDPA run on
 each document alone (is_causal), and our own kernel without the mask on the same rows, in the same run.
 
-    python scripts/bench_doc_mask.py [--rows 1x8192 1x16384] [--head-dims 64 128] [--repeats 20] [--seed 0]
+    python3 scripts/bench_doc_mask.py [--rows 1x8192 1x16384] [--head-dims 64 128] [--repeats 20] [--seed 0]
 
 Each row is cut from a stream of documents of 200-3000 tokens (uniform, seeded), as the data loader cuts rows
 from shards: it begins inside a document, and every later document begins with a BOS. Heads: H=32 query and

@@ -3,7 +3,7 @@
   2. one training step (forward, backward, AdamW) of a preset vs the same model as
      transformers.LlamaForCausalLM in fp32 (TF32 off, SDPA attention, fused AdamW).
 
-    python scripts/bench_gpu.py [--preset d12] [--B 8] [--T 1024] [--steps 5] [--json out.json]
+    python3 scripts/bench_gpu.py [--preset d12] [--B 8] [--T 1024] [--steps 5] [--json out.json]
 """
 
 import argparse

@@ -6,7 +6,7 @@ output written once; scratch traffic not counted), its median time (CUDA events 
 launches, after warm-up), its GB/s, and that as a fraction of the copy bandwidth (issue 10's target:
 at least 85%). One table at the end.
 
-    python scripts/bench_kernels.py [--tokens 16384] [--dim 768] [--ffn 2048] [--vocab 128256]
+    python3 scripts/bench_kernels.py [--tokens 16384] [--dim 768] [--ffn 2048] [--vocab 128256]
                                     [--chunk 4096] [--params 272.5e6] [--repeats 30]
 """
 

@@ -3,7 +3,8 @@ kernel caches) and warm (the caches the cold run filled), next to torch.compile'
 measured in the same run (scripts/torch_llama.py's twin of our architecture: from the process start to the end
 of its first compiled step, inductor's and Triton's caches empty, then filled).
 
-    python3 scripts/bench_startup.py                        # d12 and llama3.1-8b (the H100 recipe)
+    python3 scripts/bench_startup.py                        # d12 and llama3.1-8b (the H100 recipe; it needs the
+                                                            # Llama 3 tokenizer: scripts/download_starter_pack.py)
     python3 scripts/bench_startup.py --models d12 --no-torch
     python3 scripts/bench_startup.py --hf-folder /tmp/hf8b --make-hf-folder   # and 8B from an HF folder
     python3 scripts/bench_startup.py --scratch /tmp/s --models d12     # then --scratch /tmp/s --models ...: warm
@@ -28,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # scripts.torch_llama and llama, run from anywhere
+from llama.runtime.cli import require  # noqa: E402 (after the path)
 RECIPES = {  # train_llama.py's arguments, and the torch twin's (B, T, activation checkpointing, optimizer)
     "d12": (["-e", "d12", "-b", "8", "-t", "1024"], (8, 1024, False, "adamw")),
     "llama3.1-8b": (["-e", "llama3.1-8b", "-b", "1", "-t", "4096", "--recompute", "full", "--optimizer", "adamw8bit",
@@ -41,6 +43,19 @@ KERNEL_BUILD = re.compile(r"^compiling \d+ kernels? for .* \.\.\. (?P<seconds>[\
 PHASES = (("initializing the weights", "init"), ("reading ", "weight load"), ("capturing", "graph capture"))
 TORCH_DONE = "first compiled step done"
 VOCAB = re.compile(r"\| model .*, vocab (\d+) \|")  # the run's announcement (llama/run/trainer.py)
+
+
+def needs_tokenizer(models: list[str]) -> str | None:
+    """Why Meta's models among `models` cannot run here (None when they can): they need the Llama 3 tokenizer,
+    fetched into the per-user cache if it is not there, where the trainer finds it."""
+    from llama.config import META_MODELS
+    from llama.data.tokenizer import ByteTokenizer, default_tokenizer_path, load_tokenizer
+    meta = [m for m in dict.fromkeys(models) if m in META_MODELS]
+    if not meta or not isinstance(load_tokenizer(fetch=True, quiet=True), ByteTokenizer):
+        return None
+    return (f"{', '.join(meta)} need{'s' * (len(meta) == 1)} the Llama 3 tokenizer, which is not at "
+            f"{default_tokenizer_path()} and could not be fetched: get it with python3 scripts/download_starter_pack.py"
+            f", or time the others alone (--models {' '.join(m for m in RECIPES if m not in META_MODELS) or 'd12'})")
 
 
 def phase_column(name: str) -> str:
@@ -186,11 +201,20 @@ def main() -> None:
         return make_hf_folder(Path(args.write_hf_folder))
     if args.make_hf_folder and not args.hf_folder:
         p.error("--make-hf-folder needs --hf-folder")
-    if args.scratch:
-        rows = bench(args, Path(args.scratch))
-    else:
-        with tempfile.TemporaryDirectory(prefix="bench_startup_") as scratch:
-            rows = bench(args, Path(scratch))
+    missing = needs_tokenizer(args.models + ["llama3.1-8b"] * bool(args.hf_folder))
+    if missing:
+        p.exit(2, f"error: {missing}\n")
+    require("scripts/bench_startup.py", gpu=True)
+    try:
+        if args.scratch:
+            rows = bench(args, Path(args.scratch))
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench_startup_") as scratch:
+                rows = bench(args, Path(scratch))
+    except RuntimeError as e:  # a run that ended before its first step: its command, exit code and last lines
+        p.exit(1, f"error: {e}\n")
+    except KeyboardInterrupt:
+        p.exit(130, "\ninterrupted\n")
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

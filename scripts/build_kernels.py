@@ -30,7 +30,7 @@ def training_plans(code: str) -> list[Plan]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="sm_90a", help="the GPU's code, e.g. sm_90a (H100, H200) or sm_80 (A100)")
     parser.add_argument("--all", action="store_true", help="every unit of kernels/*.cu, not only training's")
     args = parser.parse_args(argv)

@@ -49,7 +49,7 @@ def command(vary: str, value: str, values: list[str]) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("vary", choices=("dtype", "gpus", "recipe", "fp8-scaling"))
     parser.add_argument("values", nargs="+", help=f"{' '.join(DTYPES)}, GPU counts, recipes: {', '.join(RECIPES)}, "
                                                   f"or FP8 scalings: {', '.join(FP8_SCALINGS)}")

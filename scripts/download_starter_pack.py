@@ -2,7 +2,7 @@
 with --hf-token from the gated Hugging Face repository) and tinyshakespeare, and tokenize the text
 into tinyshakespeare/*.bin, all in the per-user cache (~/.cache/llama-cuda; $LLAMA_CUDA_CACHE moves it).
 
-    python scripts/download_starter_pack.py [--tokenizer-wheel FILE | --index-url URL | --hf-token hf_...]
+    python3 scripts/download_starter_pack.py [--tokenizer-wheel FILE | --index-url URL | --hf-token hf_...]
                                             [--dest FOLDER] [--base-url MIRROR]
 """
 

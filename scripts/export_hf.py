@@ -1,12 +1,13 @@
 """Export a checkpoint as a Hugging Face Llama folder that transformers (and the tools built on its
 format) load: config.json, generation_config.json, safetensors weights and the tokenizer.
 
-    python scripts/export_hf.py runs/d12 exported/d12               # the run's newest checkpoint, bf16
-    python scripts/export_hf.py runs/d12/ckpt_00002000 exported/d12 --dtype fp32
+    python3 scripts/export_hf.py runs/d12 exported/d12               # the run's newest checkpoint, bf16
+    python3 scripts/export_hf.py runs/d12/ckpt_00002000 exported/d12 --dtype fp32
 
 Then: transformers.LlamaForCausalLM.from_pretrained("exported/d12") and AutoTokenizer likewise.
-The export replaces its folder whole; a folder that holds anything but an earlier export (a
-training run, a checkpoint, other files) is refused.
+The export replaces its folder whole; a folder that holds anything but an earlier export as it was
+written (llama_cuda_export.json, written last, lists its files) is refused: a training run, a
+checkpoint, a Hugging Face model of your own, other files.
 The tokenizer is the one the run trained with (--tokenizer, else the --init hf: folder's, else
 the tokenizer in the per-user cache); a byte-level model is exported without one. A checkpoint, tokenizer
 or folder that does not work is one `error:` line and exit code 2, as in the trainer; Ctrl-C stops with
@@ -16,14 +17,14 @@ exit code 130 and leaves the folder as it was.
 import argparse
 import sys
 
-from llama.runtime.cli import existing_path, positive_float
+from llama.runtime.cli import ArgumentParser, existing_path, positive_float
 from llama.io.checkpoint import CheckpointError, load_checkpoint, reading_checkpoint
 from llama.io.hf import EXPORT_DTYPES, ExportFolderError, check_export_folder, run_tokenizer_path, save_hf_folder
 from llama.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=existing_path,
                         help="a checkpoint folder (ckpt_*), or a run folder: its newest checkpoint")
     parser.add_argument("out", help="the folder to write")

@@ -2,9 +2,9 @@
 KV cache: on the GPU with our kernels (bf16 weights and cache, sampling on the GPU, one CUDA graph per
 token), else on the CPU with the numpy reference.
 
-    python scripts/generate.py runs/d12 --prompt "To be, or not to be"
-    python scripts/generate.py Llama-3.2-1B-Instruct --chat --prompt "Name three rivers." -n 200
-    echo "Once upon a time" | python scripts/generate.py runs/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
+    python3 scripts/generate.py runs/d12 --prompt "To be, or not to be"
+    python3 scripts/generate.py Llama-3.2-1B-Instruct --chat --prompt "Name three rivers." -n 200
+    echo "Once upon a time" | python3 scripts/generate.py runs/d12/ckpt_00002000 --temperature 0.8 --top-p 0.9
 
 MODEL is a checkpoint folder, a run folder (its newest checkpoint) or a folder with config.json and
 safetensors (also written hf:PATH). --chat wraps the prompt in the Llama 3 chat format (for instruct
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from llama.runtime.cli import existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
+from llama.runtime.cli import ArgumentParser, existing_path, fraction, nonnegative_float, nonnegative_int, positive_int
 from llama.io.checkpoint import CheckpointError
 from llama.io.model_folder import load_model
 from llama.model.generate import TextStream, generate
@@ -44,8 +44,16 @@ def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):
     return decoder
 
 
+def read_prompt() -> str:
+    """The prompt from stdin; on a terminal, after a line that says how to end it."""
+    if sys.stdin.isatty():
+        print("reading the prompt from the terminal: type it, then press Ctrl-D on a line of its own (or pass --prompt)",
+              file=sys.stderr)
+    return sys.stdin.read()
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=existing_path, help="checkpoint folder, run folder, or Hugging Face folder")
     p.add_argument("--prompt", default=None, help="the prompt (default: read from stdin)")
     p.add_argument("--chat", action="store_true", help="Llama 3 chat format: the prompt is the user's message")
@@ -61,7 +69,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         config, params, tokenizer = load_model(args.model, args.tokenizer)
-        prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+        prompt = args.prompt if args.prompt is not None else read_prompt()
         if args.chat:
             if not isinstance(tokenizer, Llama3Tokenizer):
                 raise TokenizerError("--chat needs the Llama 3 tokenizer")
@@ -73,6 +81,9 @@ def main(argv=None) -> int:
         max_len = min(config.max_seq_len, len(ids) + args.max_new_tokens)
         if len(ids) >= max_len:
             raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room in the model's {config.max_seq_len}")
+        if max_len - len(ids) < args.max_new_tokens:
+            print(f"note: the model's context is {config.max_seq_len} tokens and the prompt takes {len(ids)}: at most "
+                  f"{max_len - len(ids)} new tokens, not -n {args.max_new_tokens}", file=sys.stderr)
         plan = make_plan(config, RunOptions(args.device))
         decoder = make_decoder(plan, config, params, max_len)
         if not args.chat:

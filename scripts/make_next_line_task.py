@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama.runtime.cli import positive_int
+from llama.runtime.cli import ArgumentParser, positive_int
 from llama.data.shards import ShardError, open_shard
 from llama.data.tokenizer import TokenizerError, load_tokenizer
 from llama.run.trainer import UserError, resolve_data
@@ -74,7 +74,7 @@ def the_val_shard(args, tokenizer) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="next_line.jsonl", help="the task file to write (default: next_line.jsonl)")
     p.add_argument("--val-shard", default=None, help="a validation shard (default: the trainer's, see above)")
     p.add_argument("--tokenizer", default=None, help="the shard's tokenizer.model or tokenizer.json (default: the "

@@ -2,10 +2,10 @@
 accounting the trainer's memory check uses (llama/run/memory.py), for any preset, batch, length, GPU count
 and memory recipe, on any machine (no GPU needed).
 
-    python scripts/memory_plan.py llama3.2-1b -b 8 -t 2048
-    python scripts/memory_plan.py llama3.1-8b -b 1 -t 2048 --gpus 8
-    python scripts/memory_plan.py small -b 16 -t 256 --device cpu --recompute full --optimizer adamw8bit
-    python scripts/memory_plan.py small -b 16 -t 256 --device cpu --optimizer-in-backward
+    python3 scripts/memory_plan.py llama3.2-1b -b 8 -t 2048
+    python3 scripts/memory_plan.py llama3.1-8b -b 1 -t 2048 --gpus 8
+    python3 scripts/memory_plan.py small -b 16 -t 256 --device cpu --recompute full --optimizer adamw8bit
+    python3 scripts/memory_plan.py small -b 16 -t 256 --device cpu --optimizer-in-backward
 
 On the GPU (bf16) the buffers are those of llama/model/gpu_bf16.py with Hopper's flash attention build;
 the CUDA context, kernels and graphs come on top (about 1 GiB), so the total is a lower bound. It is
@@ -17,7 +17,7 @@ memory available here. A run that does not fit gets the least change that would 
 import argparse
 import sys
 
-from llama.runtime.cli import HelpFormatter, positive_float, positive_int
+from llama.runtime.cli import ArgumentParser, HelpFormatter, positive_float, positive_int
 from llama.config import ConfigError, get_preset
 from llama.run.memory import training_buffers, what_would_fit
 from llama.runtime.machine import gpu_free, host_available, size_text
@@ -30,7 +30,7 @@ KNOWN_GPUS = {"H100 80GB": 81559 * 2**20, "H200": 143771 * 2**20}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("model", help="a preset name (d12, llama3.2-1b, llama3.1-8b, ...)")
     p.add_argument("-b", "--batch-size", type=positive_int, required=True, help="sequences per micro-batch")
     p.add_argument("-t", "--seq-len", type=positive_int, required=True, help="tokens per sequence")

@@ -1,9 +1,9 @@
 """Plot train and val loss from llm.c-style main.log files into a PNG (needs matplotlib: pip install -e ".[plot]"),
 and beside them, on a second axis, the accuracy of an in-loop evaluation (--eval: s:<step> hella:<acc> lines).
 
-    python scripts/plot_log.py out/main.log [-o loss.png]
-    python scripts/plot_log.py out/bf16/main.log out/fp32/main.log -o compare.png   # runs side by side
-    python scripts/plot_log.py out/fp8/main.log out/bf16/main.log --smooth 20   # train loss as a 20-step mean
+    python3 scripts/plot_log.py out [-o loss.png]                    # a run folder, or its main.log
+    python3 scripts/plot_log.py out/bf16/main.log out/fp32/main.log -o compare.png   # runs side by side
+    python3 scripts/plot_log.py out/fp8/main.log out/bf16/main.log --smooth 20   # train loss as a 20-step mean
 
 A resumed run appends to main.log; for a step logged twice the later line wins.
 """
@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from llama.runtime.cli import positive_int
+from llama.runtime.cli import ArgumentParser, positive_int
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
 EVAL_LINE = re.compile(r"^s:(\d+) (\w+):([0-9.]+) \2_norm:([0-9.]+)")
@@ -40,6 +40,11 @@ def read_eval_log(path: str) -> dict[str, dict]:
     return evals
 
 
+def log_of(path: str) -> str:
+    """A run folder's main.log (as every other script takes a run folder), or the log file given."""
+    return str(Path(path) / "main.log") if Path(path).is_dir() else path
+
+
 def trailing_mean(values: list[float], n: int) -> list[float]:
     """Each value replaced by the mean of it and the n - 1 before it (fewer at the start)."""
     sums = [0.0]
@@ -49,19 +54,14 @@ def trailing_mean(values: list[float], n: int) -> list[float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("logs", nargs="+", help="main.log paths; with several, each run is labelled by its folder")
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("logs", nargs="+", help="main.log paths or run folders; with several, each run is labelled by "
+                        "its folder")
     parser.add_argument("-o", "--output", default=None, help="PNG path (default: next to the log)")
     parser.add_argument("--smooth", type=positive_int, default=1, metavar="N",
                         help="plot the train loss as the mean of the last N steps (default 1: as logged)")
     args = parser.parse_args(argv)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('error: plotting needs matplotlib: pip install -e ".[plot]"', file=sys.stderr)
-        return 2
+    args.logs = [log_of(path) for path in args.logs]
     runs = []
     for log in args.logs:
         try:
@@ -74,6 +74,13 @@ def main(argv=None) -> int:
             print(f"error: {log} has no s:<step> trl:/tel: lines", file=sys.stderr)
             return 2
         runs.append((Path(log).parent.name + " " if len(args.logs) > 1 else "", train, val, evals))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('error: plotting needs matplotlib: pip install -e ".[plot]"', file=sys.stderr)
+        return 2
     output = args.output or args.logs[0].rsplit(".", 1)[0] + ".png"
     fig, ax = plt.subplots(figsize=(8, 5))
     accuracy = ax.twinx() if any(evals for *_, evals in runs) else None

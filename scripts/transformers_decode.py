@@ -4,7 +4,7 @@ on the GPU, and its `generate` timed greedily with a static KV cache, the forwar
 documents for static-cache generation where that works (eager otherwise; the result says which).
 bench_decode.py runs it as a process of its own per row (torch and PyCUDA apart), which prints one JSON line:
 
-    python scripts/transformers_decode.py PRESET BATCH PROMPT STEPS [--eager]
+    python3 scripts/transformers_decode.py PRESET BATCH PROMPT STEPS [--eager]
 
 How the forward is compiled depends on the installed transformers. From 4.47 on, generate() compiles the
 decode steps itself when the cache is static (generation_config.compile_config, a CompileConfig; the prefill

@@ -15,6 +15,13 @@ their <|eot_id|> count. Every val_every-th document (the first, then every N-th)
 validation split. Documents are read lazily, encoded in chunks on a pool of processes (results in
 input order, so the output does not depend on the number of workers), and each split is cut into
 shards of exactly shard_tokens tokens (the last one shorter), written as they fill.
+
+The shards are written into a folder of their own beside the dataset (.NAME.partial), and only a
+preparation that finished moves them into place, then writes the dataset's manifest last
+(llama/data/manifest.py): a failure, Ctrl-C or kill -9 leaves the dataset that was there (--overwrite)
+as it was, and the data loader never takes an unfinished one for whole. An empty document is skipped
+and named; so is, in chat data, a conversation with no assistant reply (nothing of it counts in the
+loss), and chat data in which nothing counts at all is an error.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import glob
 import itertools
 import json
 import multiprocessing
+import os
+import shutil
 import signal
 import time
 from collections import deque
@@ -33,6 +42,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..runtime.progress import bar, choose_display
+from .manifest import MANIFEST_SUFFIX, PARTIAL, manifest_path, write_manifest
 from .shards import mask_path, write_mask, write_shard
 
 INPUT_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
@@ -62,17 +72,19 @@ class Record:
 
 def expand_inputs(inputs: Iterable[str]) -> list[Path]:
     """The files that the inputs name: files as given, folders searched recursively and globs, each
-    folder's and glob's files sorted; only .txt, .jsonl and .parquet."""
+    folder's and glob's files sorted; only .txt, .jsonl, .json and .parquet (not a dataset's manifest)."""
+    def is_input(p: Path) -> bool:  # a dataset's manifest is no document
+        return p.suffix in INPUT_SUFFIXES and p.is_file() and not p.name.endswith(MANIFEST_SUFFIX)
+
     paths: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix in INPUT_SUFFIXES and p.is_file())
+            found = sorted(p for p in path.rglob("*") if is_input(p))
         elif path.is_file():
             found = [path]
         else:
-            found = sorted(Path(p) for p in glob.glob(item, recursive=True)
-                           if Path(p).suffix in INPUT_SUFFIXES and Path(p).is_file())
+            found = sorted(Path(p) for p in glob.glob(item, recursive=True) if is_input(Path(p)))
             if not found:
                 raise PrepareError(f"{item}: no such file, folder, or glob matching {KINDS} files")
         for p in found:
@@ -100,13 +112,18 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[Record]:
             yield Record(str(path), row, "value", value)
 
 
+def json_error(e: json.JSONDecodeError) -> str:
+    """What is wrong and where on its line: "Expecting value at column 9", "Unterminated string starting at column 3"."""
+    return f"{e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno}"
+
+
 def _json_array_records(path: Path) -> Iterator[Record]:
     try:
         items = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
         raise PrepareError(f"{path}: not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     except json.JSONDecodeError as e:
-        raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({json_error(e)})") from None
     if not isinstance(items, list):
         raise PrepareError(f"{path}: a .json input is an array of objects, not a {type(items).__name__}")
     for number, item in enumerate(items, 1):
@@ -149,6 +166,8 @@ class EncodedChunk:
     mask: np.ndarray | None  # uint8, chat data only
     lengths: list[int] = field(default_factory=list)  # tokens of each document, in order
     bad: list[str] = field(default_factory=list)  # "file:line: why" of each bad record, in order
+    empty: list[str] = field(default_factory=list)  # where each document without text is, in order
+    no_reply: list[str] = field(default_factory=list)  # where each conversation without an assistant reply is
     input_bytes: int = 0
 
 
@@ -188,7 +207,7 @@ class DocumentEncoder:
             raise PrepareError(f"{record.where()}: not UTF-8 (byte {e.object[e.start]:#04x} at column "
                                f"{e.start + 1})") from None
         except json.JSONDecodeError as e:
-            raise PrepareError(f"{record.where()}: invalid JSON ({e.msg} at column {e.colno})") from None
+            raise PrepareError(f"{record.where()}: invalid JSON ({json_error(e)})") from None
         if not isinstance(value, dict):
             raise PrepareError(f"{record.where()}: a JSON {type(value).__name__}, not an object")
         return value
@@ -222,6 +241,11 @@ class DocumentEncoder:
             except PrepareError as e:
                 chunk.bad.append(str(e))
                 continue
+            if not self.chat and ids.size == 2:  # <|begin_of_text|> <|end_of_text|>: no text
+                chunk.empty.append(record.where())
+                continue
+            if self.chat and not mask.any():
+                chunk.no_reply.append(record.where())
             pieces.append(ids)
             masks.append(mask)
             chunk.lengths.append(ids.size)
@@ -303,8 +327,9 @@ def encode_chunks(records: Iterable[Record], encoder: DocumentEncoder, workers: 
 
 
 class ShardWriter:
-    """One split's shards, <name>_<split>_000000.bin on: each exactly shard_tokens tokens (the last one
-    shorter), written as soon as it fills; with masks, each one's loss-mask sidecar is written first."""
+    """One split's shards, <name>_<split>_000000.bin on, in out_dir: each exactly shard_tokens tokens (the last
+    one shorter), written as soon as it fills; with masks, each one's loss-mask sidecar is written first. Each
+    shard's tokens (and counted tokens, with masks) are kept for the manifest."""
 
     def __init__(self, out_dir: Path, name: str, split: str, shard_tokens: int, vocab_size: int, with_mask: bool):
         self.prefix = out_dir / f"{name}_{split}_"
@@ -313,7 +338,8 @@ class ShardWriter:
         self.masks: list[np.ndarray] = []
         self.buffered = 0
         self.paths: list[Path] = []
-        self.documents = self.total_tokens = 0
+        self.entries: list[dict] = []  # the manifest's entry of each shard
+        self.documents = self.total_tokens = self.counted = 0
 
     def add(self, tokens: np.ndarray, mask: np.ndarray | None) -> None:
         """One or more documents' tokens (and mask)."""
@@ -331,21 +357,31 @@ class ShardWriter:
             self._flush(self.buffered)
         return self.paths
 
+    def moved_to(self, out_dir: Path) -> None:
+        """The shards were moved into out_dir: their paths from now on."""
+        self.prefix = out_dir / self.prefix.name
+        self.paths = [out_dir / p.name for p in self.paths]
+
     def _flush(self, count: int) -> None:
         tokens = np.concatenate(self.tokens)
         path = Path(f"{self.prefix}{len(self.paths):06d}.bin")
+        entry = {"file": path.name, "tokens": count}
         if self.with_mask:
             mask = np.concatenate(self.masks)
             write_mask(mask_path(path), mask[:count])
+            entry["counted"] = int(mask[:count].sum(dtype=np.int64))
+            self.counted += entry["counted"]
             self.masks = [mask[count:].copy()]
-        write_shard(path, tokens[:count], self.vocab_size)
+        write_shard(path, tokens[:count], self.vocab_size, listed=True)
         self.tokens, self.buffered = [tokens[count:].copy()], self.buffered - count  # not a view of it all
         self.paths.append(path)
+        self.entries.append(entry)
 
 
 def existing_shards(out_dir: Path, name: str) -> list[Path]:
-    """Shards (and sidecars) of a dataset of this name already in out_dir."""
-    return sorted(p for split in ("train", "val") for p in out_dir.glob(f"{name}_{split}_*.bin"))
+    """Shards (and sidecars) of a dataset of this name already in out_dir, and its manifest."""
+    found = sorted(p for split in ("train", "val") for p in out_dir.glob(f"{glob.escape(name)}_{split}_*.bin"))
+    return found + [manifest_path(out_dir, name)] * manifest_path(out_dir, name).exists()
 
 
 @dataclass(frozen=True)
@@ -366,6 +402,8 @@ class Summary:
     chat: bool
     skipped: int = 0
     seconds: float = 0.0
+    empty: list[str] = field(default_factory=list)  # where the documents without text were
+    no_reply: list[str] = field(default_factory=list)  # where the conversations without an assistant reply were
 
     def lines(self) -> list[str]:
         train, val = self.writers["train"], self.writers["val"]
@@ -376,9 +414,26 @@ class Summary:
                f"tokens: {tokens:,} ({train.total_tokens:,} train, {val.total_tokens:,} val)",
                f"shards: {len(train.paths)} train, {len(val.paths)} val, in {train.prefix.parent}",
                f"time: {self.seconds:.1f} s, {rate:,.0f} tokens/s"]
+        if self.chat:
+            out.append(f"counted in the loss: {train.counted + val.counted:,} tokens (the assistant's replies)")
         if self.skipped:
             out.append(f"skipped: {self.skipped:,} bad records (--skip-bad)")
+        if self.empty:
+            out.append(f"skipped: {len(self.empty):,} empty documents ({first_ones(self.empty)})")
+        if self.no_reply:
+            out.append(f"conversations without an assistant reply, of which nothing counts in the loss: "
+                       f"{len(self.no_reply):,} ({first_ones(self.no_reply)})")
         return out
+
+    def manifest(self, name: str, tokenizer) -> dict:
+        """The dataset's manifest (llama/data/manifest.py)."""
+        return {"name": name, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "chat": self.chat,
+                "documents": {split: w.documents for split, w in self.writers.items()},
+                "splits": {split: w.entries for split, w in self.writers.items()}}
+
+
+def first_ones(places: list[str], shown: int = 3) -> str:
+    return ", ".join(places[:shown]) + (", ..." if len(places) > shown else "")
 
 
 class Progress:
@@ -419,7 +474,12 @@ def _split_documents(chunk: EncodedChunk, first_index: int, val_every: int, writ
 
 
 def _check_out_dir(options: PrepareOptions) -> list[Path]:
-    """The shards of the same name to replace (with overwrite), else an error if there are any."""
+    """The files of the dataset of the same name to replace (with overwrite), else an error if there are any."""
+    if not options.name or options.name in (".", "..") or "/" in options.name or os.sep in options.name:
+        raise PrepareError(f"--name {options.name!r} is the shards' file name prefix, not a path: choose a plain "
+                           "name, and the folder with --out-dir")
+    if options.out_dir.exists() and not options.out_dir.is_dir():
+        raise PrepareError(f"{options.out_dir} is a file; choose a folder with --out-dir")
     old = existing_shards(options.out_dir, options.name)
     if old and not options.overwrite:
         raise PrepareError(f"{options.out_dir} already holds {options.name}'s shards ({old[0].name}, ...); "
@@ -428,8 +488,9 @@ def _check_out_dir(options: PrepareOptions) -> list[Path]:
 
 
 def prepare_dataset(inputs: Iterable[str], tokenizer, options: PrepareOptions) -> Summary:
-    """Tokenize the inputs into <name>_train_*.bin and <name>_val_*.bin in out_dir. On any error or
-    Ctrl-C, the shards written so far are removed, so no incomplete dataset is left behind."""
+    """Tokenize the inputs into <name>_train_*.bin and <name>_val_*.bin in out_dir, with the manifest last. They
+    are written into out_dir/.<name>.partial first and moved into place once whole: on any error or Ctrl-C (or a
+    kill) out_dir is left as it was, the dataset there too, and folders made for it are removed."""
     paths = expand_inputs(inputs)
     old = _check_out_dir(options)
     records = read_records(paths, options.text_field)
@@ -438,37 +499,78 @@ def prepare_dataset(inputs: Iterable[str], tokenizer, options: PrepareOptions) -
         raise PrepareError(f"no documents in {' '.join(map(str, paths))}")
     chat = is_conversation(first)
     encoder = DocumentEncoder(tokenizer, options.text_field, chat)
-    options.out_dir.mkdir(parents=True, exist_ok=True)
-    for path in old:
-        path.unlink()
-    writers = {split: ShardWriter(options.out_dir, options.name, split, options.shard_tokens,
-                                  tokenizer.vocab_size, chat) for split in ("train", "val")}
-    summary = Summary(writers, chat)
-    sizes = None if any(p.suffix == ".parquet" for p in paths) else sum(p.stat().st_size for p in paths)
-    progress, start = Progress(sizes), time.perf_counter()
+    made = [p for p in (options.out_dir, *options.out_dir.parents) if not p.exists()]
+    partial = options.out_dir / PARTIAL.format(name=options.name)
     try:
-        for chunk in encode_chunks(itertools.chain([first], records), encoder, options.workers):
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # a killed preparation's
+        partial.mkdir()
+        summary = _write_shards(itertools.chain([first], records), encoder, partial, tokenizer, options, chat,
+                                None if any(p.suffix == ".parquet" for p in paths) else
+                                sum(p.stat().st_size for p in paths))
+        write_manifest(manifest_path(partial, options.name), summary.manifest(options.name, tokenizer))
+        _move_into_place(partial, options.out_dir, old, summary)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        for folder in made:  # deepest first: those made for this dataset, while empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    return summary
+
+
+def _write_shards(records: Iterable[Record], encoder: DocumentEncoder, folder: Path, tokenizer,
+                  options: PrepareOptions, chat: bool, total_bytes: int | None) -> Summary:
+    """The records encoded into both splits' shards in folder; PrepareError where they make no dataset."""
+    writers = {split: ShardWriter(folder, options.name, split, options.shard_tokens, tokenizer.vocab_size, chat)
+               for split in ("train", "val")}
+    summary = Summary(writers, chat)
+    progress, start = Progress(total_bytes), time.perf_counter()
+    try:
+        for chunk in encode_chunks(records, encoder, options.workers):
             if chunk.bad and not options.skip_bad:
                 raise PrepareError(chunk.bad[0])
             summary.skipped += len(chunk.bad)
+            summary.empty += chunk.empty
+            summary.no_reply += chunk.no_reply
             _split_documents(chunk, writers["train"].documents + writers["val"].documents, options.val_every, writers)
             progress.update(chunk)
         for writer in writers.values():
             writer.close()
-        if not writers["train"].documents:
-            raise PrepareError("no training documents: the validation split took them all (--val-every 0 for "
-                               "no validation split)")
-    except BaseException:
-        _remove_shards(writers.values())
-        raise
     finally:
         progress.close()
+    if not writers["train"].documents and not writers["val"].documents and summary.empty:
+        raise PrepareError(f"no text in the inputs: every document is empty ({first_ones(summary.empty)})")
+    if not writers["train"].documents:
+        raise PrepareError("no training documents: the validation split took them all (--val-every 0 for "
+                           "no validation split)")
+    if chat and not writers["train"].counted:
+        raise PrepareError("no training conversation has an assistant reply, so nothing would count in --sft's loss "
+                           f"({first_ones(summary.no_reply)}); a conversation needs a message "
+                           '{"role": "assistant", "content": ...} to learn from')
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def _remove_shards(writers: Iterable[ShardWriter]) -> None:
-    for writer in writers:
-        for path in writer.paths:
-            path.unlink(missing_ok=True)
-            mask_path(path).unlink(missing_ok=True)
+def _move_into_place(partial: Path, out_dir: Path, old: list[Path], summary: Summary) -> None:
+    """The finished dataset from partial into out_dir: the old one's manifest goes first (from then on the loader
+    refuses what is left of it), the new shards move in over the old ones, the old ones left are removed, and the
+    new manifest comes last."""
+    manifest = next(partial.glob("*.manifest.json"))
+    for path in old:
+        if path.name == manifest.name:
+            path.unlink()
+    moved = set()
+    for path in sorted(partial.iterdir()):
+        if path != manifest:
+            os.replace(path, out_dir / path.name)
+            moved.add(path.name)
+    for path in old:
+        if path.name not in moved and path.name != manifest.name:
+            path.unlink()
+    os.replace(manifest, out_dir / manifest.name)
+    partial.rmdir()
+    for writer in summary.writers.values():
+        writer.moved_to(out_dir)

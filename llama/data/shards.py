@@ -1,7 +1,9 @@
 """Token shards in llm.c's formats: an int32[256] header, then the tokens.
 
-header[0] magic, [1] version, [2] number of tokens, and, our addition in a spare field,
-[3] the vocabulary size of the tokenizer that wrote the shard (0 when unknown, as in llm.c's own).
+header[0] magic, [1] version, [2] number of tokens, and, our additions in spare fields, [3] the
+vocabulary size of the tokenizer that wrote the shard (0 when unknown, as in llm.c's own) and [4] 1 when
+the shard belongs to a dataset whose manifest lists it (scripts/prepare_data.py's, llama/data/manifest.py):
+such a shard is used only with its manifest, so that a dataset cut short is never taken as whole.
   Llama 3: magic 20240801, version 7, uint32 tokens.
   GPT-2:   magic 20240520, version 1, uint16 tokens (read only).
 A loss-mask sidecar (<shard>.mask.bin beside <shard>.bin, our addition for chat data) has the same
@@ -38,6 +40,7 @@ class ShardInfo:
     num_tokens: int
     vocab_size: int  # of the tokenizer that wrote it; 0 if the writer did not record it
     dtype: np.dtype
+    listed: bool = False  # a shard of a dataset with a manifest (header[4])
 
 
 def _write_atomically(path: Path, header: np.ndarray, body: np.ndarray) -> None:
@@ -55,15 +58,16 @@ def _write_atomically(path: Path, header: np.ndarray, body: np.ndarray) -> None:
         raise
 
 
-def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
-    """Write tokens as a Llama 3 shard, atomically (a temporary file renamed into place)."""
+def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int, listed: bool = False) -> None:
+    """Write tokens as a Llama 3 shard, atomically (a temporary file renamed into place); listed: one of a
+    dataset whose manifest lists it."""
     tokens = np.asarray(tokens)
     if tokens.size >= 2 ** 31:
         raise ShardError(f"a shard holds fewer than 2^31 tokens, got {tokens.size}")
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ShardError(f"tokens outside the vocabulary [0, {vocab_size})")
     header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:4] = [LLAMA3_MAGIC, 7, tokens.size, vocab_size]
+    header[:5] = [LLAMA3_MAGIC, 7, tokens.size, vocab_size, int(listed)]
     _write_atomically(Path(path), header, tokens.astype(np.uint32))
 
 
@@ -89,6 +93,14 @@ def write_mask(path: str | Path, mask: np.ndarray) -> None:
 
 def open_mask(path: str | Path, num_tokens: int) -> np.ndarray:
     """A loss-mask sidecar as a read-only uint8 memmap, checked against its token shard's length."""
+    path = check_mask(path, num_tokens)
+    if num_tokens == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+
+
+def check_mask(path: str | Path, num_tokens: int) -> Path:
+    """A loss-mask sidecar's header and size against its token shard's length (nothing else is read)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -101,9 +113,7 @@ def open_mask(path: str | Path, num_tokens: int) -> np.ndarray:
     if int(header[2]) != num_tokens or size != HEADER_BYTES + num_tokens:
         raise ShardError(f"{path}: a mask of {int(header[2])} tokens in {size} bytes, but its shard holds "
                          f"{num_tokens} tokens")
-    if num_tokens == 0:
-        return np.zeros(0, dtype=np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+    return path
 
 
 def read_header(path: str | Path) -> ShardInfo:
@@ -127,8 +137,8 @@ def read_header(path: str | Path) -> ShardInfo:
     if num_tokens < 0 or size != expected:
         raise ShardError(f"{path}: file is {size} bytes but its header promises {num_tokens} tokens "
                          f"({expected} bytes); the file is truncated or corrupt")
-    vocab = int(header[3]) if name == "llama3" else 0
-    return ShardInfo(path, name, num_tokens, vocab, dtype)
+    vocab, listed = (int(header[3]), int(header[4]) == 1) if name == "llama3" else (0, False)
+    return ShardInfo(path, name, num_tokens, vocab, dtype, listed)
 
 
 def open_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:

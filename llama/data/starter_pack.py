@@ -6,12 +6,11 @@ scripts/download_starter_pack.py."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
-from ..runtime.cli import nonnegative_int, positive_float
+from ..runtime.cli import ArgumentParser, nonnegative_int, positive_float
 from ..cache import CACHE_VARIABLE, cache_dir
 from .datasets import prepare_tinyshakespeare, starter_pack_shards
 from .download import GATED_HELP, DownloadError, download
@@ -27,9 +26,9 @@ TINYSHAKESPEARE = dict(base="https://raw.githubusercontent.com",
                        sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")
 
 
-def fetch(spec: dict, args, **kwargs) -> Path:
+def fetch(spec: dict, args, dest: Path, **kwargs) -> Path:
     url = f"{(args.base_url or spec['base']).rstrip('/')}/{spec['path']}"
-    return download(url, Path(args.dest) / spec["dest"], size=spec["size"], sha256=spec["sha256"],
+    return download(url, dest / spec["dest"], size=spec["size"], sha256=spec["sha256"],
                     retries=args.retries, timeout=args.timeout, **kwargs)
 
 
@@ -41,7 +40,7 @@ def shards_match(paths, vocab_size: int) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--hf-token", default=os.environ.get("HF_TOKEN"),
                         help="get the tokenizer from the gated Hugging Face repository with this access token "
                              "instead of the llama-models wheel (default: $HF_TOKEN)")
@@ -60,7 +59,7 @@ def main(argv=None) -> int:
     try:
         tokenizer_path = dest / TOKENIZER["dest"]
         if args.hf_token:
-            fetch(TOKENIZER, args, headers={"Authorization": f"Bearer {args.hf_token}"}, gated=True)
+            fetch(TOKENIZER, args, dest, headers={"Authorization": f"Bearer {args.hf_token}"}, gated=True)
         else:
             try:
                 fetch_llama3_tokenizer(tokenizer_path, wheel=args.tokenizer_wheel, index_url=args.index_url,
@@ -72,7 +71,7 @@ def main(argv=None) -> int:
                 print(f"could not get the Llama 3 tokenizer from the llama-models wheel: {e}\n"
                       "Alternatively: " + GATED_HELP + "\nThe data is tokenized with the byte-level tokenizer "
                       "instead.", file=sys.stderr)
-        text = fetch(TINYSHAKESPEARE, args)
+        text = fetch(TINYSHAKESPEARE, args, dest)
         tokenizer = Llama3Tokenizer(tokenizer_path) if tokenizer_path.exists() else ByteTokenizer()
         shards = starter_pack_shards(dest)
         if shards_match(shards, tokenizer.vocab_size):

@@ -261,5 +261,5 @@ def load_tokenizer(path: str | Path | None = None, quiet: bool = False, fetch: b
             print(f"note: {e}", file=sys.stderr)
     if not quiet:
         print(f"note: no Llama 3 tokenizer at {default}; using the byte-level tokenizer (vocab 264). Get the real "
-              "one with: python scripts/download_starter_pack.py", file=sys.stderr)
+              "one with: python3 scripts/download_starter_pack.py", file=sys.stderr)
     return ByteTokenizer()

@@ -122,6 +122,7 @@ IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints sa
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
                 "model-*-of-*.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 RUN_FILES = (LOG, LOCK, "ckpt_*", "old_run_*", DONE, STATE, OPTIMIZER)
+EXPORT_RECORD = "llama_cuda_export.json"  # written last by an export: its files, so that only it may be replaced
 
 
 def _rope_settings(values: dict, where: str) -> dict:
@@ -352,20 +353,51 @@ def load_hf_to_device(folder: str | Path, out, on_tensor=None) -> LlamaConfig:
 
 
 def check_export_folder(out: str | Path, files: tuple[str, ...] = EXPORT_FILES) -> None:
-    """Refuse a folder that an export, which replaces its folder whole, would destroy: a file, or a
-    folder that holds anything but an earlier export's files (`files`, patterns: a model's by default; a
-    training run, a checkpoint, ...)."""
+    """Refuse a folder that an export, which replaces its folder whole, would destroy: a file, or a folder
+    that holds anything but an earlier export of ours as it was written (`files`, patterns: a model's by default,
+    an adapter's; EXPORT_RECORD lists them with their sizes and times): a training run, a checkpoint, a Hugging
+    Face model of the user's, an export changed since."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ExportFolderError(f"{out} is a file; choose a folder for the export")
-    held = out.iterdir() if out.is_dir() else ()
-    others = sorted(p.name for p in held if not (p.is_file() and any(fnmatch(p.name, name) for name in files)))
+    held = sorted(out.iterdir()) if out.is_dir() else []
+    if not held:
+        return
+    others = [p.name for p in held if not (p.is_file() and any(fnmatch(p.name, name) for name in files))
+              and p.name != EXPORT_RECORD]
+    recorded = _read_export_record(out)
     if others:
         run = any(fnmatch(name, mark) for name in others for mark in RUN_FILES)
-        raise ExportFolderError(
-            f"{out} holds {'a training run or a checkpoint' if run else 'files an export does not write'} "
-            f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}); an export replaces its folder whole: "
-            "choose a new or empty folder, or one that holds only an earlier export")
+        what = f"{'a training run or a checkpoint' if run else 'files an export does not write'} ({_some(others)})"
+    elif recorded is None:
+        what = f"a model that scripts/export_hf.py did not write ({_some([p.name for p in held])}; no {EXPORT_RECORD})"
+    else:
+        changed = [p.name for p in held if p.name != EXPORT_RECORD and recorded.get(p.name) != _file_stamp(p)]
+        changed += [name for name in recorded if not (out / name).is_file()]
+        if not changed:
+            return
+        what = f"an export changed since it was written ({_some(sorted(set(changed)))})"
+    raise ExportFolderError(f"{out} holds {what}; an export replaces its folder whole: choose a new or empty folder, "
+                            "or one that holds only an earlier export")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
+def _file_stamp(path: Path) -> list[int]:
+    """What the export record keeps of a file: its size and modification time (ns)."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _read_export_record(folder: Path) -> dict[str, list[int]] | None:
+    """{file: stamp} of the export whose record the folder holds, None without a readable one."""
+    try:
+        files = json.loads((folder / EXPORT_RECORD).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) else None
 
 
 def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], shown: Path) -> None:
@@ -402,8 +434,8 @@ def save_hf_folder(out: str | Path, config: LlamaConfig, params: np.ndarray, dty
 def replace_export_folder(out: str | Path, files: tuple[str, ...], write) -> list[Path]:
     """An export's folder replaced whole: `write(folder)` writes the export's files into a temporary folder beside
     `out` and returns them, and that folder then takes the place of `out` (which check_export_folder(out, files)
-    must allow), so that nothing of an earlier export survives and a failure or Ctrl-C leaves `out` as it was.
-    Returns the files as they are named in `out`."""
+    must allow), with EXPORT_RECORD written last, so that nothing of an earlier export survives and a failure or
+    Ctrl-C leaves `out` as it was. Returns the files as they are named in `out`."""
     check_export_folder(out, files)
     target = Path(out).absolute()
     tmp, old = (target.parent / f".{kind}_{target.name}.{os.getpid()}" for kind in ("tmp_export", "old_export"))
@@ -411,6 +443,8 @@ def replace_export_folder(out: str | Path, files: tuple[str, ...], write) -> lis
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         written = write(tmp)
+        record = {"written_by": "scripts/export_hf.py (llama-cuda)", "files": {p.name: _file_stamp(p) for p in written}}
+        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")  # last: the export is whole
         if target.exists():
             os.replace(target, old)
         os.replace(tmp, target)

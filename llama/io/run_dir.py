@@ -260,14 +260,19 @@ def holds_run(path: Path) -> bool:
     return (log.is_file() and log.stat().st_size > 0) or any(path.glob("ckpt_*")) or (path / LOCK).exists()
 
 
+def default_runs(base: str = "out") -> dict[int, Path]:
+    """{n: folder} of the default run folders that hold a run (base is 1, then base_2, base_3, ...), in order."""
+    numbered = {1: Path(base)} | {int(p.name.rsplit("_", 1)[1]): p for p in Path().glob(f"{base}_*")
+                                  if p.name.rsplit("_", 1)[1].isdigit()}
+    return {n: numbered[n] for n in sorted(numbered) if holds_run(numbered[n])}
+
+
 def default_output_dir(continuing: bool, base: str = "out") -> Path:
     """The run folder when none is given: base, base_2, base_3, ... numbered in the order the runs
     began. A new run takes the number after the last that holds a run; a run continued or replaced
     (continuing: --resume, --overwrite) is the last that holds one (base when none does)."""
-    numbered = {1: Path(base)} | {int(p.name.rsplit("_", 1)[1]): p for p in Path().glob(f"{base}_*")
-                                  if p.name.rsplit("_", 1)[1].isdigit()}
-    runs = [n for n in sorted(numbered) if holds_run(numbered[n])]
+    runs = default_runs(base)
     if not runs:
         return Path(base)
-    last = runs[-1]
-    return numbered[last] if continuing else Path(f"{base}_{last + 1}")
+    last = max(runs)
+    return runs[last] if continuing else Path(f"{base}_{last + 1}")

@@ -1,7 +1,7 @@
 """The process side of data-parallel training: one process per GPU, and how they find each other.
 
 `DistributedEnv.from_environ()` says which rank this process is, reading what the launcher set:
-torchrun or `python -m llama.launch` (RANK, WORLD_SIZE, LOCAL_RANK), Slurm's srun (SLURM_PROCID,
+torchrun or `python3 -m llama.launch` (RANK, WORLD_SIZE, LOCAL_RANK), Slurm's srun (SLURM_PROCID,
 SLURM_NTASKS, SLURM_LOCALID) or mpirun (Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_RANK/PMI_SIZE);
 with none of them it is a single process. Every rank also needs the address of rank 0's host,
 MASTER_ADDR, and a free TCP port there, MASTER_PORT (default 29500).

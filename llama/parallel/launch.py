@@ -1,15 +1,15 @@
 """Start one training process per GPU, like torchrun on one host, and stop them all if one fails.
 
-    python -m llama.launch --nproc-per-node 8 train_llama.py -e d12 -o runs/d12
+    python3 -m llama.launch --nproc-per-node 8 train_llama.py -e d12 -o runs/d12
 
-runs `python train_llama.py -e d12 -o runs/d12` eight times, with RANK 0..7, WORLD_SIZE 8,
+runs `python3 train_llama.py -e d12 -o runs/d12` eight times, with RANK 0..7, WORLD_SIZE 8,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each one's environment (see
 llama/parallel/distributed.py for how the ranks then meet). Everything after the script goes to the script.
 On several hosts, start one launcher per host with the same --nnodes and --master-addr (the host of
 global rank 0) and each host's own --node-rank:
 
-    host0$ python -m llama.launch --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr host0 train_llama.py ...
-    host1$ python -m llama.launch --nproc-per-node 8 --nnodes 2 --node-rank 1 --master-addr host0 train_llama.py ...
+    host0$ python3 -m llama.launch --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr host0 train_llama.py ...
+    host1$ python3 -m llama.launch --nproc-per-node 8 --nnodes 2 --node-rank 1 --master-addr host0 train_llama.py ...
 
 The ranks of several processes talk over NCCL: where it cannot be loaded (llama/parallel/nccl.py finds it), the
 launcher says so in one line and starts nothing (exit code 2).
@@ -44,11 +44,11 @@ SAFE_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         """One line, not argparse's usage block."""
-        self.exit(2, f"launch: error: {message} (see python -m llama.launch --help)\n")
+        self.exit(2, f"launch: error: {message} (see python3 -m llama.launch --help)\n")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = _Parser(prog="python -m llama.launch",
+    parser = _Parser(prog="python3 -m llama.launch", allow_abbrev=False,
                      description="Start one process per GPU running `python SCRIPT ARGS`, with RANK, WORLD_SIZE, "
                                  "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (GPUs) on this host (default 1)")
@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
     if args.script is None:
-        parser.error("no script given: python -m llama.launch [options] SCRIPT [SCRIPT ARGS...]")
+        parser.error("no script given: python3 -m llama.launch [options] SCRIPT [SCRIPT ARGS...]")
     if args.nproc_per_node < 1:
         parser.error(f"--nproc-per-node {args.nproc_per_node}: must be at least 1")
     if args.nnodes < 1:

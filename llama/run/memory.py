@@ -148,10 +148,19 @@ ZERO_SHARDS = {1: "the master weights and moments", 2: "the master weights, mome
 RECIPE_COST = {"none": 0, "partial": 1, True: 2, False: 0, "adamw": 0, "adamw8bit": 3, "full": 5}
 
 
+LEANER = (("none", "partial", "full"), ("adamw", "adamw8bit"), (False, True))  # each part of a recipe, leaner last
+
+
+def keeps_less(now: tuple, recipe: tuple) -> bool:
+    """Whether every part of a recipe (recompute, optimizer, in_backward) keeps no more than the run's own."""
+    return all(order.index(new) >= order.index(old) for order, old, new in zip(LEANER, now, recipe))
+
+
 def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, available: int) -> str:
     """The least change to a run that does not fit in `available` bytes that would: on several GPUs a higher
-    ZeRO stage, else the cheapest memory recipe of its path that fits (RECIPE_COST), else a smaller -b (also
-    with the leanest recipe, where that allows a larger one), else (on a GPU) more GPUs."""
+    ZeRO stage, else the cheapest memory recipe of its path that fits (RECIPE_COST) among those that keep no
+    more than the run's own in any part (never --recompute none where the run recomputes), else a smaller -b
+    (also with the leanest recipe, where that allows a larger one), else (on a GPU) more GPUs."""
     def fits(recipe: tuple, b: int = B, n: int = gpus, zero: int = plan.zero) -> bool:
         changed = replace(plan, recompute=recipe[0], optimizer=recipe[1], in_backward=recipe[2], zero=zero)
         return sum(training_buffers(changed, config, b, T, n).values()) <= available
@@ -170,7 +179,7 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
         stage = next((z for z in zero_stages(plan.dtype) if z > plan.zero and fits(now, zero=z)), None)
         if stage:
             return f"--zero {stage} would fit"
-    by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards),
+    by_cost = sorted(((r, o, i) for r in recomputes for o in optimizers for i in in_backwards if keeps_less(now, (r, o, i))),
                      key=lambda recipe: sum(RECIPE_COST[part] for part in recipe))
     recipe = next((r for r in by_cost if r != now and fits(r)), None)
     if recipe:

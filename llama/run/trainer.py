@@ -77,8 +77,14 @@ def resolve_data(args, tokenizer) -> tuple[str, str | None]:
     except OSError as e:
         raise UserError(f"cannot build the built-in corpus in {builtin}: {e.strerror or e}") from None
     print(f"data: the built-in corpus (this Python's standard library sources, {train}). For real text, run "
-          "python scripts/download_starter_pack.py")
+          "python3 scripts/download_starter_pack.py")
     return str(train), str(val)
+
+
+def data_arguments(args: dict) -> str:
+    """A run's data in the words of its command line (args: its arguments, as a checkpoint records them)."""
+    given = " ".join(f"{flag} {args[key]}" for flag, key in (("-i", "train_data"), ("-j", "val_data")) if args.get(key))
+    return given or "the default data (no -i)"
 
 
 def matmul_flops_per_token(config: LlamaConfig, T: int) -> float:
@@ -204,7 +210,7 @@ class Trainer:
             self.guard = None
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
         self.peak_flops = self.plan.peak_flops * self.world if self.plan.peak_flops else None  # MFU per GPU
-        self._announce("from checkpoint" if checkpoint is not None or hf_folder
+        self._announce("from checkpoint" if checkpoint is not None else f"from {args.init}" if hf_folder
                        else args.model or self.defaults["model"])
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
         self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
@@ -248,7 +254,7 @@ class Trainer:
             if name in META_MODELS and config.vocab_size != tokenizer.vocab_size:
                 raise UserError(f"-e {name} is Meta's model, made for the Llama 3 tokenizer (vocab "
                                 f"{config.vocab_size}), but the tokenizer here is {tokenizer.name} (vocab "
-                                f"{tokenizer.vocab_size}); get it with python scripts/download_starter_pack.py, or "
+                                f"{tokenizer.vocab_size}); get it with python3 scripts/download_starter_pack.py, or "
                                 "pass it with --tokenizer")
             config = config.replace(vocab_size=tokenizer.vocab_size)
         if config.vocab_size != tokenizer.vocab_size:
@@ -288,9 +294,22 @@ class Trainer:
                                        seed=args.seed, vocab_size=V)
         self.val_loader = (DataLoader(self.val_pattern, B, T, self.rank, self.world, shuffle=False, vocab_size=V)
                            if self.val_pattern else None)
-        if self.plan.sft:  # every shard's loss mask, before the run starts
+        if args.train_data:
+            print("data: " + ", ".join(f"{what} {loader.describe()}" for what, loader in
+                                       (("train", self.train_loader), ("val", self.val_loader)) if loader))
+        if self.plan.sft:  # every shard's loss mask, before the run starts, and something in them to learn from
             for loader in filter(None, (self.train_loader, self.val_loader)):
                 loader.check_masks()
+            if not self.train_loader.counted_tokens():
+                raise UserError(f"--sft: the loss masks of {self.train_pattern} count no token (conversations without "
+                                "an assistant reply): nothing to learn from; prepare conversations with replies")
+        elif self.train_loader.has_masks():
+            print(f"note: {self.train_pattern} has loss masks (.mask.bin: chat data), which count only without --sft: "
+                  "every token is trained on; pass --sft to train on the assistant's replies", file=sys.stderr)
+        if self.plan.doc_mask and not self.train_loader.holds_token(self.tokenizer.bos_id):
+            print(f"note: --doc-mask: the first shard of {self.train_pattern} holds no <|begin_of_text|> (id "
+                  f"{self.tokenizer.bos_id}) to start a document, so every row attends as with --doc-mask off",
+                  file=sys.stderr)
         self.upcoming = None  # the next step's (micro-batches, loss divisor), read while this step's were on the GPU
         if args.steps is not None and args.steps != -1:
             self.steps = args.steps
@@ -311,7 +330,8 @@ class Trainer:
         try:
             self.train_loader.load_state_dict(state["loader"])
         except ValueError as e:
-            raise UserError(f"--resume: {e}") from None
+            raise UserError(f"--resume: {e}; the run trained on {data_arguments(state.get('args', {}))}: pass the "
+                            "same data") from None
         self.sample_rng.bit_generator.state = state["sample_rng"]
         self.model.group_norms_squared = state.get("group_norms_squared")
         self.start, self.log_bytes = state["step"], state.get("log_bytes")

@@ -56,8 +56,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser; where an option's value starts with '-' (-l -1e-3) and was taken for an option,
-    the error says how to write it (-l=-1e-3)."""
+    """argparse's parser without its abbreviations (--resum is not --resume: an unknown option is an error);
+    where an option's value starts with '-' (-l -1e-3) and was taken for an option, the error says how to
+    write it (-l=-1e-3)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)

@@ -16,6 +16,7 @@ import ctypes
 import functools
 import gc
 import os
+import threading
 import weakref
 from pathlib import Path
 
@@ -319,6 +320,12 @@ def check_driver(result: int, call: str) -> None:
         raise RuntimeError(f"{call} failed with CUresult {result}")
 
 
+# Held while a stream is captured. The page-locking thread (llama/io/pinned.py) registers host memory only
+# outside it: cuMemHostRegister while another thread captures may fail (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) or
+# invalidate the capture, and the first step's capture runs while the checkpoint's snapshot is being page-locked.
+CAPTURE_LOCK = threading.RLock()
+
+
 class Graph:
     """The kernels that fn() launches on the runtime's stream, captured once and replayed by one
     launch. Arguments are frozen at capture: step-dependent values must live in device memory, and
@@ -333,15 +340,16 @@ class Graph:
         collecting = gc.isenabled()
         gc.collect()
         gc.disable()
-        check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         graph = ctypes.c_void_p()
-        try:
-            fn()
-        finally:
-            ended = lib.cuStreamEndCapture(stream, ctypes.byref(graph))
-            if collecting:
-                gc.enable()
-            check_driver(ended, "cuStreamEndCapture")
+        with CAPTURE_LOCK:  # no page-locking meanwhile: it waits for the end of the capture
+            check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
+            try:
+                fn()
+            finally:
+                ended = lib.cuStreamEndCapture(stream, ctypes.byref(graph))
+                if collecting:
+                    gc.enable()
+        check_driver(ended, "cuStreamEndCapture")
         self.graph, self.executable = graph, ctypes.c_void_p()
         check_driver(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.executable), graph, ctypes.c_ulonglong(0)),
                       "cuGraphInstantiate")

@@ -192,3 +192,11 @@ def test_tinyshakespeare_is_verified_by_sha256(server, tmp_path, capsys, monkeyp
         assert not (tmp_path / "tinyshakespeare" / "input.txt.part").exists()
     assert spec["size"] == 1_115_394
     assert spec["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+
+def test_starter_pack_without_dest_fills_the_per_user_cache(mirror, tmp_path, monkeypatch):
+    """Issue 63 item 7: README's command has no --dest; it ended in a TypeError."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("LLAMA_CUDA_CACHE", str(tmp_path / "cache"))
+    assert starter_pack.main(["--base-url", mirror.url, "--retries", "1"]) == 0
+    assert read_header(tmp_path / "cache" / "tinyshakespeare" / "tiny_shakespeare_train.bin").num_tokens > 0

@@ -17,8 +17,7 @@ from tests.runs import BASE, REPO, samples, wait_for
 pytestmark = pytest.mark.slow  # 18 trainer processes killed and resumed
 KILLS = 18
 STEPS = 72  # enough that the kills never reach the end, however fast the machine
-ARGS = [*BASE[:-6], "-s", "4", "-g", "6", "-v", "3", "-m", "1", "-x", str(STEPS), "-n", "2", "-nk", "2",
-        "--device", "cpu"]
+ARGS = [*BASE[:-6], "-s", "4", "-g", "6", "-v", "3", "-m", "1", "-x", str(STEPS), "-n", "2", "-nk", "2"]
 
 WRITE_STEPS = ("write_tensors", "_write_file", "remove_checkpoint")
 # Runs train_llama.py, SIGKILLing itself in one of two ways. "<function>" n: at the start of the nth call of
@@ -76,11 +75,18 @@ runpy.run_path(%r, run_name="__main__")
 """.replace("WRITE_STEPS", repr(WRITE_STEPS))
 
 
-def start(tmp_path, corpus, out, log_name, die=("none", 0, 0)):
-    with open(tmp_path / log_name, "w") as stdout:
+def start(tmp_path, corpus, out, log_name, die=("none", 0, 0), device="cpu"):
+    """The trainer, its stdout in log_name and its stderr in log_name.err (kept, to say why a run ended)."""
+    with open(tmp_path / log_name, "w") as stdout, open(tmp_path / f"{log_name}.err", "w") as stderr:
         return subprocess.Popen([sys.executable, "-c", DIE_INSIDE % (str(REPO), str(REPO / "train_llama.py")),
                                  *map(str, die), str(tmp_path / f"{log_name}.phase"), *ARGS, *corpus, "-o", out,
-                                 "--resume", "auto"], cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
+                                 "--resume", "auto", "--device", device], cwd=tmp_path, stdout=stdout, stderr=stderr)
+
+
+def ended(tmp_path, log_name: str, process) -> str:
+    """How a run ended, for an assertion's message: its exit code and the end of its stderr."""
+    err = (tmp_path / f"{log_name}.err").read_text().strip().splitlines()
+    return f"{log_name}: exit {process.returncode}; stderr ends: " + " | ".join(err[-8:])
 
 
 def step_lines(path) -> int:
@@ -88,27 +94,34 @@ def step_lines(path) -> int:
 
 
 def test_kill_9_loop_resumes_bit_for_bit(corpus, tmp_path):
-    reference = start(tmp_path, corpus, "ref", "ref.out")  # runs beside the loop
+    kill_loop(tmp_path, corpus, "cpu")
+
+
+def kill_loop(tmp_path, corpus, device: str):
+    """The kill -9 loop on `device`, every run's exit code and stderr kept (tests/gpu/test_kill_resume_gpu.py
+    runs it on the GPU)."""
+    reference = start(tmp_path, corpus, "ref", "ref.out", device=device)  # runs beside the loop
     rng = random.Random(11)
     kills, phases = [], []
     for i in range(KILLS):
         if i % 3:  # inside a checkpoint write: at the start of one of its steps, or at a random moment
             die = (rng.choice(WRITE_STEPS) if i % 3 == 1 else "during", rng.randint(1, 2), rng.randrange(1 << 30))
-            trainer = start(tmp_path, corpus, "out", f"{i}.out", die)
+            trainer = start(tmp_path, corpus, "out", f"{i}.out", die, device)
             trainer.wait(timeout=120)
             if die[0] == "during":
                 phases.append((tmp_path / f"{i}.out.phase").read_text())
         else:  # after a few steps, at a random moment
             die = ("external", rng.randint(1, 4))
-            trainer = start(tmp_path, corpus, "out", f"{i}.out")
+            trainer = start(tmp_path, corpus, "out", f"{i}.out", device=device)
             wait_for(lambda: step_lines(tmp_path / f"{i}.out") >= die[1] or trainer.poll() is not None, timeout=120)
             time.sleep(rng.uniform(0, 0.02))
             trainer.send_signal(signal.SIGKILL)
             trainer.wait()
-        assert trainer.returncode == -signal.SIGKILL, (i, die, trainer.returncode)
+        assert trainer.returncode == -signal.SIGKILL, (i, die, ended(tmp_path, f"{i}.out", trainer))
         kills.append(die)
-    last = start(tmp_path, corpus, "out", "last.out")
-    assert last.wait(timeout=120) == 0 and reference.wait(timeout=120) == 0
+    last = start(tmp_path, corpus, "out", "last.out", device=device)
+    assert last.wait(timeout=120) == 0, ended(tmp_path, "last.out", last)
+    assert reference.wait(timeout=120) == 0, ended(tmp_path, "ref.out", reference)
     print(f"\n{len(kills)} kills: {kills}\nwhere the kills at a random moment of a write landed: {phases}")
     assert sum(phase != "after save_checkpoint" for phase in phases) >= len(phases) / 2  # mostly inside the write
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from llama.data.dataloader import DataLoader
+from llama.data.shards import ShardError
 from tests.runs import REPO
 from tests.sample_files import ranks_file_bytes
 
@@ -69,14 +70,14 @@ def test_ctrl_c_is_one_line_exit_130_and_no_shards(tmp_path):
                              "--workers", "2", "--tokenizer", str(tokenizer_file(tmp_path))], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.time() + 60
-    while not list((tmp_path / "data" / "big").glob("big_train_*.bin")) and time.time() < deadline:
+    while not list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")) and time.time() < deadline:
         time.sleep(0.05)
-    assert list((tmp_path / "data" / "big").glob("big_train_*.bin")), "no shard written within 60 s"
+    assert list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")), "no shard written within 60 s"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "interrupted: no shards of big left in data/big"
-    assert not list((tmp_path / "data" / "big").iterdir())
+    assert err.strip().splitlines()[-1] == "interrupted: data/big is as it was"
+    assert not (tmp_path / "data").exists()  # the folders made for the dataset are gone
 
 
 def test_tinystories_unpacks_its_tarball_and_prepares_the_stories(tmp_path, monkeypatch, capsys):
@@ -94,3 +95,56 @@ def test_tinystories_unpacks_its_tarball_and_prepares_the_stories(tmp_path, monk
     assert [Path(f).name for f in val.files] == ["TinyStories_val_000000.bin"]
     assert (tmp_path / "TinyStories_all_data" / "data01.json").exists()
     assert main(args) == 0  # again: the unpacked folder is reused, the shards replaced
+
+
+def test_a_preparation_killed_halfway_leaves_no_dataset_to_train_on(tmp_path, monkeypatch):
+    """Issue 63 item 3: kill -9 left 3 of 65 shards, and train_llama.py -i trained on them without a word."""
+    (tmp_path / "big.jsonl").write_text((json.dumps({"text": "many words " * 500}) + "\n") * 4000)  # 22 MB
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "big.jsonl", "--name", "big", "--shard-tokens", "100000",
+                             "--workers", "1", "--tokenizer", str(tokenizer_file(tmp_path))], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    partial = tmp_path / "data" / "big" / ".big.partial"
+    deadline = time.time() + 60
+    while not list(partial.glob("big_train_*.bin")) and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(partial.glob("big_train_*.bin")), "no shard written within 60 s"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ShardError, match=r"no shard files match data/big/big_train_\*\.bin; data/big/\.big\.partial "
+                                         r"holds a preparation that did not finish"):
+        DataLoader("data/big/big_train_*.bin", B=1, T=8)
+    (tmp_path / "big.jsonl").write_text((json.dumps({"text": "few words " * 50}) + "\n") * 2)
+    assert subprocess.run(proc.args, cwd=tmp_path, env=env, capture_output=True).returncode == 0  # no --overwrite
+    assert sorted(p.name for p in (tmp_path / "data" / "big").iterdir()) == [
+        "big.manifest.json", "big_train_000000.bin", "big_val_000000.bin"]  # nothing of the killed one
+
+
+def test_a_name_with_a_slash_is_one_line_and_chat_data_gets_the_sft_command(tmp_path, monkeypatch, capsys):
+    """Issue 63 items 6 and 13."""
+    (tmp_path / "x.txt").write_text("text")
+    assert run_main(tmp_path, monkeypatch, "x.txt", "--name", "my/data") == 2
+    assert capsys.readouterr().err == ("error: --name 'my/data' is the shards' file name prefix, not a path: choose a "
+                                       "plain name, and the folder with --out-dir\n")
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                                  {"role": "assistant", "content": "ok"}]}) + "\n")
+    assert run_main(tmp_path, monkeypatch, "chat.jsonl", "--val-every", "0") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"train with: python3 train_llama.py -i 'data/chat/chat_train_*.bin' --sft --tokenizer "
+        f"{tmp_path / 'tokenizer.model'}")
+
+
+def test_tinystories_unpacks_its_files_on_a_python_without_extraction_filters(tmp_path, monkeypatch):
+    """Python before 3.11.4 (Debian 12's 3.11.2, in a virtual environment) has no extractall(filter=)."""
+    extract_files = runpy.run_path(str(REPO / "data" / "tinystories.py"))["extract_files"]
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    with tarfile.open(tmp_path / "t.tar", "w") as tar:
+        for name, raw in (("data00.json", b"[]"), ("../outside.json", b"[]")):
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    with tarfile.open(tmp_path / "t.tar") as tar, pytest.raises(tarfile.TarError, match="outside the folder"):
+        extract_files(tar, tmp_path / "out")
+    assert (tmp_path / "out" / "data00.json").read_bytes() == b"[]" and not (tmp_path / "outside.json").exists()

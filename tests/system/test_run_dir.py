@@ -71,6 +71,28 @@ def test_the_same_command_without_o_twice_keeps_both_runs(corpus, tmp_path, caps
     assert sorted(log_lines(tmp_path / "out_2")) == [0, 1, 2] and files(tmp_path / "out") == first
 
 
+def test_resume_without_o_continues_only_a_run_of_the_same_data(corpus, tmp_path, capsys):
+    """Issue 63 item 12: --resume without -o took the newest out_N whatever data it used, and the loader-state
+    error gave no hint; --resum was taken for --resume."""
+    other = ["-i", corpus[3], "-j", corpus[3]]  # the validation shard as the training data too
+    assert run(*BASE, *corpus, "-x", "2") == 0
+    assert run(*BASE, *other, "-x", "2") == 0  # out_2
+    capsys.readouterr()
+    assert run(*BASE, *corpus, "-x", "3", "--resume") == 2
+    assert last_error(capsys) == (
+        f"error: --resume without -o continues the newest run, out_2, which trained on -i {corpus[3]} -j {corpus[3]}, "
+        f"not on -i {corpus[1]} -j {corpus[3]}: name the run to continue with -o (out trained on this data)")
+    assert run(*BASE, *corpus, "-x", "3", "-o", "out_2", "--resume") == 2
+    error = last_error(capsys)
+    assert error.startswith("error: --resume: data loader state does not fit this loader: files was")
+    assert error.endswith(f"; the run trained on -i {corpus[3]} -j {corpus[3]}: pass the same data")
+    assert run(*BASE, *corpus, "-x", "3", "-o", "out", "--resume") == 0
+    assert run(*BASE, *corpus, "-x", "2", "--overwrite") == 0  # starting over in out_2 asks nothing of its data
+    with pytest.raises(SystemExit) as usage:
+        run(*BASE, *corpus, "-x", "3", "--resum")
+    assert usage.value.code == 2 and "unrecognized arguments: --resum" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_overwrite_moves_the_old_run_aside_and_resume_continues_the_new_run(corpus, tmp_path, capsys, monkeypatch):
     """Defect 1: a second run in the folder, stopped by Ctrl-C, resumes from its own checkpoint."""

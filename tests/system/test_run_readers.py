@@ -3,6 +3,7 @@ they read, so that the rotation of a run that trains leaves it to a later turn, 
 replaces its folder whole, refusing one that holds anything but an earlier export (issue 26,
 items 3 to 6)."""
 
+import io
 import runpy
 import signal
 import subprocess
@@ -158,9 +159,34 @@ def test_an_export_over_an_earlier_one_leaves_nothing_of_it(run_folder, tmp_path
     assert (tmp_path / "exported" / "model.safetensors.index.json").exists()
     assert export_hf(["out", "exported", "--dtype", "fp32"]) == 0
     assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors"]
+        "config.json", "generation_config.json", "llama_cuda_export.json", "model.safetensors"]
     assert np.array_equal(load_hf_folder(tmp_path / "exported")[1], init_parameters(CONFIG) + np.float32(6))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "out"]  # no temporary folder left
+
+
+def test_an_export_refuses_a_hugging_face_model_it_did_not_write(run_folder, tmp_path, capsys):
+    """Issue 63 item 2: the user's own fine-tune, whose files all have an export's names, was replaced."""
+    mine = tmp_path / "my_finetune"
+    save_hf_folder(mine, CONFIG, init_parameters(CONFIG), "fp32")
+    (mine / "llama_cuda_export.json").unlink()  # as transformers' save_pretrained leaves a folder
+    (mine / "generation_config.json").write_text("{}")
+    (mine / "tokenizer.json").write_text("{}")
+    before = files_under(mine)
+    assert export_hf(["out", "my_finetune"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: my_finetune holds a model that scripts/export_hf.py did not write (config.json, "
+        "generation_config.json, model.safetensors, tokenizer.json; no llama_cuda_export.json); an export replaces "
+        "its folder whole: choose a new or empty folder, or one that holds only an earlier export\n")
+    assert files_under(mine) == before
+
+
+def test_an_export_refuses_an_earlier_export_changed_since(run_folder, tmp_path, capsys):
+    assert export_hf(["out/ckpt_00000002", "exported"]) == 0
+    (tmp_path / "exported" / "config.json").write_text((tmp_path / "exported" / "config.json").read_text() + " ")
+    before = files_under(tmp_path / "exported")
+    assert export_hf(["out", "exported"]) == 2
+    assert "error: exported holds an export changed since it was written (config.json);" in capsys.readouterr().err
+    assert files_under(tmp_path / "exported") == before
 
 
 class DiskFull(Exception):
@@ -183,3 +209,26 @@ def test_a_failed_export_leaves_the_earlier_one_whole(run_folder, tmp_path, monk
         save_hf_folder("exported", CONFIG, init_parameters(CONFIG) + 1, "fp32", max_shard_bytes=50_000)
     assert files_under(tmp_path / "exported") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "out"]
+
+
+generate_main = runpy.run_path(str(REPO / "scripts" / "generate.py"))["main"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_generate_says_how_to_end_a_prompt_typed_on_a_terminal(run_folder, monkeypatch, capsys):
+    """Issue 63 item 15: without --prompt on a terminal it waited on stdin without a word."""
+    monkeypatch.setattr(sys, "stdin", Terminal("hi"))
+    assert generate_main(["out", "-n", "3", "--device", "cpu"]) == 0
+    assert capsys.readouterr().err.startswith("reading the prompt from the terminal: type it, then press Ctrl-D on a "
+                                              "line of its own (or pass --prompt)\n")
+
+
+def test_generate_says_when_the_context_cuts_new_tokens_short(run_folder, capsys):
+    """Issue 63 item 15: -n 600 on a model of max_seq_len 512 stopped at 508 tokens without a word."""
+    assert generate_main(["out", "--prompt", "abc", "-n", "600", "--device", "cpu", "--temperature", "0"]) == 0
+    assert (f"note: the model's context is {CONFIG.max_seq_len} tokens and the prompt takes 4: at most "
+            f"{CONFIG.max_seq_len - 4} new tokens, not -n 600") in capsys.readouterr().err

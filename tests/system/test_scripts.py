@@ -5,6 +5,7 @@ in train_llama.py), so is a model or checkpoint that does not exist, bad inputs 
 import os
 import re
 import runpy
+import shlex
 import shutil
 import subprocess
 import sys
@@ -92,8 +93,8 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "llama3.1-8b, B=1 T=2048: bf16 on 1 GPU, per GPU | recompute partial | adamw"
     assert re.fullmatch(r"  adamw moments +59\.8 GiB", out[4]) and re.fullmatch(r"  total \(at least\) +142\.0 GiB", out[-2])
-    assert out[-1] == ("79 GiB (79.0 GiB): does not fit; --recompute none --optimizer adamw8bit --optimizer-in-backward "
-                      "would fit")
+    # the least change from the run's own recipe: never --recompute none, which keeps more (issue 63 item 16)
+    assert out[-1] == "79 GiB (79.0 GiB): does not fit; --optimizer adamw8bit --optimizer-in-backward would fit"
     assert memory_plan(["llama3.1-8b", "-b", "1", "-t", "2048", "--gpus", "8", "--memory", "79"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "79 GiB (79.0 GiB): fits"
     pair = ["llama3.1-8b", "-b", "1", "-t", "8192", "--gpus", "2", "--zero", "3", "--recompute", "full", "--memory", "79"]
@@ -205,7 +206,10 @@ def device_script(tmp_path, name: str, args=(), tools=("dirname", "basename"), f
     `fakes` (commands that print their name), and modules: None, or {module: source} put first on PYTHONPATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # a script that runs this interpreter by its own path: a link to a virtual environment's python would lose the
+    # environment, which Python finds beside the path it was started by (issue 63 item 8)
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    (bin_dir / "python3").chmod(0o755)
     for tool in tools:
         (bin_dir / tool).symlink_to(shutil.which(tool))
     for fake in fakes:
@@ -269,3 +273,34 @@ def test_gpu_check_passes_on_a_failing_step(tmp_path, pytest_args, skip_bench, p
     assert pytest_says in (tmp_path / "out" / "pytest.log").read_text()
     bench_log = tmp_path / "out" / "bench.log"
     assert "error: scripts/bench_gpu.py needs a CUDA GPU" in bench_log.read_text() if skip_bench == "0" else not bench_log.exists()
+
+
+def test_bench_startup_without_the_llama3_tokenizer_says_so_before_any_run(tmp_path):
+    """Issue 63 item 9: the 8B rows ended in a traceback once the d12 rows were done."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_startup.py"), "--no-torch"],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "LLAMA_CUDA_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"error: llama3.1-8b needs the Llama 3 tokenizer, which is not at {tmp_path / 'cache/tokenizer/tokenizer.model'} "
+        "and could not be fetched: get it with python3 scripts/download_starter_pack.py, or time the others alone "
+        "(--models d12)")
+    assert "Traceback" not in result.stderr
+
+
+def test_plot_log_takes_a_run_folder_as_every_other_script_does(tmp_path, monkeypatch, capsys):
+    """Issue 63 item 17: `plot_log.py out` was refused (Is a directory)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "main.log").write_text("s:0 trl:5.0\ns:1 trl:4.0\ns:1 tel:4.5\n")
+    plot_log = runpy.run_path(str(REPO / "scripts" / "plot_log.py"))["main"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert plot_log(["out"]) == 2  # the logs are read before matplotlib is needed
+        assert capsys.readouterr().err == 'error: plotting needs matplotlib: pip install -e ".[plot]"\n'
+    else:
+        assert plot_log(["out"]) == 0 and (tmp_path / "out" / "main.png").exists()
+    (tmp_path / "empty").mkdir()
+    assert plot_log(["empty"]) == 2
+    assert capsys.readouterr().err == "error: cannot read empty/main.log: No such file or directory\n"

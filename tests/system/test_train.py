@@ -179,4 +179,4 @@ def test_meta_presets_need_the_llama3_tokenizer(corpus, capsys):
     assert run(*BASE, *corpus, "-e", "llama3.2-1b", "-x", "1", "-o", "out") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: -e llama3.2-1b is Meta's model, made for the Llama 3 tokenizer (vocab 128256), but the tokenizer here "
-        "is bytes (vocab 264); get it with python scripts/download_starter_pack.py, or pass it with --tokenizer")
+        "is bytes (vocab 264); get it with python3 scripts/download_starter_pack.py, or pass it with --tokenizer")

@@ -164,9 +164,10 @@ def test_generate_script_streams_what_generate_produces(hf_folder, tmp_path):
     assert result.stdout == tokenizer.decode([t for t in expected.tokens if t not in tokenizer.stop_ids]) + "\n"
 
 
-def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path):
+def test_generate_script_from_a_checkpoint_and_bad_models(hf_folder, tmp_path, capsys):
     folder, _, data = hf_folder
     assert train_llama.main(["--init", f"hf:{folder}", *data, "-x", "1", "-v", "0", "-s", "0", "-o", "out"]) == 0
+    assert f"| model from hf:{folder}: " in capsys.readouterr().out  # not "from checkpoint" (issue 63 item 17)
     result = run_generate("out", "--prompt", "the", "-n", "5", cwd=tmp_path)  # the run's tokenizer: the HF folder's
     assert result.returncode == 0 and result.stdout.startswith("the"), result.stderr
     result = run_generate(str(tmp_path / "data"), "--prompt", "x", cwd=tmp_path)

@@ -26,7 +26,8 @@ def test_peft_s_names_and_config(tmp_path):
     adapters = golden_adapters(ALL, CONFIG)
     written = save_peft_adapter(tmp_path / "out", CONFIG, ALL, adapters)
     assert sorted(p.name for p in written) == ["adapter_config.json", "adapter_model.safetensors"]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                                  "llama_cuda_export.json"]  # its record, last
     values = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
     assert values["peft_type"] == "LORA" and values["task_type"] == "CAUSAL_LM" and values["bias"] == "none"
     assert (values["r"], values["lora_alpha"], values["lora_dropout"], values["use_rslora"]) == (4, 8.0, 0.05, False)

@@ -4,6 +4,8 @@ the registrations end with the object."""
 
 import gc
 import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -86,3 +88,57 @@ def test_the_registrations_end_with_the_object_and_the_arrays_stay_usable():
     assert sorted(pinning.unpinned) == sorted(address for address, _ in pinning.pinned)
     arrays["codes"][:] = 7
     assert int(arrays["codes"].sum()) == 7 * 2100
+
+
+class FakeDriver:
+    """libcuda's calls that DriverPinning and Graph make, recording the registrations and when the capture ran."""
+
+    def __init__(self):
+        self.events = []
+
+    def cuCtxGetCurrent(self, out):
+        return 0
+
+    def cuCtxSetCurrent(self, context):
+        return 0
+
+    def cuMemHostRegister_v2(self, address, nbytes, flags):
+        self.events.append("pin")
+        time.sleep(0.01)
+        return 0
+
+    def cuMemHostUnregister(self, address):
+        return 0
+
+    def cuStreamBeginCapture_v2(self, stream, mode):
+        self.events.append("begin capture")
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph):
+        self.events.append("end capture")
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, executable, graph, flags):
+        return 0
+
+
+def test_no_memory_is_page_locked_while_a_graph_is_captured(monkeypatch):
+    """Issue 63 item 19: the page-locking thread registers the checkpoint's snapshot from the model's build on,
+    while the first step captures its graphs; a registration during a capture may fail or invalidate it (the
+    one-GPU run that ended on its own before its first checkpoint). The capture waits for the piece in flight,
+    and the pinning for the capture."""
+    from llama.runtime import cuda
+    from llama.runtime import pinned as pinned_module
+    lib = FakeDriver()
+    monkeypatch.setattr(cuda, "driver", lambda: lib)
+    monkeypatch.setattr(pinned_module, "driver", lambda: lib)
+    monkeypatch.setattr(cuda, "runtime", lambda: SimpleNamespace(stream=SimpleNamespace(handle=0)))
+    monkeypatch.setattr(cuda.Graph, "__del__", lambda self: None)
+    arrays = PinnedArrays({"state": ((64, 1024), np.float32)}, piece=4096)  # 64 pieces, 10 ms each
+    while "pin" not in lib.events:
+        time.sleep(0.001)
+    cuda.Graph(lambda: (lib.events.append("captured launches"), time.sleep(0.1)))
+    arrays.wait()
+    begin = lib.events.index("begin capture")
+    assert lib.events[begin:begin + 3] == ["begin capture", "captured launches", "end capture"]
+    assert lib.events.count("pin") == 64 and begin > 0 and "pin" in lib.events[begin + 3:]

@@ -1,6 +1,7 @@
 """scripts/prepare_data.py's logic (llama/data/prepare.py): inputs, framing, splits, shards, bad input, chat."""
 
 import json
+import re
 import sys
 import tracemalloc
 from pathlib import Path
@@ -122,10 +123,17 @@ def test_workers_give_the_same_shards_as_one_process(tmp_path, monkeypatch):
 ])
 def test_a_bad_line_is_one_error_naming_file_and_line(tmp_path, line, error):
     (tmp_path / "x.jsonl").write_bytes(b'{"text": "fine"}\n' + line + b'\n{"text": "after"}\n')
-    with pytest.raises(PrepareError, match="^.*" + error.replace("(", r"\(")) as e:
+    with pytest.raises(PrepareError, match="^.*" + re.escape(error)) as e:
         run(tmp_path, [tmp_path / "x.jsonl"])
     assert "\n" not in str(e.value) and str(tmp_path / "x.jsonl") in str(e.value)
     assert not list((tmp_path / "out").glob("*"))  # nothing left behind
+
+
+def test_an_unterminated_string_is_not_at_at_its_column(tmp_path):
+    """Issue 63 item 17: "Unterminated string starting at at column 10"."""
+    (tmp_path / "a.json").write_text('[{"text": "once}]')
+    with pytest.raises(PrepareError, match=re.escape("a.json:1: invalid JSON (Unterminated string starting at column 11)")):
+        run(tmp_path, [tmp_path / "a.json"])
 
 
 def test_a_txt_file_that_is_not_utf8_names_its_line(tmp_path):
@@ -177,17 +185,17 @@ def test_an_interrupt_leaves_no_shard_behind(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "x.jsonl", [{"text": "abcdefgh"}] * 10)
     written = []
 
-    def interrupt_on_the_third(path, *args):
+    def interrupt_on_the_third(path, *args, **kwargs):
         if len(written) == 2:
             raise KeyboardInterrupt
         written.append(path)
-        real_write(path, *args)
+        real_write(path, *args, **kwargs)
 
     real_write = prepare.write_shard
     monkeypatch.setattr(prepare, "write_shard", interrupt_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, [tmp_path / "x.jsonl"], shard_tokens=10)
-    assert len(written) == 2 and not list((tmp_path / "out").iterdir())
+    assert len(written) == 2 and not (tmp_path / "out").exists()  # the folder made for the dataset too
 
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},

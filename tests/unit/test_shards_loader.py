@@ -110,7 +110,8 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ShardError, match="no shard files match"):
         DataLoader(str(tmp_path / "none_*.bin"), 2, 4)
     pattern = make_shards(tmp_path, [5])
-    with pytest.raises(ShardError, match="no shard holds one batch"):
+    with pytest.raises(ShardError, match=r"a step reads 2 rows of 5 tokens from one shard, and the largest of its 1 "
+                                         r"shard\(s\) holds 5 tokens \(1 such rows; 5 tokens in all\): lower -b or -t"):
         DataLoader(pattern, 2, 4)
     with pytest.raises(ShardError, match="written by a tokenizer with vocab 1000000"):
         DataLoader(make_shards(tmp_path, [100]), 2, 4, vocab_size=50)
