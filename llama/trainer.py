@@ -369,9 +369,17 @@ class Trainer:
             return []
         try:
             tasks = load_tasks(args.eval, None, args.eval_source, args.eval_limit, ("--eval", "--eval-source"))
-            return [Evaluation(task, self.tokenizer, self.B, self.T, self.rank, self.world) for task in tasks]
+            evaluations = []
+            for task in tasks:
+                with self._reported(f"--eval: tokenizing {task.name}"):
+                    evaluations.append(Evaluation(task, self.tokenizer, self.B, self.T, self.rank, self.world))
+            return evaluations
         except (TaskError, ValueError) as e:
             raise UserError(f"--eval: {e}") from None
+
+    def _reported(self, description: str, **kwargs):
+        """A phase (llama/progress.py) that rank 0 reports; nothing on the other ranks."""
+        return phase(description, **kwargs) if self.rank == 0 else nullcontext()
 
     def _announce(self, model_name: str) -> None:
         gpus = f" x {self.world} GPUs (ZeRO-{self.plan.zero} over NCCL)" if self.world > 1 else ""
@@ -439,9 +447,8 @@ class Trainer:
         self.eval_result, accuracies = [], []
         for evaluation in self.evaluations:
             task = evaluation.task
-            shown_on = (phase(f"step {step}: evaluating {task.name}", total=evaluation.rows, unit="choice")
-                        if self.rank == 0 else nullcontext())  # rank 0 reports the phase
-            with shown_on as progress:
+            reported = self._reported(f"step {step}: evaluating {task.name}", total=evaluation.rows, unit="choice")
+            with reported as progress:
                 scores = evaluation.run(self.model, progress.update if progress is not None else None)
             acc, acc_norm = accuracy_over_ranks(scores, self.comm)
             shown = {"acc_norm": acc_norm} if "acc_norm" in task.metrics else {}

@@ -59,14 +59,16 @@ def test_several_tasks_log_a_line_each_and_reach_the_progress_the_summary_and_th
                                                "continuation": "the moon.", "gold": 0}] * 3)
     accept(monkeypatch, "arc_easy", count=4)
     accept(monkeypatch, "winogrande", count=3)
+    monkeypatch.setenv("LLAMA_PHASE_TIMES", "1")  # every phase a line on stderr, however short
     assert run(*BASE, *corpus, "-x", "3", "--eval", "arc_easy,winogrande", "--eval-every", "2",
                "--eval-source", str(copies), "-o", "out") == 0
     arc, wino = log_lines(tmp_path / "out", "arc_easy"), log_lines(tmp_path / "out", "winogrande")
     assert sorted(arc) == sorted(wino) == [0, 2]  # every 2 steps, and the last (step 2)
     assert all(line.split()[2].startswith("arc_easy_norm:") for line in arc.values())  # ARC reports acc_norm
     assert all(len(line.split()) == 2 for line in wino.values())  # Winogrande acc alone
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "step 2: arc_easy acc " in out and "step 2: winogrande acc " in out
+    assert "--eval: tokenizing arc_easy: done in " in err and "step 2: evaluating winogrande: done in " in err
     logged = {key: {step: accuracy(line) for step, line in lines.items()} for key, lines in (("arc_easy", arc),
                                                                                             ("winogrande", wino))}
     assert f"| arc_easy {logged['arc_easy'][2]:.4f} (acc_norm " in out
