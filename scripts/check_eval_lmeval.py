@@ -312,9 +312,10 @@ def subset(task: Task, chosen: list[int]) -> Task:
     return dataclasses.replace(task, items=[task.items[i] for i in chosen], parts=())
 
 
-def check_scores(lm_model, prepared: list, folder: Path, args) -> str | None:
-    """Part 2 on one folder: each task's picked items through HFLM and ours; the first difference, or None."""
+def check_scores(lm_model, prepared: list, folder: Path, args) -> list[str]:
+    """Part 2 on one folder: each task's picked items through HFLM and ours; a line for each task that differs."""
     from lm_eval.api.instance import Instance
+    failures = []
     for benchmark, documents, task, lm_docs in prepared:
         chosen = picks(task, args.items)
         small = subset(task, chosen)
@@ -330,11 +331,11 @@ def check_scores(lm_model, prepared: list, folder: Path, args) -> str | None:
             shown = ", ".join(f"{m} {ours_m[m]:.4f} vs {theirs_m[m]:.4f}" for m in task.metrics)
             print(f"  {task.name}: {len(chosen)} items, ours {dtype} vs lm-eval's HFLM fp32: largest log-likelihood "
                   f"difference {worst:.2e}; {shown}", flush=True)
-            if dtype == "fp32":
-                failure = mismatch(ours, theirs, task.metrics)
-                if failure:
-                    return f"{task.name}: {failure}"
-    return None
+            failure = mismatch(ours, theirs, task.metrics) if dtype == "fp32" else None
+            if failure:
+                print(f"  FAIL {task.name}: {failure}", flush=True)
+                failures.append(f"{task.name}: {failure}")
+    return failures
 
 
 def main(argv=None) -> int:
@@ -391,9 +392,9 @@ def main(argv=None) -> int:
         print(f"model: {args.model or 'random d12 of 2 layers'}; HFLM fp32 on {args.device}", flush=True)
         lm_model = HFLM(pretrained=str(folder), device=args.device, dtype="float32", batch_size=args.batch_size,
                         add_bos_token=False)
-        failure = check_scores(lm_model, prepared, folder, args)
-    if failure:
-        print(f"FAIL: {failure}")
+        failures = check_scores(lm_model, prepared, folder, args)
+    if failures:
+        print(f"FAIL: {len(failures)} of {len(prepared)} tasks differ; the first: {failures[0]}")
         return 1
     print(f"PASS: every task's requests as lm-eval's; every log-likelihood within {TOLERANCE:.0e} of HFLM's, the same "
           "acc, acc_norm and greedy matches, perplexity to 1e-3")
