@@ -57,16 +57,19 @@ def device_default(key: str) -> str:
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("benchmark evaluation (scripts/eval.py's scoring)")
-    g.add_argument("--eval", default=None, metavar="TASK",
-                   help="score the model on hellaswag (its validation set, downloaded on first use into the per-user cache) "
-                        "or on a JSONL of {\"context\", \"choices\", \"label\"} items; main.log gets "
-                        "s:<step> hella:<acc> lines (eval:<acc> for a JSONL) (default: none)")
+    g.add_argument("--eval", default=None, metavar="TASKS",
+                   help="score the model on tasks, comma-separated: hellaswag, arc_easy, arc_challenge, piqa, "
+                        "winogrande, openbookqa, copa, boolq, lambada_openai, mmlu (each file downloaded on first use "
+                        "into the per-user cache), suite (all of them), or a JSONL of {\"context\", \"choices\", "
+                        "\"label\"} items; main.log gets s:<step> <task>:<acc> lines (hellaswag's is llm.c's hella) "
+                        "(default: none)")
     g.add_argument("--eval-every", type=nonnegative_int, default=None,
                    help="evaluate every N steps and at the last (0: the last only; default: --val-every's N)")
-    g.add_argument("--eval-limit", type=positive_int, default=None, help="score the first N items only (default: all)")
+    g.add_argument("--eval-limit", type=positive_int, default=None,
+                   help="score the first N items of each task only (default: all)")
     g.add_argument("--eval-source", default=None,
-                   help="hellaswag: a local copy of hellaswag_val.jsonl, or a mirror's base URL (default: GitHub's raw "
-                        "file)")
+                   help="a local copy of the task's file, a folder of copies (originals, llm-foundry's JSONL, "
+                        "llama.cpp's HellaSwag text), or a mirror's base URL (default: the original files)")
 
 
 def runs_on(kind: int, values) -> str:

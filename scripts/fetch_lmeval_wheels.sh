@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Download the wheels that let lm-evaluation-harness's HFLM (lm_eval 0.4.13) run on the lent GPU machines, which
-# reach no package index, into .whl-lmeval/ (git-ignored; 4 wheels, about 9.5 MB): the exact versions below, for
-# CPython 3.12 on x86-64 Linux (the machines' Python). scripts/check_eval_lmeval.py's docstring says why these
-# and why this version of lm_eval. Run it where PyPI is reachable, from anywhere:
+# Download the wheels that let lm-evaluation-harness (lm_eval 0.4.13: its HFLM, and its task YAMLs rendered by its
+# Jinja templates) run on the lent GPU machines, which reach no package index, into .whl-lmeval/ (git-ignored; 4
+# wheels, about 9.5 MB): the exact versions below, for CPython 3.12 on x86-64 Linux (the machines' Python).
+# scripts/check_eval_lmeval.py's docstring says why these and why this version of lm_eval. Run it where PyPI is
+# reachable, from anywhere:
 #   bash scripts/fetch_lmeval_wheels.sh [FOLDER]
 # The folder's old wheels are removed first: two versions of one package would stop the install there.
 set -euo pipefail

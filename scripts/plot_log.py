@@ -1,5 +1,6 @@
 """Plot train and val loss from llm.c-style main.log files into a PNG (needs matplotlib: pip install -e ".[plot]"),
-and beside them, on a second axis, the accuracy of an in-loop evaluation (--eval: s:<step> hella:<acc> lines).
+and beside them, on a second axis, the accuracy of each task of an in-loop evaluation (--eval: s:<step> <task>:<acc>
+lines, hellaswag's as llm.c's hella, and with --eval suite the suite's mean centered accuracy).
 
     python3 scripts/plot_log.py out [-o loss.png]                    # a run folder, or its main.log
     python3 scripts/plot_log.py out/bf16/main.log out/fp32/main.log -o compare.png   # runs side by side
@@ -16,7 +17,8 @@ from pathlib import Path
 from llama.runtime.cli import ArgumentParser, positive_int
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eEinfa]+)")
-EVAL_LINE = re.compile(r"^s:(\d+) (\w+):([0-9.]+) \2_norm:([0-9.]+)")
+# an --eval line: s:<step> <task>:<acc> [<task>_norm:<acc_norm>] [<task>_ppl:<perplexity>] (the suite's may be < 0)
+EVAL_LINE = re.compile(r"^s:(\d+) (?!trl:|tel:)(\w+):(-?[0-9.]+)(?: \2_norm:([0-9.]+))?")
 
 
 def read_log(path: str) -> tuple[dict, dict]:

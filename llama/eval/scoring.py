@@ -1,14 +1,22 @@
-"""Scoring as lm-evaluation-harness 0.4.x scores a multiple_choice task with a Hugging Face causal model:
+"""Scoring as lm-evaluation-harness 0.4.x scores a task with a Hugging Face causal model (HFLM):
 
-- each choice is a request (context, " " + choice); the context's trailing spaces move to the
-  continuation; the continuation's tokens are those of encode(context + continuation) past the first
-  len(encode(context)); the model reads context tokens then continuation tokens, with no BOS (HFLM's
-  default for causal models);
-- a request longer than the window T + 1 loses tokens from the left; the model reads all but its last
-  token and the continuation's log-likelihood is the sum of the log-probs of its tokens;
-- acc: the argmax of the log-likelihoods is the label; acc_norm: the argmax of each divided by its
-  choice's length in characters (lm-eval's completion_len, the choice without the delimiter);
-- the standard error of a mean of 0/1 scores is the sample standard deviation over sqrt(n).
+- each choice is a request (context, continuation) (llama/eval/items.py); the context's trailing spaces move to
+  the continuation; the continuation's tokens are those of encode(context + continuation) past the first
+  len(encode(context)); the model reads context tokens then continuation tokens, with no BOS (HFLM's default
+  for causal models);
+- a request longer than the window T + 1 loses tokens from the left; the model reads all but its last token, and
+  the continuation's log-likelihood is the sum of the log-probs of its tokens; it is a greedy match when each of
+  its tokens is the argmax of the logits before it;
+- requests that read the same tokens and continue with one token (MMLU's " A" .. " D", BoolQ's " no" / " yes")
+  are one row, scored from its last position's logits, as HFLM's logits cache does;
+- multiple choice: acc takes the argmax of the log-likelihoods, acc_norm the argmax of each divided by its
+  choice's length in characters (completion_len: doc_to_choice's string, without the delimiter);
+  loglikelihood (LAMBADA): acc is the greedy match, perplexity exp(-mean log-likelihood);
+- the standard error of a mean of 0/1 scores is the sample standard deviation over sqrt(n); that of perplexity
+  (which lm-eval bootstraps) here by the delta method, perplexity times the standard error of the mean
+  log-likelihood;
+- a suite's summary is the mean over its tasks of the centered accuracy (acc - chance) / (1 - chance), chance
+  being a uniform guess's accuracy (1 / choices, 0 for a greedy match).
 """
 
 from __future__ import annotations
@@ -18,16 +26,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tasks import TARGET_DELIMITER, Item
+from .items import Item, Task
 
 
-def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """lm-eval's HFLM._encode_pair: (context ids, continuation ids) split at the context's tokens."""
+def encode_pair(tokenizer, context: str, continuation: str,
+                memo: dict | None = None) -> tuple[list[int], list[int]]:
+    """lm-eval's HFLM._encode_pair: (context ids, continuation ids) split at the context's tokens; memo (a dict)
+    keeps each context's ids for the next request of the same context."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     whole = tokenizer.encode(context + continuation)
-    context_ids = tokenizer.encode(context)
+    if memo is None:
+        context_ids = tokenizer.encode(context)
+    elif (context_ids := memo.get(context)) is None:
+        context_ids = memo[context] = tokenizer.encode(context)
     return context_ids, whole[len(context_ids):]
 
 
@@ -42,8 +55,8 @@ class Request:
     start: int
 
 
-def make_request(tokenizer, item: Item, index: int, choice: int, T: int) -> Request:
-    context, continuation = encode_pair(tokenizer, item.context, TARGET_DELIMITER + item.choices[choice])
+def make_request(tokenizer, item: Item, index: int, choice: int, T: int, memo: dict | None = None) -> Request:
+    context, continuation = encode_pair(tokenizer, *item.requests()[choice], memo)
     if not continuation or len(continuation) > T:
         raise ValueError(f"item {index}, choice {choice}: its continuation has {len(continuation)} tokens; "
                          f"it must have 1 to {T} (the window)")
@@ -53,32 +66,73 @@ def make_request(tokenizer, item: Item, index: int, choice: int, T: int) -> Requ
 
 def item_requests(tokenizer, items: list[Item], T: int, first_index: int = 0, step: int = 1) -> list[Request]:
     """Every choice of every item (numbered first_index, first_index + step, ...)."""
-    return [make_request(tokenizer, item, first_index + i * step, c, T)
+    memo = {}
+    return [make_request(tokenizer, item, first_index + i * step, c, T, memo)
             for i, item in enumerate(items) for c in range(len(item.choices))]
 
 
 @dataclass
 class Pass:
-    """One forward pass: (b, t) tokens and targets, zero-padded on the right, and the requests of its rows."""
+    """One forward pass: (b, t) tokens and targets, zero-padded on the right, and the requests of its rows. With
+    logits, it is scored from the logits at the continuations' positions (greedy matches; shared: the other
+    requests each row answers, which read the same tokens and continue with one token)."""
     tokens: np.ndarray
     targets: np.ndarray
     requests: list[Request]
+    logits: bool = False
+    shared: list[list[Request]] | None = None
+
+    @property
+    def answered(self) -> int:
+        return len(self.requests) + sum(map(len, self.shared or []))
 
 
-def make_passes(requests: list[Request], B: int, pad_to: int = 8) -> list[Pass]:
+def share_key(request: Request) -> tuple | None:
+    """What requests that can share a row have in common: the tokens read, for a one-token continuation."""
+    return tuple(request.inputs) if len(request.inputs) - request.start == 1 else None
+
+
+def shareable(requests: list[Request]) -> tuple[list[Request], list[Request]]:
+    """(the requests that read the same tokens as another and continue with one token, the others)."""
+    counts = {}
+    for request in requests:
+        counts[share_key(request)] = counts.get(share_key(request), 0) + 1
+    shared = [r for r in requests if share_key(r) is not None and counts[share_key(r)] > 1]
+    return shared, [r for r in requests if share_key(r) is None or counts[share_key(r)] == 1]
+
+
+def share_rows(requests: list[Request]) -> tuple[list[Request], dict[int, list[Request]]]:
+    """The requests that need a row (the first of those reading the same tokens with a one-token continuation),
+    and for each such row (by id of its request) the others it answers."""
+    rows, shared, first = [], {}, {}
+    for request in requests:
+        key = share_key(request)
+        if key is not None and key in first:
+            shared[id(first[key])].append(request)
+            continue
+        if key is not None:
+            first[key] = request
+            shared[id(request)] = []
+        rows.append(request)
+    return rows, shared
+
+
+def make_passes(requests: list[Request], B: int, pad_to: int = 8, logits: bool = False) -> list[Pass]:
     """The requests, longest first (lm-eval's order), B rows a pass, each pass as long as its longest
-    row rounded up to a multiple of pad_to (not past the longest request)."""
-    ordered = sorted(requests, key=lambda r: -len(r.inputs))
+    row rounded up to a multiple of pad_to (not past the longest request). With logits, requests that read the
+    same tokens and continue with one token share a row."""
+    rows, shared = share_rows(requests) if logits else (requests, {})
+    ordered = sorted(rows, key=lambda r: -len(r.inputs))
     passes = []
     for first in range(0, len(ordered), B):
-        rows = ordered[first:first + B]
-        longest = len(rows[0].inputs)
+        chunk = ordered[first:first + B]
+        longest = len(chunk[0].inputs)
         t = min(-(-longest // pad_to) * pad_to, len(ordered[0].inputs))
-        tokens, targets = np.zeros((len(rows), t), np.int32), np.zeros((len(rows), t), np.int32)
-        for row, request in enumerate(rows):
+        tokens, targets = np.zeros((len(chunk), t), np.int32), np.zeros((len(chunk), t), np.int32)
+        for row, request in enumerate(chunk):
             tokens[row, :len(request.inputs)] = request.inputs
             targets[row, :len(request.targets)] = request.targets
-        passes.append(Pass(tokens, targets, rows))
+        passes.append(Pass(tokens, targets, chunk, logits, [shared.get(id(r), []) for r in chunk] if logits else None))
     return passes
 
 
@@ -88,12 +142,41 @@ def pass_loglikelihoods(passed: Pass, losses: np.ndarray) -> list[float]:
             for row, r in enumerate(passed.requests)]
 
 
+def logsumexp(logits: np.ndarray) -> np.ndarray:
+    """(b,) log of the sum of exp over each row of (b, V) float32 logits: the exponentials in float32, their sum in
+    float64 (a third of a float64 log_softmax's time, which a row's few targets do not need)."""
+    top = logits.max(-1, keepdims=True)
+    return top[:, 0].astype(np.float64) + np.log(np.exp(logits - top).sum(-1, dtype=np.float64))
+
+
+def pass_logit_scores(passed: Pass, read_logits) -> list[tuple[Request, float, bool]]:
+    """(request, log-likelihood, greedy match) of every request the pass answers, from read_logits(positions),
+    the (b, V) logits at one position of each row (a row whose continuation is done reads its last again)."""
+    rows = passed.requests
+    ends = np.array([len(r.inputs) - 1 for r in rows])
+    longest = max(len(r.inputs) - r.start for r in rows)
+    answers = [[r, *others] for r, others in zip(rows, passed.shared or [[] for _ in rows])]
+    loglikelihood = {id(r): 0.0 for answer in answers for r in answer}
+    greedy = {id(r): True for answer in answers for r in answer}
+    for k in range(longest):
+        logits = read_logits(np.minimum(np.array([r.start + k for r in rows]), ends)).astype(np.float32, copy=False)
+        lse, best = logsumexp(logits), np.argmax(logits, axis=-1)
+        for row, answer in enumerate(answers):
+            for r in answer:
+                if r.start + k < len(r.inputs):
+                    target = r.targets[r.start + k]
+                    loglikelihood[id(r)] += float(logits[row, target]) - float(lse[row])
+                    greedy[id(r)] &= bool(best[row] == target)
+    return [(r, loglikelihood[id(r)], greedy[id(r)]) for answer in answers for r in answer]
+
+
 @dataclass(frozen=True)
 class ItemScore:
     index: int
     label: int
     loglikelihoods: tuple[float, ...]
     lengths: tuple[int, ...]  # each choice's length in characters
+    greedy: bool | None = None  # a loglikelihood task's greedy match
 
     @property
     def prediction(self) -> int:
@@ -103,8 +186,16 @@ class ItemScore:
     def prediction_norm(self) -> int:
         return int(np.argmax(np.array(self.loglikelihoods) / np.array(self.lengths, dtype=np.float64)))
 
+    @property
+    def correct(self) -> bool:
+        """acc's 1 or 0: the right choice has the largest log-likelihood, or the continuation is the greedy one."""
+        return self.greedy if self.greedy is not None else self.prediction == self.label
+
     def record(self) -> dict:
         """The item as a JSONL line of the per-example scores."""
+        if self.greedy is not None:
+            return {"index": self.index, "loglikelihood": self.loglikelihoods[0], "greedy": self.greedy,
+                    "acc": int(self.greedy)}
         return {"index": self.index, "label": self.label, "loglikelihoods": list(self.loglikelihoods),
                 "pred": self.prediction, "pred_norm": self.prediction_norm,
                 "acc": int(self.prediction == self.label), "acc_norm": int(self.prediction_norm == self.label)}
@@ -119,8 +210,31 @@ def mean_and_stderr(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) / math.sqrt(n)
 
 
-def metrics(scores: list[ItemScore]) -> dict[str, float]:
-    """acc, acc_stderr, acc_norm, acc_norm_stderr over the items."""
-    acc = mean_and_stderr([float(s.prediction == s.label) for s in scores])
-    acc_norm = mean_and_stderr([float(s.prediction_norm == s.label) for s in scores])
-    return {"acc": acc[0], "acc_stderr": acc[1], "acc_norm": acc_norm[0], "acc_norm_stderr": acc_norm[1]}
+def metrics(scores: list[ItemScore], names: tuple[str, ...] = ("acc", "acc_norm")) -> dict[str, float]:
+    """Each of the named metrics (acc, acc_norm, perplexity) over the items, with its standard error
+    (<name>_stderr)."""
+    values = {"acc": lambda: [float(s.correct) for s in scores],
+              "acc_norm": lambda: [float(s.prediction_norm == s.label) for s in scores]}
+    out = {}
+    for name in names:
+        if name == "perplexity":
+            mean, stderr = mean_and_stderr([s.loglikelihoods[0] for s in scores])
+            out["perplexity"], out["perplexity_stderr"] = math.exp(-mean), math.exp(-mean) * stderr
+        else:
+            out[name], out[f"{name}_stderr"] = mean_and_stderr(values[name]())
+    return out
+
+
+def task_metrics(task: Task, scores: list[ItemScore]) -> dict[str, float]:
+    """The metrics lm-eval reports for the task (a user task: acc and acc_norm)."""
+    return metrics(scores, task.metrics)
+
+
+def centered(acc: float, chance: float) -> float:
+    """(acc - chance) / (1 - chance): 0 at chance, 1 when every item is right."""
+    return (acc - chance) / (1 - chance)
+
+
+def suite_score(results: list[tuple[Task, float]]) -> float:
+    """The mean over the tasks of their centered accuracy, from (task, acc) pairs."""
+    return sum(centered(acc, task.chance) for task, acc in results) / len(results)

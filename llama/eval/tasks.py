@@ -1,154 +1,138 @@
-"""Multiple-choice tasks as lm-evaluation-harness 0.4.x builds them: HellaSwag's validation set, downloaded
-on first use from the file llm.c reads and checked against the repository's git blob id, or a user's JSONL
-of {"context": ..., "choices": [...], "label": k}.
+"""Tasks by name: the standard ones (llama/eval/benchmarks.py: hellaswag, arc_easy, arc_challenge, piqa,
+winogrande, openbookqa, copa, boolq, lambada_openai, mmlu), "suite" for all of them, or a user's JSONL of
+{"context": ..., "choices": [...], "label": k}, scored as an lm-eval multiple_choice task (choice k is the
+continuation " " + choices[k]).
 
-Each item is scored as lm-eval scores a multiple_choice task: the context, then each choice as its
-continuation after the target delimiter " " (llama/eval/scoring.py).
+A standard task's file is its original public file, downloaded on first use into eval/ of the per-user cache
+(llama/eval/files.py), unless the source option names a mirror (a base URL serving the same paths), a local copy
+(the original, llm-foundry's JSONL, or for HellaSwag llama.cpp's text) or a folder holding one.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import cache_dir
-from ..data.download import DownloadError, download
+from .benchmarks import (BENCHMARKS, MMLU_SUBJECTS, Benchmark, Documents, benchmark_items, index, read_documents,
+                         strings, text)
+from .files import downloaded, find_copy, git_blob_id, is_url
+from .items import MULTIPLE_CHOICE, Item, Task, TaskError, read_jsonl
 
-TARGET_DELIMITER = " "  # lm-eval's default between the context and each choice
-# rowanz/hellaswag's validation set, as llm.c's dev/data/hellaswag.py downloads it; pinned by the git blob id
-# of data/hellaswag_val.jsonl in that repository's tree (a SHA-1 of the size and the bytes)
-HELLASWAG = dict(base="https://raw.githubusercontent.com", path="rowanz/hellaswag/master/data/hellaswag_val.jsonl",
-                 dest="hellaswag/hellaswag_val.jsonl", git_blob="0f5ee25d72216f12317d5d8a7b92deafa423d81e",
-                 items=10_042)
-LOG_KEYS = {"hellaswag": "hella"}  # main.log's key of a task's accuracy (llm.c's for HellaSwag); "eval" otherwise
+SUITE = "suite"  # every standard task; the summary is the mean of their centered accuracies
+TASK_NAMES = (*BENCHMARKS, SUITE)
 
 
-def eval_data_dir() -> Path:
-    """Where downloaded task files are kept: beside the starter pack, in the per-user cache (llama/cache.py)."""
-    return cache_dir() / "eval"
+def copy_names(benchmark: Benchmark) -> tuple[str, ...]:
+    return tuple(name for fmt in benchmark.formats for name in fmt.names)
 
 
-class TaskError(ValueError):
-    """A task that cannot be loaded; the message (one line) says why."""
+def locate(benchmark: Benchmark, data_dir, source: str | None, option: str) -> tuple[Path, bool]:
+    """(the task's file, whether it is a download of ours): downloaded (from source when a mirror's URL), or the
+    local copy source names, or found in the folder it names."""
+    names = copy_names(benchmark)
+    if source is None or is_url(source):
+        hint = f"; or name a copy ({', '.join(names)}) or a folder holding one with {option}"
+        return [downloaded(s, data_dir, source, hint) for s in benchmark.sources][0], True
+    path = Path(source)
+    if path.is_dir():
+        found = find_copy(path, names)
+        if found is None:
+            raise TaskError(f"{option} {source}: this folder holds no copy of {benchmark.name} (looked for "
+                            f"{', '.join(names)})")
+        return (found.parents[1] if found.suffix == ".csv" else found), False  # MMLU: the folder of dev/, test/
+    if not path.is_file():
+        raise TaskError(f"{option} {source}: no such file or folder")
+    return path, False
 
 
-@dataclass(frozen=True)
-class Item:
-    """One question: the context, the choices as lm-eval's doc_to_choice gives them (without the
-    delimiter), and the index of the right one."""
-    context: str
-    choices: tuple[str, ...]
-    label: int
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str
-    items: list[Item]
-
-    @property
-    def log_key(self) -> str:
-        return LOG_KEYS.get(self.name, "eval")
-
-
-def git_blob_id(path: Path) -> str:
-    """The id git gives a file's contents: SHA-1 of "blob <size>\\0" and the bytes."""
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def hellaswag_preprocess(text: str) -> str:
-    """lm-eval's hellaswag preprocess: strip, " [title]" -> ". ", drop other [bracketed] tags, "  " -> " "."""
-    text = text.strip().replace(" [title]", ". ")
-    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
-
-
-def hellaswag_item(doc: dict) -> Item:
-    """lm-eval's hellaswag process_docs: the activity label, ctx_a and ctx_b capitalized (str.capitalize,
-    which lowercases the rest), each preprocessed."""
-    context = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
-    return Item(hellaswag_preprocess(doc["activity_label"] + ": " + context),
-                tuple(hellaswag_preprocess(ending) for ending in doc["endings"]), int(doc["label"]))
-
-
-def hellaswag_file(data_dir: str | Path | None = None, source: str | None = None) -> Path:
-    """HellaSwag's validation file, checked: `source` (a local copy, or a mirror's base URL serving the same
-    path), else the copy under data_dir (default: eval_data_dir()), downloaded there when missing or wrong (resumed, retried)."""
-    expected = HELLASWAG["git_blob"]
-    if source is not None and not source.startswith(("http://", "https://")):
-        path = Path(source)
-        if not path.is_file() or git_blob_id(path) != expected:
-            raise TaskError(f"{source} is not HellaSwag's validation file (its git blob id is not {expected})")
-        return path
-    dest = Path(data_dir if data_dir is not None else eval_data_dir()) / HELLASWAG["dest"]
-    if dest.is_file() and git_blob_id(dest) == expected:
-        return dest
-    if dest.exists():
-        dest.unlink()  # download() would take any complete file under the final name as verified
-    url = f"{(source or HELLASWAG['base']).rstrip('/')}/{HELLASWAG['path']}"
+def load_documents(benchmark: Benchmark, data_dir=None, source: str | None = None,
+                   option: str = "--task-source") -> Documents:
+    """The task's documents from its file (see the module's docstring); a download that is not the task's file is
+    deleted, and a local copy in the original format is checked against the pinned git blob id where one is."""
+    path, fetched = locate(benchmark, data_dir, source, option)
     try:
-        download(url, dest)
-    except DownloadError as e:
-        raise TaskError(f"{e} (or name a copy of hellaswag_val.jsonl with --task-source)") from None
-    if git_blob_id(dest) != expected:
-        dest.unlink()
-        raise TaskError(f"{url}: the downloaded file is not HellaSwag's validation set (its git blob id is not "
-                        f"{expected}); it was deleted")
-    return dest
+        documents = read_documents(benchmark, path)
+    except TaskError as e:
+        if fetched:
+            path.unlink()
+            raise TaskError(f"{e}; the download was deleted (rerun to download it again)") from None
+        raise
+    pinned = benchmark.sources[0]
+    if (not fetched and documents.format.name == "original" and pinned.git_blob is not None
+            and path.name == Path(pinned.dest).name and git_blob_id(path) != pinned.git_blob):
+        raise TaskError(f"{path} is not the original file of {benchmark.title} (its git blob id is not "
+                        f"{pinned.git_blob})")
+    return documents
 
 
-def read_jsonl(path: Path) -> list[tuple[int, object]]:
-    """(line number, value) of each non-blank line; TaskError naming the line that is not JSON."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TaskError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                rows.append((number, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise TaskError(f"{path}:{number}: not JSON ({e.msg})") from None
-    return rows
+def benchmark_task(benchmark: Benchmark, documents: Documents) -> Task:
+    parts = ()
+    if benchmark.name == "mmlu":  # each subject is reported too, as lm-eval's mmlu_<subject> subtasks
+        parts = tuple((f"mmlu_{s}", sum(doc["subject"] == s for doc in documents.docs)) for s in MMLU_SUBJECTS)
+    return Task(benchmark.name, benchmark_items(benchmark, documents), benchmark.kind, benchmark.metrics,
+                benchmark.log_key, parts, benchmark.num_fewshot)
 
 
-def user_item(row: object) -> Item | None:
-    """An item of a user's JSONL line, or None when the line is not one."""
-    if not isinstance(row, dict):
-        return None
-    context, choices, label = row.get("context"), row.get("choices"), row.get("label")
-    if not (isinstance(context, str) and context and isinstance(choices, list) and len(choices) >= 2
-            and all(isinstance(c, str) and c for c in choices) and type(label) is int and 0 <= label < len(choices)):
-        return None
-    return Item(context, tuple(choices), label)
+# ---- a user's JSONL
+
+def user_item(row: object, where: str) -> Item:
+    """The item of a user's JSONL line {"context", "choices", "label"}; TaskError naming the field that is wrong."""
+    context, choices = text(row, where, "context"), strings(row, where, "choices")
+    return Item(context, tuple(choices), index(row, where, "label", len(choices)))
 
 
 def load_user_task(path: Path) -> Task:
-    """A user's multiple-choice JSONL; TaskError with the line number of the first bad line."""
-    items = []
-    for number, row in read_jsonl(path):
-        item = user_item(row)
-        if item is None:
-            raise TaskError(f'{path}:{number}: expected {{"context": a non-empty string, "choices": two or more '
-                            'non-empty strings, "label": the index of the right choice}')
-        items.append(item)
+    """A user's multiple-choice JSONL; TaskError with the line number and the field of the first bad line."""
+    items = [user_item(row, f"{path}:{number}") for number, row in read_jsonl(path)]
     if not items:
         raise TaskError(f"{path} holds no items")
-    return Task(path.stem, items)
+    return Task(path.stem, items, MULTIPLE_CHOICE, log_key="eval")
 
 
-def load_task(name: str, data_dir: str | Path | None = None, source: str | None = None,
-              limit: int | None = None) -> Task:
-    """"hellaswag" or the path of a user's JSONL; the first `limit` items when given."""
-    if name == "hellaswag":
-        rows = read_jsonl(hellaswag_file(data_dir, source))
-        task = Task(name, [hellaswag_item(row) for _, row in rows])
+# ---- by name
+
+def load_task(name: str, data_dir=None, source: str | None = None, limit: int | None = None,
+              options: tuple[str, str] = ("--task", "--task-source")) -> Task:
+    """A standard task by name, or a user's JSONL by its path; the first `limit` items when given. options: the
+    command's names of the task and source options, for the errors."""
+    if name in BENCHMARKS:
+        benchmark = BENCHMARKS[name]
+        task = benchmark_task(benchmark, load_documents(benchmark, data_dir, source, options[1]))
     elif Path(name).is_file():
         task = load_user_task(Path(name))
     else:
-        raise TaskError(f"--task {name}: neither hellaswag nor a JSONL file of multiple-choice items")
-    return Task(task.name, task.items[:limit]) if limit else task
+        raise TaskError(f"{options[0]} {name}: neither a task ({', '.join(TASK_NAMES)}) nor a JSONL file of "
+                        "multiple-choice items")
+    return task.limited(limit)
+
+
+def task_names(spec: str, options: tuple[str, str] = ("--task", "--task-source")) -> list[str]:
+    """The tasks a command line names: "suite", a comma-separated list of names and JSONL paths, or one path;
+    TaskError naming every name that is neither (and the tasks there are)."""
+    if Path(spec).is_file():
+        return [spec]
+    names = list(BENCHMARKS) if spec == SUITE else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS and not Path(n).is_file()]
+    if unknown or not names:
+        what = ", ".join(unknown) if unknown else repr(spec)
+        raise TaskError(f"{options[0]} {what}: {'neither a task' if len(unknown) == 1 else 'neither tasks'} "
+                        f"({', '.join(TASK_NAMES)}) nor {'a JSONL file' if len(unknown) == 1 else 'JSONL files'} of "
+                        "multiple-choice items")
+    if len(set(names)) < len(names):
+        raise TaskError(f"{options[0]} {spec}: a task is named twice")
+    return names
+
+
+def load_tasks(spec: str, data_dir=None, source: str | None = None, limit: int | None = None,
+               options: tuple[str, str] = ("--task", "--task-source")) -> list[Task]:
+    """The tasks of task_names(spec), each loaded by load_task; with several, source must be a folder or a
+    mirror, not one file."""
+    names = task_names(spec, options)
+    if len(names) > 1 and source is not None and Path(source).is_file():
+        raise TaskError(f"{options[1]} {source}: names one file, but {options[0]} {spec} names {len(names)} tasks; "
+                        "name a folder holding their copies")
+    tasks = [load_task(name, data_dir, source, limit, options) for name in names]
+    keys = [task.log_key for task in tasks]
+    if len(set(keys)) < len(keys):
+        raise TaskError(f"{options[0]} {spec}: two tasks would log under the same name ({', '.join(keys)}); "
+                        "name one JSONL file at a time")
+    return tasks

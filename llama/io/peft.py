@@ -16,7 +16,6 @@ and whose columns are the layer's inputs (the residual stream, laid out alike in
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np

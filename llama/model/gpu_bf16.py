@@ -309,12 +309,14 @@ class GPUModelBF16(GPUModelBase):
         b, t = self.shape
         return self.buffers["losses"].prefix(b * t).download().reshape(b, t)
 
-    def read_logits(self, position: int | None = None) -> np.ndarray:
-        """(b, t, V) logits of the last forward without targets, or (b, V) at one position, as float32."""
+    def read_logits(self, position: int | np.ndarray | None = None) -> np.ndarray:
+        """(b, t, V) logits of the last forward, or (b, V) at one position (an int, or one per row), as float32,
+        from the final norm's output, which every forward keeps."""
         if self.shape is None:
             raise RuntimeError("read_logits() needs a forward() first")
         (b, t), C, V = self.shape, self.config.dim, self.config.vocab_size
-        rows = range(b * t) if position is None else [row * t + position % t for row in range(b)]
+        rows = range(b * t) if position is None else [
+            row * t + int(p) % t for row, p in enumerate(np.broadcast_to(position, (b,)))]
         w_out, lnf, logits = self.weight(self.layout.output()), self.buffers["lnf"], self.buffers["logits"]
         out = np.empty((len(rows), V), np.float32)
         for i, row in enumerate(rows):  # one row at a time: generation needs one position

@@ -186,10 +186,12 @@ class ReferenceModel(ReferenceBlock, Model):
             raise RuntimeError("token_losses() needs a forward() with targets first")
         return self.acts["losses"].astype(np.float32)
 
-    def read_logits(self, position: int | None = None) -> np.ndarray:
-        """(B, T, V) logits of the last forward, or (B, V) at one position."""
+    def read_logits(self, position: int | np.ndarray | None = None) -> np.ndarray:
+        """(B, T, V) logits of the last forward, or (B, V) at one position: an int, or one per row."""
         logits = self.acts["logits"].reshape(*self.acts["tokens"].shape, -1)
-        return logits if position is None else logits[:, position]
+        if position is None:
+            return logits
+        return logits[np.arange(logits.shape[0]), np.broadcast_to(position, logits.shape[:1])]
 
     def zero_grad(self) -> None:
         if self.grads is not None:

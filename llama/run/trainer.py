@@ -12,20 +12,21 @@ from __future__ import annotations
 import math
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
 from .. import ops
-from ..config import META_MODELS, LlamaConfig, get_preset
-from ..runtime.cuda import runtime
 from ..cache import cache_dir
+from ..config import META_MODELS, LlamaConfig, get_preset
 from ..data.dataloader import DataLoader
 from ..data.datasets import prepare_builtin_corpus, starter_pack_shards
 from ..data.tokenizer import load_tokenizer
+from ..eval.items import TaskError
 from ..eval.runner import Evaluation, accuracy_over_ranks
-from ..eval.tasks import TaskError, load_task
-from ..model.generate import decoder_for, generate
+from ..eval.scoring import metrics, suite_score
+from ..eval.tasks import SUITE, load_tasks
 from ..io.background import SLOW, BackgroundJob
 from ..io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, load_state_into,
                              newest_usable, save_checkpoint, snapshot_moments)
@@ -33,18 +34,20 @@ from ..io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
 from ..io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
 from ..io.read_ahead import ReadAhead
 from ..io.run_dir import RunDir
-from ..runtime.kernel_build import build, kernels_for
-from .memory import sampling_buffers, training_buffers, what_would_fit
-from ..runtime.machine import gpu_free, host_available, require
 from ..model import build_model
 from ..model.base import counted_targets
+from ..model.generate import decoder_for, generate
 from ..model.sampling import Sampling
 from ..optim import AdamWConfig, learning_rate
 from ..options import RunOptions
 from ..params import ParameterLayout, count_parameters, init_parameters
-from .plan import Plan, choose_device, make_plan
+from ..runtime.cuda import runtime
+from ..runtime.kernel_build import build, kernels_for
+from ..runtime.machine import gpu_free, host_available, require
 from ..runtime.progress import TrainingProgress, phase
 from ..runtime.signals import GracefulStop
+from .memory import sampling_buffers, training_buffers, what_would_fit
+from .plan import Plan, choose_device, make_plan
 
 DEVICE_DEFAULTS = {"cpu": {"model": "small", "batch_size": 4, "seq_len": 64, "lr": 3e-3, "steps": 100},
                    "cuda": {"model": "d12", "batch_size": 8, "seq_len": 1024, "lr": 6e-4, "steps": 200}}
@@ -215,7 +218,7 @@ class Trainer:
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
         self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
                         else None)
-        self.evaluation = self._evaluation()
+        self.evaluations = self._evaluations()
         self.log = None  # main.log, open while run() trains
         self.writer = BackgroundJob("checkpoint writer")  # rank 0 writes checkpoints while training goes on
         self.snapshot = None  # on one GPU: the page-locked host copy of the state a checkpoint writes
@@ -365,16 +368,24 @@ class Trainer:
         self.model.set_state(older["params"], older["adam_m"], older["adam_v"])
         return older
 
-    def _evaluation(self) -> Evaluation | None:
-        """The --eval task tokenized into this rank's passes of the model's B rows of T (None without --eval)."""
+    def _evaluations(self) -> list[Evaluation]:
+        """Each --eval task tokenized into this rank's passes of the model's B rows of T (none without --eval)."""
         args = self.args
         if not args.eval:
-            return None
+            return []
         try:
-            task = load_task(args.eval, None, args.eval_source, args.eval_limit)
-            return Evaluation(task, self.tokenizer, self.B, self.T, self.rank, self.world)
+            tasks = load_tasks(args.eval, None, args.eval_source, args.eval_limit, ("--eval", "--eval-source"))
+            evaluations = []
+            for task in tasks:
+                with self._reported(f"--eval: tokenizing {task.name}"):
+                    evaluations.append(Evaluation(task, self.tokenizer, self.B, self.T, self.rank, self.world))
+            return evaluations
         except (TaskError, ValueError) as e:
             raise UserError(f"--eval: {e}") from None
+
+    def _reported(self, description: str, **kwargs):
+        """A phase (llama/progress.py) that rank 0 reports; nothing on the other ranks."""
+        return phase(description, **kwargs) if self.rank == 0 else nullcontext()
 
     def _announce(self, model_name: str) -> None:
         gpus = f" x {self.world} GPUs (ZeRO-{self.plan.zero} over NCCL)" if self.world > 1 else ""
@@ -436,12 +447,31 @@ class Trainer:
         return losses / counted if counted else 0.0
 
     def run_evaluation(self, step: int) -> None:
-        """--eval on every rank's share of the items: llm.c's s:<step> hella:<acc> line (with acc_norm) in main.log."""
-        key = self.evaluation.task.log_key
-        acc, acc_norm = accuracy_over_ranks(self.evaluation.run(self.model), self.comm)
-        self.eval_result = (key, acc, acc_norm, step)
-        self.log.write(f"s:{step} {key}:{acc:.4f} {key}_norm:{acc_norm:.4f}")
-        self.progress.write(f"step {step}: {self.evaluation.task.name} acc {acc:.4f}, acc_norm {acc_norm:.4f}")
+        """--eval's tasks on every rank's share of their items: for each, llm.c's s:<step> hella:<acc> line in
+        main.log (with <key>_norm:<acc_norm> where the task reports acc_norm, <key>_ppl:<perplexity> where it
+        reports perplexity), and with --eval suite the line s:<step> suite:<mean centered accuracy>."""
+        self.eval_result, accuracies = [], []
+        for evaluation in self.evaluations:
+            task = evaluation.task
+            reported = self._reported(f"step {step}: evaluating {task.name}", total=evaluation.rows, unit="choice")
+            with reported as progress:
+                scores = evaluation.run(self.model, progress.update if progress is not None else None)
+            acc, acc_norm = accuracy_over_ranks(scores, self.comm)
+            shown = {"acc_norm": acc_norm} if "acc_norm" in task.metrics else {}
+            if "perplexity" in task.metrics:  # one process only (Evaluation): its scores are all the items'
+                shown["ppl"] = metrics(scores, ("perplexity",))["perplexity"]
+            self.eval_result.append((task.log_key, acc, shown))
+            accuracies.append((task, acc))
+            self.log.write(f"s:{step} {task.log_key}:{acc:.4f}" + "".join(
+                f" {task.log_key}_{name.removeprefix('acc_')}:{value:.4f}" for name, value in shown.items()))
+            self.progress.write(f"step {step}: {task.name} acc {acc:.4f}" +
+                                "".join(f", {name} {value:.4f}" for name, value in shown.items()))
+        if self.args.eval == SUITE:
+            score = suite_score(accuracies)
+            self.eval_result.append((SUITE, score, {}))
+            self.log.write(f"s:{step} {SUITE}:{score:.4f}")
+            self.progress.write(f"step {step}: suite of {len(accuracies)} tasks, mean centered accuracy {score:.4f}")
+        self.eval_step = step
 
     def diverged(self, message: str) -> TrainingDiverged:
         self.collect_checkpoint(wait=True)  # the write in flight decides which checkpoint is the last good one
@@ -517,7 +547,7 @@ class Trainer:
         """Train from self.start to self.steps; returns the exit code (0, or 130/143 when stopped by a
         signal, after a checkpoint)."""
         args = self.args
-        self.loss = self.val_loss = self.val_step = self.eval_result = None
+        self.loss = self.val_loss = self.val_step = self.eval_result = self.eval_step = None
         self.done, began = self.start, time.perf_counter()
         with self.run_dir.open_log(self.log_bytes) as self.log, GracefulStop() as stop, \
                 TrainingProgress(self.steps, self.start, args.print_every) as self.progress:
@@ -553,7 +583,7 @@ class Trainer:
             self.log.write(f"s:{step} tel:{self.val_loss:.6f}")
             self.progress.write(f"step {step}: val loss {self.val_loss:.4f}")
         every = args.val_every if args.eval_every is None else args.eval_every
-        if self.evaluation is not None and ((every and step % every == 0) or last):
+        if self.evaluations and ((every and step % every == 0) or last):
             self.run_evaluation(step)
         if args.sample_every and step > 0 and step % args.sample_every == 0:
             self.sample(step)
@@ -580,7 +610,7 @@ class Trainer:
         mfu = self.flops_per_step / dt / peak if peak else None
         stats = [f"loss {self.loss:.4f}", f"{self.tokens_per_step / dt:,.0f} tok/s (last step)", f"lr {lr:.2e}",
                  f"norm {norm:.3f}", *([f"MFU {mfu:.1%}"] if peak else []),
-                 *([f"{self.eval_result[0]} {self.eval_result[1]:.3f}"] if self.eval_result else [])]
+                 *[f"{key} {acc:.3f}" for key, acc, _ in self.eval_result or []]]
         self.progress.step(step, step_line(step, self.steps, self.loss, lr, norm, dt, self.tokens_per_step, mfu),
                            stats)
 
@@ -590,8 +620,9 @@ class Trainer:
         trained = self.done - self.start
         train = "n/a" if self.loss is None else f"{self.loss:.4f} at step {self.done}"
         val = "n/a" if self.val_loss is None else f"{self.val_loss:.4f} at step {self.val_step}"
-        evaluated = ("" if self.eval_result is None else
-                     "{} {:.4f} (acc_norm {:.4f}) at step {} | ".format(*self.eval_result))
+        evaluated = "" if self.eval_result is None else ", ".join(
+            f"{key} {acc:.4f}" + "".join(f" ({name} {value:.4f})" for name, value in shown.items())
+            for key, acc, shown in self.eval_result) + f" at step {self.eval_step} | "
         stopped = stop.requested or self.done < self.steps  # here, or on another rank
         outcome = (f"stopped by {stop.name or 'another rank'} after step {self.done}/{self.steps}" if stopped
                    else f"done: step {self.done}/{self.steps}")

@@ -1,7 +1,8 @@
 """The evaluation on the GPU models: token_losses() against the reference's, the scores of hand-made
 items (with rows of several lengths a pass, and passes shorter than the model's B and T) against the
-reference's: fp32 to 1e-3 in each log-likelihood, bf16 within its rounding; and --eval in a bf16 training run:
-the same losses as without it, the same eval lines after a resume."""
+reference's: fp32 to 1e-3 in each log-likelihood, bf16 within its rounding; the rows scored from the logits
+(read_logits at a position of each row: greedy matches, rows shared by one-token continuations) likewise; and
+--eval in a bf16 training run: the same losses as without it, the same eval lines after a resume."""
 
 import json
 
@@ -11,11 +12,12 @@ import pytest
 from llama.config import get_preset
 from llama.data.tokenizer import ByteTokenizer
 from llama.eval.runner import Evaluation
-from llama.eval.tasks import Item, Task
+from llama.eval.items import LOGLIKELIHOOD, Item, Task
 from llama.model.reference import ReferenceModel
-from llama.params import init_parameters
 from llama.options import RunOptions
 from llama.run.plan import cpu_plan, make_plan
+from llama.params import init_parameters
+from tests.eval_files import LetterTokenizer
 from tests.gpu_helpers import ERRORS
 from tests.runs import BASE, check_resume_is_exact, log_lines, run
 from tests.system.test_eval_train import ITEMS as TRAINING_ITEMS
@@ -31,9 +33,9 @@ ITEMS = [Item("The cat sat on the", ("mat.", "moon and the stars.", "a"), 0),
 def gpu_model(dtype: str, params: np.ndarray, B: int, T: int):
     if dtype == "fp32":
         from llama.model.gpu_fp32 import GPUModelFP32
-        return GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (B, T), params=params)
+        return GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (make_plan(CONFIG, RunOptions("cuda", "fp32")), (B, T)), params=params)
     from llama.model.gpu_bf16 import GPUModelBF16
-    return GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (B, T), params=params)
+    return GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (make_plan(CONFIG, RunOptions("cuda", "bf16")), (B, T)), params=params)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("fp32", 1e-4), ("bf16", 0.05)])
@@ -67,6 +69,30 @@ def test_scores_match_the_references(dtype, tolerance):
     assert error < tolerance
     if dtype == "fp32":
         assert [s.record()["pred"] for s in scores] == [e.record()["pred"] for e in expected]
+
+
+SHARED = [Item("Question: which letter?\nAnswer:", ("A", "B", "C", "D"), 2),  # one-token continuations: one row
+          Item("Q: and this one, longer?\nAnswer:", ("A", "B", "C", "D"), 0)] * 3
+GREEDY = [Item("The cat sat on the", ("mat",), 0), Item("Two plus two is", ("four and more",), 0),
+          Item("Rain", ("falls",), 0)] * 3
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("fp32", 1e-3), ("bf16", 0.5)])
+@pytest.mark.parametrize("task", [Task("shared", SHARED), Task("greedy", GREEDY, LOGLIKELIHOOD, ("perplexity", "acc"))],
+                         ids=["shared_rows", "greedy"])
+def test_rows_scored_from_the_logits_match_the_references(dtype, tolerance, task):
+    params = init_parameters(CONFIG, seed=7)
+    tok = LetterTokenizer()
+    expected = Evaluation(task, tok, B=4, T=64).run(ReferenceModel(CONFIG, cpu_plan(), params=params, dtype=np.float64))
+    evaluation = Evaluation(task, tok, B=4, T=64)
+    assert all(p.logits for p in evaluation.passes)
+    assert sum(len(p.requests) for p in evaluation.passes) == (2 if task.name == "shared" else 9)  # rows
+    scores = evaluation.run(gpu_model(dtype, params, B=4, T=64))
+    error = max(abs(a - b) for s, e in zip(scores, expected) for a, b in zip(s.loglikelihoods, e.loglikelihoods))
+    ERRORS.append((f"eval_logits_{task.name}_{dtype}", error))
+    assert error < tolerance
+    if dtype == "fp32":
+        assert [s.correct for s in scores] == [e.correct for e in expected]
 
 
 def test_eval_in_a_bf16_run_leaves_its_losses_alone_and_resumes_exactly(corpus, tmp_path):

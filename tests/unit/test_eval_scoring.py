@@ -1,6 +1,8 @@
 """The scoring rules of lm-evaluation-harness on hand-made items: the token boundary of a request, the
 window's left truncation, the log-likelihoods of a batched pass against one sequence at a time, acc
-against acc_norm, the standard error, HellaSwag's preprocessing, and the ranks' shares."""
+against acc_norm, the standard error, HellaSwag's preprocessing, the ranks' shares, the rows scored from the
+logits (shared one-token continuations, greedy matches and perplexity), passes of fewer rows where rows are long,
+the suite's centered accuracy, and --limit on a task of parts."""
 
 import math
 import re
@@ -10,12 +12,14 @@ import pytest
 
 from llama.config import get_preset
 from llama.data.tokenizer import ByteTokenizer
+from llama.eval.benchmarks import hellaswag_item, hellaswag_process
+from llama.eval.items import LOGLIKELIHOOD, Item, Task, TaskError
 from llama.eval.runner import Evaluation, accuracy_over_ranks
-from llama.eval.scoring import (ItemScore, encode_pair, make_passes, make_request, mean_and_stderr, metrics,
-                                item_requests)
-from llama.eval.tasks import Item, Task, hellaswag_item
+from llama.eval.scoring import (ItemScore, centered, encode_pair, item_requests, make_passes, make_request,
+                                mean_and_stderr, metrics, suite_score)
 from llama.model.reference import ReferenceModel
 from llama.run.plan import cpu_plan, evaluation_plan
+from tests.eval_files import LetterTokenizer
 
 
 class WordTokenizer:
@@ -114,7 +118,7 @@ def test_the_standard_error_is_lm_evals_sample_stddev_over_root_n():
 def test_hellaswag_items_are_built_as_lm_evals_process_docs():
     doc = {"activity_label": "Making a cake", "ctx_a": "A woman mixes flour.", "ctx_b": "she [header] Then ADDS",
            "endings": ["eggs [title] and milk.", "  a  dog."], "label": "1"}
-    item = hellaswag_item(doc)
+    item = hellaswag_item(hellaswag_process(doc))
     # ctx_b.capitalize() lowercases the rest; " [title]" -> ". "; other [tags] go; double spaces become one
     assert item.context == "Making a cake: A woman mixes flour. She then adds"
     assert item.choices == ("eggs. and milk.", "a dog.") and item.label == 1
@@ -154,3 +158,93 @@ def test_token_losses_are_each_targets_cross_entropy_and_average_to_the_loss():
 def test_a_model_that_only_scores_keeps_only_each_layers_input():
     plan = evaluation_plan(get_preset("tiny"), "cpu")
     assert plan.device == "cpu" and plan.recompute == "full"
+
+
+SHARED = [Item("Question: which letter?\nAnswer:", ("A", "B", "C", "D"), 2),
+          Item("Q: another, longer question?\nAnswer:", ("A", "B", "C", "D"), 0),
+          Item("Odd one", ("out", "in"), 1)]
+
+
+def test_one_token_continuations_of_the_same_tokens_share_a_row_scored_from_its_logits():
+    tok = LetterTokenizer()
+    config = get_preset("tiny").replace(vocab_size=tok.vocab_size)
+    model = ReferenceModel(config, cpu_plan(), seed=3)
+    shared = Evaluation(Task("mmlu-like", SHARED), tok, B=4, T=64)
+    assert [len(p.requests) for p in shared.passes if p.logits] == [2]  # two rows answer the eight " A".." D"
+    assert sum(p.answered for p in shared.passes) == shared.rows == 10
+    alone = Evaluation(Task("mmlu-like", SHARED), tok, B=4, T=64, logits=False)
+    assert not any(p.logits for p in alone.passes) and sum(len(p.requests) for p in alone.passes) == 10
+    for a, b in zip(shared.run(model), alone.run(model)):
+        assert a.loglikelihoods == pytest.approx(b.loglikelihoods, abs=1e-4) and a.greedy is b.greedy is None
+
+
+def test_a_loglikelihood_task_scores_the_greedy_match_and_perplexity():
+    """lm-eval's loglikelihood output type (LAMBADA): acc is whether every continuation token is the argmax of the
+    logits before it; perplexity is exp(-mean log-likelihood), its standard error by the delta method."""
+    config = get_preset("tiny").replace(vocab_size=ByteTokenizer.vocab_size)
+    model = ReferenceModel(config, cpu_plan(), seed=5)
+    model.forward(np.array([ByteTokenizer().encode("hello wor")]))
+    best = int(np.argmax(model.read_logits(position=-1)[0]))  # the model's next token after "hello wor"
+
+    class GreedyTokenizer(LetterTokenizer):
+        """" A" is the model's argmax after "hello wor": the item continuing with it is a greedy match."""
+        def encode(self, text: str, bos: bool = False) -> list[int]:
+            return [best if i == 260 else i for i in super().encode(text, bos)]
+
+    tok = GreedyTokenizer()
+    items = [Item("ab", ("c",), 0), Item("hello wor", ("ld",), 0), Item("x", ("yzzy",), 0),
+             Item("hello wor", ("A",), 0)]
+    task = Task("lambada-like", items * 2, LOGLIKELIHOOD, ("perplexity", "acc"))
+    scores = Evaluation(task, tok, B=2, T=64).run(model)
+    for score, item in zip(scores, task.items):
+        context, continuation = encode_pair(tok, item.context, " " + item.choices[0])
+        model.forward(np.array([context + continuation])[:, :-1])
+        logits = model.read_logits()[0, len(context) - 1:]
+        logp = log_softmax(logits)
+        assert score.loglikelihoods[0] == pytest.approx(sum(logp[i, t] for i, t in enumerate(continuation)), abs=1e-4)
+        assert score.greedy == all(np.argmax(logits[i]) == t for i, t in enumerate(continuation))
+    assert scores[3].greedy and scores[7].greedy and [s.correct for s in scores] == [s.greedy for s in scores]
+    values = metrics(scores, ("perplexity", "acc"))
+    lls = [s.loglikelihoods[0] for s in scores]
+    assert values["perplexity"] == pytest.approx(math.exp(-np.mean(lls)))
+    assert values["perplexity_stderr"] == pytest.approx(math.exp(-np.mean(lls)) * np.std(lls, ddof=1) / math.sqrt(8))
+    assert values["acc"] == np.mean([s.greedy for s in scores])
+    with pytest.raises(TaskError, match="lambada-like scores greedy matches from the logits, which a run on several "
+                                        "GPUs does not read"):
+        Evaluation(task, tok, B=2, T=64, rank=0, world=2)
+
+
+def test_read_logits_takes_a_position_for_each_row():
+    config = get_preset("tiny").replace(vocab_size=ByteTokenizer.vocab_size)
+    model = ReferenceModel(config, cpu_plan(), seed=1)
+    model.forward(np.random.default_rng(0).integers(0, config.vocab_size, (3, 10)))
+    full = model.read_logits()
+    assert np.array_equal(model.read_logits(np.array([4, 0, 9])), full[[0, 1, 2], [4, 0, 9]])
+    assert np.array_equal(model.read_logits(position=2), full[:, 2])
+
+
+def test_fewer_rows_a_pass_where_rows_are_long():
+    tok = ByteTokenizer()
+    task = Task("hand", [Item("x" * 100, ("a", "b"), 0), Item("y", ("c", "d"), 1)])
+    evaluation = Evaluation(task, tok, B=8, T=256, max_tokens=312)
+    assert evaluation.B == 3  # 312 tokens // 104, the longest row (101 tokens) to a multiple of 8
+    assert [p.tokens.shape for p in evaluation.passes] == [(3, 101), (1, 8)] and evaluation.T == 101
+
+
+def test_chance_centered_accuracy_and_the_suite_score():
+    two, four = Task("two", [Item("c", ("a", "b"), 0)] * 3), Task("mixed", [Item("c", ("a", "b", "c", "d"), 0),
+                                                                            Item("c", ("a", "b"), 0)])
+    lambada = Task("greedy", [Item("c", ("a",), 0)], LOGLIKELIHOOD, ("perplexity", "acc"))
+    assert two.chance == 0.5 and four.chance == pytest.approx((0.25 + 0.5) / 2) and lambada.chance == 0.0
+    assert centered(0.5, 0.5) == 0.0 and centered(1.0, 0.25) == 1.0 and centered(0.25, 0.5) == -0.5
+    # (0.75 - 0.5) / 0.5 = 0.5; (0.375 - 0.375) / 0.625 = 0; (0.3 - 0) / 1 = 0.3
+    assert suite_score([(two, 0.75), (four, 0.375), (lambada, 0.3)]) == pytest.approx((0.5 + 0.0 + 0.3) / 3)
+
+
+def test_a_limit_takes_the_first_items_of_each_part_as_lm_evals_does_of_each_subtask():
+    items = [Item(f"q{i}", ("a", "b"), 0) for i in range(7)]
+    task = Task("mmlu", items, parts=(("mmlu_x", 3), ("mmlu_y", 1), ("mmlu_z", 3)), num_fewshot=5)
+    limited = task.limited(2)
+    assert [i.context for i in limited.items] == ["q0", "q1", "q3", "q4", "q5"]
+    assert limited.parts == (("mmlu_x", 2), ("mmlu_y", 1), ("mmlu_z", 2)) and limited.original == 7
+    assert Task("t", items).limited(3).items == items[:3] and task.limited(None) is task
