@@ -128,3 +128,15 @@ def test_exports_refuse_what_the_run_is_not(bases, tmp_path, capsys):
     for extra in ([], ["--lora", "4"]):
         assert run(*BASE, *corpus, "--init", str(tmp_path / "lora" / "ckpt_00000001"), *extra, "-x", "1", "-o", "x") == 2
         assert "holds a LoRA run's adapters, not a base: export that run merged" in one_error_line(capsys)
+
+
+def test_sft_with_accumulation_recompute_and_8_bit_moments_resumes_exactly_with_adapters(tmp_path, monkeypatch):
+    """--sft (loss masks, the document mask), two micro-batches a step, --recompute full and adamw8bit, with adapters:
+    the resumed run is the uninterrupted one, bit for bit."""
+    from tests.unit.test_sft import sft_data, write_chat_shards
+
+    monkeypatch.chdir(tmp_path)
+    check_resume_is_exact(tmp_path, sft_data(write_chat_shards(tmp_path)), "cpu", "-d", "256", "--lora", "4",
+                          "--recompute", "full", "--optimizer", "adamw8bit")
+    state = load_checkpoint(tmp_path / "a" / "ckpt_00000008")["state"]
+    assert state["args"]["sft"] and state["lora"]["rank"] == 4 and state["base"]["digest"] == "seed 0"

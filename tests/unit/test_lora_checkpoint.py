@@ -14,9 +14,9 @@ from llama.io.checkpoint import (MODEL, STATE, CheckpointError, checkpoint_piece
 from llama.io.hf import save_hf_folder
 from llama.io.lora_base import base_identity, base_init, merged_weights, read_base, weights_digest
 from llama.io.peft import adapters_of, merge_adapters
-from llama.optim import AdamW8bitState
 from llama.params import AdapterLayout, LoraSpec, ParameterLayout, init_parameters, quantized_base
 from tests.unit.test_checkpoint_stream import STATE as RUN_STATE
+from tests.unit.test_checkpoint_stream import random_state
 
 CONFIG = get_preset("tiny").replace(vocab_size=264)
 SPEC = LoraSpec(4, alpha=16.0, targets=("q", "v", "down"))
@@ -24,13 +24,7 @@ SPEC = LoraSpec(4, alpha=16.0, targets=("q", "v", "down"))
 
 def lora_checkpoint(tmp_path, base: dict, qlora: bool = False, quantized: bool = False, step: int = 1):
     """A checkpoint of random adapters of SPEC and their moments, with base (state.json's "base")."""
-    size = AdapterLayout(CONFIG, SPEC).size
-    rng = np.random.default_rng(step)
-    adapters, m, v = (rng.standard_normal(size, dtype=np.float32) for _ in range(3))
-    if quantized:
-        state = AdamW8bitState(size)
-        state.load(m, np.abs(v))
-        m, v = state.quantized()
+    adapters, m, v = random_state(AdapterLayout(CONFIG, SPEC).size, step, quantized)
     state = RUN_STATE | {"lora": lora_state(SPEC), "qlora": qlora, "base": base}
     tmp_path.mkdir(exist_ok=True)
     return save_checkpoint(tmp_path, step, CONFIG, adapters, m, v, state), adapters
