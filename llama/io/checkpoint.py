@@ -310,7 +310,8 @@ def read_state(path: str | Path) -> dict:
     for key, kind in OPTIONAL_STATE.items():
         if key in state:
             _check_schema(state[key], kind, f"{where}[{key!r}]")
-    lora_of(state, str(where))
+    if lora_of(state, str(where)) is not None and "base" not in state:
+        raise CheckpointError(f"{where} lacks 'base', the identity of its adapters' base")
     loader = state["loader"]
     if loader["rank"] >= loader["world_size"] or loader["shard_pos"] > len(loader["files"]):
         raise CheckpointError(f"{where}['loader'] is out of range: rank {loader['rank']} of world size "
@@ -363,8 +364,9 @@ def load_checkpoint(path: str | Path, read: bool = True) -> dict:
     state = read_state(path)
     config, lora = _config_of(path, state), lora_of(state)
     layout = trained_layout(config, lora)
-    checkpoint = {"path": path, "config": config, "lora": lora, "layout": layout, "quantized": verify_files(path, layout),
-                  "params": None, "adam_m": None, "adam_v": None, "state": state}
+    checkpoint = {"path": path, "config": config, "lora": lora, "layout": layout,
+                  "quantized": verify_files(path, layout), "params": None, "adam_m": None, "adam_v": None,
+                  "state": state}
     return read_data(checkpoint) if read else checkpoint
 
 

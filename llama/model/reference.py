@@ -72,8 +72,8 @@ class ReferenceBlock:
         x = a[x_key]
         out = self._linear_forward(x, self._matrix(self.params, self._gemm_weights(i)[g]))
         for t, (rows, lora_a, lora_b) in enumerate(self.adapted[i][g] if self.adapters is not None else ()):
-            delta, a[f"xa{g}.{t}"] = adapter_forward(x, self._matrix(self.adapters, lora_a),
-                                                     self._matrix(self.adapters, lora_b), self.adapter_layout.spec.scale)
+            a_matrix, b_matrix = self._matrix(self.adapters, lora_a), self._matrix(self.adapters, lora_b)
+            delta, a[f"xa{g}.{t}"] = adapter_forward(x, a_matrix, b_matrix, self.adapter_layout.spec.scale)
             out[..., rows] += delta
         return out
 
@@ -195,8 +195,9 @@ class ReferenceModel(ReferenceBlock, Model):
             return dx
         dx = matmul_input_backward(dout, weight)
         for t, (rows, lora_a, lora_b) in enumerate(self.adapted[i][g]):
-            dx_adapter, da, db = adapter_backward(dout[..., rows], x, a[f"xa{g}.{t}"], self._matrix(self.adapters, lora_a),
-                                                  self._matrix(self.adapters, lora_b), self.adapter_layout.spec.scale)
+            a_matrix, b_matrix = self._matrix(self.adapters, lora_a), self._matrix(self.adapters, lora_b)
+            dx_adapter, da, db = adapter_backward(dout[..., rows], x, a[f"xa{g}.{t}"], a_matrix, b_matrix,
+                                                  self.adapter_layout.spec.scale)
             dx += dx_adapter
             self._grad(lora_a)[...] += da
             self._grad(lora_b)[...] += db

@@ -68,8 +68,9 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
         beside = FLOAT32 * max(logits + 2 * tokens * C, tokens * (9 * C + 4 * KVD + 3 * F))
         update = beside + max(FLOAT32 * updated + update, 2 * FLOAT32 * updated)
     update = max(2 * FLOAT32 * updated, update)  # or the norm's float64 copy
+    frozen = f"fp32 base ({'NF4 round trip, ' if qlora else ''}frozen)"
     weights = ({"fp32 weights": FLOAT32 * P} if lora is None else
-               {f"fp32 base ({'NF4 round trip, ' if qlora else ''}frozen)": FLOAT32 * base, "fp32 adapters": FLOAT32 * P})
+               {frozen: FLOAT32 * base, "fp32 adapters": FLOAT32 * P})
     trained = "" if lora is None else "adapter "
     return weights | {
         f"fp32 {trained}gradients" + (" (a group at a time)" if in_backward else ""): FLOAT32 * gradients,

@@ -406,9 +406,9 @@ class Trainer:
         adapters = (f" (frozen), {trained_layout(self.config, self.plan.lora).size / 1e6:.3f}M in adapters"
                     if self.plan.lora else "")
         print(f"device {self.plan.device}{gpus} | model {model_name}: "
-              f"{ParameterLayout(self.config).size / 1e6:.2f}M params{adapters}, vocab {self.config.vocab_size} | B={self.B} "
-              f"T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | {self.steps} steps, "
-              f"{self.train_loader.batches_per_epoch} steps/epoch")
+              f"{ParameterLayout(self.config).size / 1e6:.2f}M params{adapters}, vocab {self.config.vocab_size} | "
+              f"B={self.B} T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | "
+              f"{self.steps} steps, {self.train_loader.batches_per_epoch} steps/epoch")
 
     # ---- what a run does
 
@@ -486,8 +486,9 @@ class Trainer:
         several GPUs the host copies that get_params and get_optimizer_state make."""
         self.collect_checkpoint(wait=True)
         self.snapshot = self.model.download_state(self.snapshot, wait=False)  # the probe forward runs meanwhile
-        params = (self.snapshot["params"][:trained_layout(self.config, self.plan.lora).size] if self.snapshot is not None
-                  else self.model.get_params())  # None on ranks other than 0; with --lora the adapters
+        trained = trained_layout(self.config, self.plan.lora).size  # with --lora the adapters
+        params = (self.snapshot["params"][:trained] if self.snapshot is not None
+                  else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
         self.model.wait_for_state()
         verdict, reason = self.guard.judge(self.guarded(params), probe_loss) if params is not None else (SAVE, None)

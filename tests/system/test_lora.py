@@ -58,8 +58,8 @@ def test_a_tiny_fine_tune_resumes_exactly_exports_and_refuses_another_base(bases
                             f"run's base is hf:{other.resolve()}; resume with the --init (and --seed) they were "
                             "trained on"),
                            (lora_args(base, *["--qlora"] * (not qlora)),
-                            "error: --resume: the checkpoint holds other adapters; resume with --lora 4 --lora-alpha 16 "
-                            "--lora-targets q,k,v,o,gate,up,down" + " --qlora" * qlora),
+                            "error: --resume: the checkpoint holds other adapters; resume with --lora 4 "
+                            "--lora-alpha 16 --lora-targets q,k,v,o,gate,up,down" + " --qlora" * qlora),
                            (["--init", f"hf:{base}"], "error: --resume: the checkpoint holds other adapters; resume "
                             "with --lora 4 --lora-alpha 16 --lora-targets q,k,v,o,gate,up,down" + " --qlora" * qlora)):
         assert run(*BASE, *wrong, *corpus, "-x", "8", "-o", "c", "--resume") == 2
@@ -72,7 +72,8 @@ def test_a_tiny_fine_tune_resumes_exactly_exports_and_refuses_another_base(bases
     assert export([str(tmp_path / "a"), "merged", "--merge", "--dtype", "fp32"]) == 0
     spec, adapters = load_peft_adapter(tmp_path / "adapter", CONFIG)
     assert spec == checkpoint["lora"]
-    assert json.loads((tmp_path / "adapter" / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == str(base.resolve())
+    peft_config = json.loads((tmp_path / "adapter" / ADAPTER_CONFIG).read_text())
+    assert peft_config["base_model_name_or_path"] == str(base.resolve())
     trained = ReferenceModel(CONFIG, cpu_plan(lora=4, lora_alpha=16, qlora=qlora), params=load_hf_folder(base)[1])
     trained.set_state(checkpoint["params"])
     for name, (a, b) in adapters.items():
@@ -126,7 +127,8 @@ def test_exports_refuse_what_the_run_is_not(bases, tmp_path, capsys):
     assert not (tmp_path / "merged").exists() and not (tmp_path / "out").exists()
     # --init a run's adapters as a base, with or without --lora
     for extra in ([], ["--lora", "4"]):
-        assert run(*BASE, *corpus, "--init", str(tmp_path / "lora" / "ckpt_00000001"), *extra, "-x", "1", "-o", "x") == 2
+        lora_checkpoint = str(tmp_path / "lora" / "ckpt_00000001")
+        assert run(*BASE, *corpus, "--init", lora_checkpoint, *extra, "-x", "1", "-o", "x") == 2
         assert "holds a LoRA run's adapters, not a base: export that run merged" in one_error_line(capsys)
 
 

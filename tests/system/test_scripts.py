@@ -123,7 +123,8 @@ def test_memory_plan_accounts_for_the_adapters_on_the_cpu(capsys):
     assert names[:5] == ["fp32 base (NF4 round trip, frozen)", "fp32 adapters", "fp32 adapter gradients", "decay mask",
                          "adapter adamw moments"]
     assert memory_plan(["small", "-b", "64", "-t", "512", "--device", "cpu", "--lora", "16", "--memory", "4"]) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "4 GiB (4.0 GiB): does not fit; -b 3 would fit (-d keeps the tokens per step)"
+    assert capsys.readouterr().out.splitlines()[-1] == ("4 GiB (4.0 GiB): does not fit; -b 3 would fit (-d keeps the "
+                                                         "tokens per step)")
 
 
 @pytest.mark.parametrize("extra, message", [

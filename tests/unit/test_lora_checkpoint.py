@@ -51,6 +51,9 @@ def test_a_bad_lora_spec_in_state_json_is_one_line(tmp_path):
         (folder / STATE).write_text(json.dumps(state | {"lora": state["lora"] | {key: value}}))
         with pytest.raises(CheckpointError, match=message):
             read_state(folder)
+    (folder / STATE).write_text(json.dumps({key: value for key, value in state.items() if key != "base"}))
+    with pytest.raises(CheckpointError, match="lacks 'base', the identity of its adapters' base"):
+        read_state(folder)
 
 
 def test_the_digest_is_of_the_weights_not_of_their_files(tmp_path):

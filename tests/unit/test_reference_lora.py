@@ -79,7 +79,8 @@ def test_training_leaves_the_base_as_it_was_and_keeps_no_state_for_it():
     np.testing.assert_array_equal(model.get_params(), init_adapters(layout, 3))  # PEFT's: A uniform, B zero
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, V, (4, 17))
-    losses = [model.train_step([(tokens[:, :-1], tokens[:, 1:])], 1e-2, step, AdamWConfig())[0] for step in range(1, 16)]
+    losses = [model.train_step([(tokens[:, :-1], tokens[:, 1:])], 1e-2, step, AdamWConfig())[0]
+              for step in range(1, 16)]
     assert losses[-1] < losses[0] - 0.5
     np.testing.assert_array_equal(model.params, base)
     np.testing.assert_array_equal(model.base_params(), base_weights())
@@ -144,7 +145,7 @@ def test_accumulation_and_the_loss_mask_take_the_same_step():
 def test_the_state_is_the_adapters_and_comes_back_exactly(optimizer):
     rng = np.random.default_rng(11)
     steps = [batch(rng, T=8) for _ in range(4)]
-    straight, resumed = lora_model(dtype=np.float32, optimizer=optimizer), lora_model(dtype=np.float32, optimizer=optimizer)
+    straight, resumed = (lora_model(dtype=np.float32, optimizer=optimizer) for _ in range(2))
     for step, b in enumerate(steps[:2], 1):
         straight.train_step([b], 1e-3, step, AdamWConfig())
         resumed.train_step([b], 1e-3, step, AdamWConfig())
