@@ -16,6 +16,7 @@ import numpy as np
 from .config import LlamaConfig
 from .twins.init import standard_normals
 from .twins.lora import lora_init
+from .twins.nf4 import dequantize, quantize
 
 
 @dataclass(frozen=True)
@@ -265,3 +266,16 @@ def init_adapters(layout: AdapterLayout, seed: int) -> np.ndarray:
     for a, b in layout.adapted().values():
         flat[a.offset:a.offset + a.size] = lora_init(seed, a.offset, a.shape[0], a.shape[1], b.shape[0])[0].ravel()
     return flat
+
+
+def quantized_base(config: LlamaConfig, flat: np.ndarray) -> np.ndarray:
+    """QLoRA's frozen base as the model computes with it: a float32 copy of the flat parameters with each block's
+    seven linear weights (LORA_TARGETS) replaced by their NF4 round trip (twins.nf4 quantize, then dequantize),
+    each Meta tensor on its own, as bitsandbytes quantizes each nn.Linear; the embedding, head and norms as they are."""
+    base = np.array(flat, np.float32)
+    views = ParameterLayout(config).views(base)
+    for i in range(config.n_layers):
+        for weight in LORA_TARGETS.values():
+            view = views[f"layers.{i}.{weight}.weight"]
+            view[...] = dequantize(quantize(view))
+    return base

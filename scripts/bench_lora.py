@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # llama and scripts.bench_startup, run from anywhere
-CONFIGS = ("lora", "qlora")
+CONFIGS = ("lora", "qlora", "ours-lora", "ours-qlora")  # the anchors, and ours (llama/model/lora_linears.py)
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LAST = 50  # the steps whose mean loss the targets compare
 
@@ -129,6 +129,51 @@ def bench_config(args, config: str) -> dict:
     return row
 
 
+def bench_ours(args, config: str) -> dict:
+    """Our side of bench_config: --preset's model with the same rank, alpha and targets, its base drawn from a seed
+    on the GPU (speed and memory do not depend on the values), every layer recomputed (as gradient checkpointing),
+    --warmup steps (the first captures the step's graphs) then --steps timed ones. Memory: our buffers
+    (allocated_bytes: everything the model and the launchers allocated) and the device memory the process took
+    since before the model (the graphs and the driver's own too, not the CUDA context)."""
+    import numpy as np
+
+    from llama.config import get_preset
+    from llama.model import build_model
+    from llama.optim import AdamWConfig
+    from llama.options import RunOptions
+    from llama.run.memory import training_buffers
+    from llama.run.plan import make_plan
+    from llama.runtime.cuda import allocated_bytes, runtime
+    from llama.runtime.kernel_build import build, kernels_for
+
+    c = get_preset(args.preset)
+    plan = make_plan(c, RunOptions("cuda", "bf16", recompute="full", lora=args.rank, lora_alpha=args.alpha,
+                                   qlora=config == "ours-qlora"))
+    build(kernels_for(plan, runtime().code))
+    free_before = runtime().drv.mem_get_info()[0]
+    model = build_model(c, plan, (args.batch, args.seq_len), None, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    tokens = rng.integers(0, c.vocab_size, (args.warmup + args.steps, args.batch, args.seq_len + 1)).astype(np.int32)
+    opt = AdamWConfig(weight_decay=0.0)
+    for step in range(args.warmup):
+        model.train_step([(tokens[step, :, :-1], tokens[step, :, 1:])], 1e-4, step + 1, opt)
+    runtime().synchronize()
+    start = time.perf_counter()
+    for step in range(args.warmup, args.warmup + args.steps):
+        loss, _ = model.train_step([(tokens[step, :, :-1], tokens[step, :, 1:])], 1e-4, step + 1, opt)
+    runtime().synchronize()
+    seconds = time.perf_counter() - start
+    used = free_before - runtime().drv.mem_get_info()[0]
+    row = {"config": config, "compile": False, "batch": args.batch, "seq_len": args.seq_len, "rank": args.rank,
+           "alpha": args.alpha, "trainable": model.trained.size, "steps": args.steps,
+           "tokens_per_s": args.batch * args.seq_len * args.steps / seconds, "step_ms": 1000 * seconds / args.steps,
+           "max_allocated_gb": allocated_bytes() / 1e9, "max_reserved_gb": used / 1e9,
+           "accounted_gb": sum(training_buffers(plan, c, args.batch, args.seq_len).values()) / 1e9,
+           "last_loss": float(loss), "plan": plan.summary()}
+    del model
+    return row
+
+
 def loss_parity(args, config: str) -> dict:
     """The per-step losses of training from DIR/adapter on DIR/batches.npy."""
     import numpy as np
@@ -208,10 +253,12 @@ def parse(argv=None):
     p.add_argument("--model", default="d6", help="--make-parity-inputs' preset")
     p.add_argument("--vocab", type=int, help="--make-parity-inputs' vocabulary (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default="llama3.1-8b", help="ours-*: the model (the anchors read --hf-folder's)")
     args = p.parse_args(argv)
     if min(args.batch, args.seq_len, args.rank, args.steps) < 1 or args.warmup < 0:
         p.error("-b, -t, --rank and --steps must be at least 1, --warmup at least 0")
-    if args.loss_parity is None and args.make_parity_inputs is None and args.hf_folder is None:
+    ours = all(config.startswith("ours") for config in args.configs)
+    if args.loss_parity is None and args.make_parity_inputs is None and args.hf_folder is None and not ours:
         p.error("give --hf-folder (speed and memory), --loss-parity DIR or --make-parity-inputs DIR")
     if args.make_hf_folder and args.hf_folder is None:
         p.error("--make-hf-folder needs --hf-folder")
@@ -234,7 +281,8 @@ def main(argv=None) -> int:
         rows = []
         for config in args.configs:
             try:
-                row = loss_parity(args, config) if args.loss_parity else bench_config(args, config)
+                row = (loss_parity(args, config) if args.loss_parity else
+                       bench_ours(args, config) if config.startswith("ours") else bench_config(args, config))
             except Exception as e:  # noqa: BLE001  (one config failing, e.g. under torch.compile, is a result)
                 row = {"config": config, "compile": args.compile, "failed": f"{type(e).__name__}: {e}"[:500]}
             rows.append(row)

@@ -6,6 +6,7 @@ and memory recipe, on any machine (no GPU needed).
     python3 scripts/memory_plan.py llama3.1-8b -b 1 -t 2048 --gpus 8
     python3 scripts/memory_plan.py small -b 16 -t 256 --device cpu --recompute full --optimizer adamw8bit
     python3 scripts/memory_plan.py small -b 16 -t 256 --device cpu --optimizer-in-backward
+    python3 scripts/memory_plan.py llama3.1-8b -b 2 -t 2048 --recompute full --lora 16 --qlora
 
 On the GPU (bf16) the buffers are those of llama/model/gpu_bf16.py with Hopper's flash attention build;
 the CUDA context, kernels and graphs come on top (about 1 GiB), so the total is a lower bound. It is
@@ -21,8 +22,8 @@ from llama.runtime.cli import ArgumentParser, HelpFormatter, positive_float, pos
 from llama.config import ConfigError, get_preset
 from llama.run.memory import training_buffers, what_would_fit
 from llama.runtime.machine import gpu_free, host_available, size_text
-from llama.options import DEVICES, DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
-from llama.run.plan import ATTENTION_HOPPER, Plan, PlanError, check_zero, choose_recipe, choose_device
+from llama.options import DEVICES, DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES, RunOptions
+from llama.run.plan import ATTENTION_HOPPER, Plan, PlanError, check_zero, choose_device, choose_lora, choose_recipe
 
 GIB = 2**30
 # total memory of the GPUs we train on, as nvidia-smi reports it
@@ -41,6 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recompute", choices=RECOMPUTE, default=None, help="default: the path's (partial in bf16)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="default: adamw")
     p.add_argument("--optimizer-in-backward", action="store_true", help="gradients a group at a time")
+    p.add_argument("--lora", type=positive_int, default=None, metavar="RANK",
+                   help="LoRA adapters of this rank on every linear layer, the base frozen")
+    p.add_argument("--lora-targets", default=None, metavar="LIST", help="with --lora: of q,k,v,o,gate,up,down")
+    p.add_argument("--qlora", action="store_true", help="with --lora: the frozen base in NF4")
     p.add_argument("--memory", type=positive_float, default=None,
                    help="GiB to fit in (default: what is free here, or an H100 80GB and an H200 without a GPU)")
     return p.parse_args(argv)
@@ -51,9 +56,13 @@ def plan_of(args) -> Plan:
     path = "cpu" if args.device == "cpu" else args.dtype
     recipe = choose_recipe(path, args.recompute, args.optimizer, args.optimizer_in_backward, args.gpus)
     check_zero(args.zero, args.gpus, args.dtype)
+    options = RunOptions(args.device, in_backward=recipe["in_backward"], zero=args.zero, lora=args.lora,
+                         lora_targets=args.lora_targets, qlora=args.qlora)
+    dtype = "fp32" if args.device == "cpu" else args.dtype
+    lora = choose_lora(options, args.device, dtype)
     if args.device == "cpu":
-        return Plan("cpu", "fp32", "CPU", **recipe)
-    return Plan("cuda", args.dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe, zero=args.zero)
+        return Plan("cpu", dtype, "CPU", **recipe, **lora)
+    return Plan("cuda", dtype, "GPU", attention=ATTENTION_HOPPER[0], **recipe, zero=args.zero, **lora)
 
 
 def budgets(args, plan: Plan) -> dict[str, int | None]:
@@ -86,7 +95,9 @@ def main(argv=None) -> int:
     where = "the numpy reference" if plan.device == "cpu" else \
         f"{plan.dtype} on {args.gpus} GPU{'s' if args.gpus > 1 else ''}, per GPU" + (f", ZeRO-{plan.zero}" if args.gpus > 1 else "")
     print(f"{args.model}, B={B} T={T}: {where} | recompute {plan.recompute} | {plan.optimizer}"
-          + (" in the backward" if plan.in_backward else ""))
+          + (" in the backward" if plan.in_backward else "")
+          + (f" | lora r{plan.lora.rank} on {plan.adapted_linears()} linears, base {'nf4' if plan.qlora else 'frozen'}"
+             if plan.lora else ""))
     width = max(map(len, buffers))
     for name, nbytes in buffers.items():
         print(f"  {name:<{width}}  {size_text(nbytes):>12}")

@@ -26,12 +26,12 @@ def rel_error(a: np.ndarray, b: np.ndarray) -> float:
 
 def model_gradient_errors(model, tokens: np.ndarray, targets: np.ndarray, rng, picks_per_tensor: int = 24) -> dict:
     """A model's backward against finite differences of its loss on (tokens, targets): the relative error of each
-    tensor's gradient over up to picks_per_tensor random elements of it, by tensor name."""
+    trained tensor's gradient (the adapters' with LoRA) over up to picks_per_tensor random elements of it, by name."""
     model.forward(tokens, targets)
     model.backward()
     loss = lambda: model.forward(tokens, targets)  # noqa: E731
     errors = {}
-    for tensor in model.layout.tensors.values():
+    for tensor in model.trainable_layout.tensors.values():
         picks = rng.choice(tensor.size, size=min(tensor.size, picks_per_tensor), replace=False) + tensor.offset
-        errors[tensor.name] = rel_error(model.grads[picks], numerical_grad(loss, model.params, indices=picks)[picks])
+        errors[tensor.name] = rel_error(model.grads[picks], numerical_grad(loss, model.trainable, indices=picks)[picks])
     return errors

@@ -1,12 +1,14 @@
 """Checkpoints that survive a crash, and never let a bad checkpoint replace a good one.
 
 A checkpoint folder `ckpt_<step:08d>/` holds:
-  model.safetensors      parameters by Meta name, float32
-  optimizer.safetensors  AdamW first and second moments (flat, in the parameter layout): float32 adam_m
+  model.safetensors      the trained weights by name, float32: the parameters by Meta name, or in a run with LoRA
+                         adapters the adapters by their AdapterLayout names (llama/params.py), the base not at all
+  optimizer.safetensors  AdamW first and second moments (flat, in the layout of those weights): float32 adam_m
                          and adam_v, or with adamw8bit as the optimizer holds them, the uint8 codes m_codes
                          and v_codes and their float32 scales m_scales and v_scales (one per QUANT_BLOCK)
   state.json             step, config, data-loader state, sampling RNG state, probe losses, main.log
-                         length, training arguments
+                         length, training arguments; in a run with adapters their LoraSpec ("lora"), whether the
+                         base is NF4 ("qlora") and the base's identity ("base": llama/io/lora_base.py)
   readers.lock           empty; readers hold a shared flock on it (`reading_checkpoint`)
   DONE                   empty; written last
 
@@ -42,7 +44,7 @@ import numpy as np
 
 from ..config import ConfigError, LlamaConfig
 from ..optim import QUANT_BLOCK, Quantized
-from ..params import ParameterLayout
+from ..params import AdapterLayout, LoraSpec, ParameterLayout
 from .background import report_if_slow
 from .read_ahead import ReadAhead
 from ..runtime.cuda import runtime
@@ -71,11 +73,36 @@ STATE_SCHEMA = {
     "loader": {"epoch": INDEX, "shard_pos": INDEX, "batch_pos": INDEX, "seed": INDEX, "files": list, "B": COUNT,
                "T": COUNT, "rank": INDEX, "world_size": COUNT},
 }
-OPTIONAL_STATE = {"probe_loss": float, "best_probe_loss": float, "log_bytes": INDEX}  # absent in older checkpoints
+OPTIONAL_STATE = {"probe_loss": float, "best_probe_loss": float, "log_bytes": INDEX,  # absent in older checkpoints
+                  "lora": {"rank": COUNT, "alpha": float, "dropout": float, "targets": list, "use_rslora": bool},
+                  "qlora": bool, "base": {"seed": INDEX, "digest": str}}  # a run with adapters only
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written, loaded, or does not fit the run; the message is one line."""
+
+
+def lora_state(spec: LoraSpec) -> dict:
+    """state.json's "lora" of a run with adapters of spec."""
+    return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
+            "use_rslora": spec.use_rslora}
+
+
+def lora_of(state: dict, where: str = STATE) -> LoraSpec | None:
+    """The LoraSpec of a checkpoint's state (None: a full fine-tune's), CheckpointError for one that is no spec."""
+    if "lora" not in state:
+        return None
+    values = state["lora"]
+    try:
+        return LoraSpec(values["rank"], values["alpha"], values["dropout"], tuple(values["targets"]),
+                        values["use_rslora"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}['lora'] is not a LoRA spec: {e}") from None
+
+
+def trained_layout(config: LlamaConfig, lora: LoraSpec | None) -> ParameterLayout | AdapterLayout:
+    """The layout of a checkpoint's weights: the parameters', or with adapters of lora the adapters'."""
+    return ParameterLayout(config) if lora is None else AdapterLayout(config, lora)
 
 
 def checkpoint_dir(out_dir: str | Path, step: int) -> Path:
@@ -141,11 +168,12 @@ def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params:
                     adam_m: np.ndarray | Quantized, adam_v: np.ndarray | Quantized, state: dict,
                     keep: int = 0) -> Path:
     """Write checkpoint `step` atomically and verify it; then keep only the newest `keep` checkpoints
-    up to it (0 keeps all). Raises CheckpointError, leaving nothing half-written behind."""
+    up to it (0 keeps all). params: flat, in the layout state's lora says (trained_layout). Raises CheckpointError,
+    leaving nothing half-written behind."""
     out_dir = Path(out_dir)
     final = checkpoint_dir(out_dir, step)
     tmp = out_dir / f".tmp_{final.name}"
-    layout = ParameterLayout(config)
+    layout = trained_layout(config, lora_of(state))
     renamed = False
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -169,7 +197,7 @@ def save_checkpoint(out_dir: str | Path, step: int, config: LlamaConfig, params:
             raise CheckpointError(f"cannot write checkpoint {final}: {e.strerror or e}") from None
         raise
     try:
-        verify_files(final, config)
+        verify_files(final, layout)
     except CheckpointError:
         remove_checkpoint(final)
         raise
@@ -264,6 +292,9 @@ def _check_schema(value, schema, where: str) -> None:
         _check_schema(value, int, where)
         if value < schema.low:
             raise CheckpointError(f"{where} is {value}, expected at least {schema.low}")
+    elif schema is bool:
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{where} is not true or false")
     elif isinstance(value, bool) or not isinstance(value, schema):
         raise CheckpointError(f"{where} is not a {schema.__name__}")
 
@@ -279,6 +310,8 @@ def read_state(path: str | Path) -> dict:
     for key, kind in OPTIONAL_STATE.items():
         if key in state:
             _check_schema(state[key], kind, f"{where}[{key!r}]")
+    if lora_of(state, str(where)) is not None and "base" not in state:
+        raise CheckpointError(f"{where} lacks 'base', the identity of its adapters' base")
     loader = state["loader"]
     if loader["rank"] >= loader["world_size"] or loader["shard_pos"] > len(loader["files"]):
         raise CheckpointError(f"{where}['loader'] is out of range: rank {loader['rank']} of world size "
@@ -297,14 +330,13 @@ def _config_of(path: Path, state: dict) -> LlamaConfig:
         raise CheckpointError(f"{path / STATE}: bad model config: {e}") from None
 
 
-def verify_files(path: str | Path, config: LlamaConfig) -> bool:
-    """Files present and complete, headers and shapes matching the config (no data read); whether the
-    moments are 8-bit."""
+def verify_files(path: str | Path, layout: ParameterLayout | AdapterLayout) -> bool:
+    """Files present and complete, headers and shapes matching the layout of the weights (trained_layout; no data
+    read); whether the moments are 8-bit."""
     path = Path(path)
     missing = [name for name in (MODEL, OPTIMIZER, STATE, DONE) if not (path / name).is_file()]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}")
-    layout = ParameterLayout(config)
     try:
         check_tensors(path / MODEL, {name: t.shape for name, t in layout.tensors.items()})
         quantized = QUANTIZED_MOMENTS[0] in tensor_names(path / OPTIMIZER)
@@ -319,19 +351,22 @@ def verify_files(path: str | Path, config: LlamaConfig) -> bool:
 
 
 def load_checkpoint(path: str | Path, read: bool = True) -> dict:
-    """{'path', 'config', 'quantized' (whether the moments are 8-bit), 'params' (flat float32), 'adam_m', 'adam_v'
-    (float32, or Quantized for 8-bit moments), 'state'} of a checkpoint, verified in full; CheckpointError says
-    what is wrong with it. read False: all but the data (params and moments None), which read_data or
-    stream_checkpoint read and check later."""
+    """{'path', 'config', 'lora' (the adapters' LoraSpec, None in a full fine-tune), 'layout' (trained_layout),
+    'quantized' (whether the moments are 8-bit), 'params' (flat float32: the parameters, or the adapters), 'adam_m',
+    'adam_v' (float32, or Quantized for 8-bit moments), 'state'} of a checkpoint, verified in full; CheckpointError
+    says what is wrong with it. read False: all but the data (params and moments None), which read_data (or
+    read_weights) or stream_checkpoint read and check later."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint folder")
     if not (path / DONE).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {DONE} marker)")
     state = read_state(path)
-    config = _config_of(path, state)
-    checkpoint = {"path": path, "config": config, "quantized": verify_files(path, config), "params": None,
-                  "adam_m": None, "adam_v": None, "state": state}
+    config, lora = _config_of(path, state), lora_of(state)
+    layout = trained_layout(config, lora)
+    checkpoint = {"path": path, "config": config, "lora": lora, "layout": layout,
+                  "quantized": verify_files(path, layout), "params": None, "adam_m": None, "adam_v": None,
+                  "state": state}
     return read_data(checkpoint) if read else checkpoint
 
 
@@ -350,7 +385,7 @@ def _read_files(checkpoint: dict, reads: list[tuple[str, dict[str, np.ndarray]]]
 
 def read_moments(checkpoint: dict) -> tuple:
     """(adam_m, adam_v) of a checkpoint read on the host: float32 arrays, or Quantized for 8-bit moments."""
-    specs = moment_specs(ParameterLayout(checkpoint["config"]).size, checkpoint["quantized"])
+    specs = moment_specs(checkpoint["layout"].size, checkpoint["quantized"])
     moments = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
     _read_files(checkpoint, [(OPTIMIZER, moments)])
     if checkpoint["quantized"]:
@@ -358,13 +393,19 @@ def read_moments(checkpoint: dict) -> tuple:
     return moments["adam_m"], moments["adam_v"]
 
 
-def read_data(checkpoint: dict) -> dict:
-    """The checkpoint with its weights and moments read on the host, the weights checked to be finite."""
-    layout = ParameterLayout(checkpoint["config"])
+def read_weights(checkpoint: dict) -> np.ndarray:
+    """A checkpoint's weights (flat float32) read on the host and checked to be finite."""
+    layout = checkpoint["layout"]
     params = np.empty(layout.size, np.float32)
     _read_files(checkpoint, [(MODEL, layout.views(params))])
     if not all_finite(params):
         raise CheckpointError(f"{checkpoint['path'] / MODEL}: the weights are not finite")
+    return params
+
+
+def read_data(checkpoint: dict) -> dict:
+    """The checkpoint with its weights and moments read on the host, the weights checked to be finite."""
+    params = read_weights(checkpoint)
     adam_m, adam_v = read_moments(checkpoint)
     return checkpoint | {"params": params, "adam_m": adam_m, "adam_v": adam_v}
 
@@ -372,7 +413,7 @@ def read_data(checkpoint: dict) -> dict:
 def checkpoint_pieces(checkpoint: dict, moments: bool = True) -> list[tuple[Path, int, int, str, int]]:
     """(file, byte offset in it, bytes, state name, byte offset in that) of each tensor of a checkpoint: the
     weights at their layout offsets in 'params', and (moments) the moments by download_state's names."""
-    path, layout = checkpoint["path"], ParameterLayout(checkpoint["config"])
+    path, layout = checkpoint["path"], checkpoint["layout"]
     try:
         ranges = check_tensors(path / MODEL, {name: t.shape for name, t in layout.tensors.items()})
         pieces = [(path / MODEL, begin, end - begin, "params", 4 * layout.tensors[name].offset)

@@ -88,10 +88,10 @@ class TextStream:
 
 
 def decoder_for(model, plan, max_len: int, batch: int = 1):
-    """The decoder of a training model's current weights: a ReferenceModel's on the CPU; on the GPU a
-    bf16 model's own bf16 weights, read in place on one GPU, else a bf16 copy of the fp32 weights (on
+    """The decoder of a training model's current weights: a ReferenceModel's on the CPU (with its adapters, shared);
+    on the GPU a bf16 model's own bf16 weights, read in place on one GPU, else a bf16 copy of the fp32 weights (on
     several GPUs a snapshot gathered from every rank: all ranks call this)."""
     if isinstance(getattr(model, "params", None), np.ndarray):
-        return ReferenceDecoder(model.config, model.params, batch, max_len)
+        return ReferenceDecoder(model.config, model.params, batch, max_len, model.adapter_layout, model.adapters)
     weights = getattr(model, "params_bf16", None) if getattr(model, "comm", None) is None else None
     return GPUDecoder(model.config, plan, model.master_weights(), batch, max_len, weights=weights)

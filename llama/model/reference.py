@@ -12,13 +12,15 @@ import numpy as np
 from ..config import LlamaConfig
 from ..optim import (OPTIMIZER_STATES, QUANT_BLOCK, AdamW8bitState, AdamWConfig, clip_norm_estimate, clip_scale,
                      global_norm, squared_norm)
-from ..params import ParameterLayout, model_parameters
+from ..params import (LORA_GEMMS, LORA_TARGETS, AdapterLayout, ParameterLayout, init_adapters, model_parameters,
+                      quantized_base)
 from ..twins.attention import (attention_backward, attention_forward, document_attention_backward,
                                document_attention_forward, document_ids)
 from ..twins.classifier import fused_classifier
 from ..twins.embedding import embedding_backward, embedding_forward
 from ..twins.fp8 import matmul_fp8_backward, matmul_fp8_forward
-from ..twins.matmul import matmul_backward, matmul_forward
+from ..twins.lora import adapter_backward, adapter_forward
+from ..twins.matmul import matmul_backward, matmul_forward, matmul_input_backward
 from ..twins.residual import residual_forward
 from ..twins.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from ..twins.rope import rope_backward, rope_forward
@@ -36,12 +38,44 @@ RECOMPUTED = {"none": (), "partial": ("ln1", "ln2", "ffn")}  # the activations a
 class ReferenceBlock:
     """The transformer block on the CPU, defined once for the model and its decoder: the layers' forward
     (_layer_forward), its attention step over the sequence (_attention, the decoder's over its KV cache), and
-    a block's linear layers (exact, or the FP8 twins). Its users hold config, layout, params (flat), p (the
-    layout's views of params), dtype and fp8; the model also doc_ids, which this _attention reads (the batch's
-    document ids (B, T), or None: attention spans the row; the decoder has its own _attention)."""
+    a block's linear layers (exact, or the FP8 twins), with LoRA adapters beside them or not. Its users hold
+    config, layout, params (flat), p (the layout's views of params), dtype and fp8, and with adapters
+    adapter_layout and adapters (flat) from _attach_adapters; the model also doc_ids, which this _attention reads
+    (the batch's document ids (B, T), or None: attention spans the row; the decoder has its own _attention)."""
+    adapter_layout = adapters = None  # without adapters
 
     def _matrix(self, flat: np.ndarray, tensor) -> np.ndarray:
         return flat[tensor.offset:tensor.offset + tensor.size].reshape(tensor.shape)
+
+    def _gemm_weights(self, i: int) -> tuple:
+        """Layer i's four GEMMs' weights (Tensors of the layout), in LORA_GEMMS' order: wqkv, wo, w13, w2."""
+        L, pre = self.layout, f"layers.{i}."
+        return L.wqkv(i), L.tensors[pre + "attention.wo.weight"], L.w13(i), L.tensors[pre + "feed_forward.w2.weight"]
+
+    def _attach_adapters(self, layout: AdapterLayout, adapters: np.ndarray) -> None:
+        """LoRA adapters (flat, in layout) beside the linear layers: self.adapted[i][g] lists, for GEMM g of layer i,
+        each of its targets' output columns (a slice of the GEMM's output) with the Tensors of its A and B."""
+        self.adapter_layout, self.adapters = layout, adapters
+        pairs, self.adapted = layout.adapted(), []
+        for i in range(self.config.n_layers):
+            layer = []
+            for gemm, targets in zip(self._gemm_weights(i), LORA_GEMMS):
+                weights = [self.layout.tensors[f"layers.{i}.{LORA_TARGETS[t]}.weight"] for t in targets
+                           if t in layout.spec.targets]
+                rows = [(w.offset - gemm.offset) // gemm.shape[1] for w in weights]
+                layer.append([(slice(row, row + w.shape[0]), *pairs[w.name]) for row, w in zip(rows, weights)])
+            self.adapted.append(layer)
+
+    def _gemm(self, a: dict, i: int, g: int, x_key: str) -> np.ndarray:
+        """Layer i's GEMM g (LORA_GEMMS' order) on the activation a[x_key]; with adapters, each target's columns
+        get scale * (x A^T) B^T (twins.lora.adapter_forward), x A^T kept in a for the backward."""
+        x = a[x_key]
+        out = self._linear_forward(x, self._matrix(self.params, self._gemm_weights(i)[g]))
+        for t, (rows, lora_a, lora_b) in enumerate(self.adapted[i][g] if self.adapters is not None else ()):
+            a_matrix, b_matrix = self._matrix(self.adapters, lora_a), self._matrix(self.adapters, lora_b)
+            delta, a[f"xa{g}.{t}"] = adapter_forward(x, a_matrix, b_matrix, self.adapter_layout.spec.scale)
+            out[..., rows] += delta
+        return out
 
     def _linear_forward(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """A block's linear layer: matmul_forward, or its FP8 twin."""
@@ -58,17 +92,16 @@ class ReferenceBlock:
 
     def _layer_forward(self, i: int, x: np.ndarray, rope) -> dict:
         """Layer i on its input x (B, T, C): every activation its backward reads, and its output "out"."""
-        c, p, L, pre = self.config, self.p, self.layout, f"layers.{i}."
+        c, p, pre = self.config, self.p, f"layers.{i}."
         a = {"x": x}
         a["ln1"], a["rstd1"] = rmsnorm_forward(x, p[pre + "attention_norm.weight"], c.norm_eps)
-        qkv = self._linear_forward(a["ln1"], self._matrix(self.params, L.wqkv(i)))
-        a["q"], a["k"], a["v"] = rope_forward(qkv, *rope, c.n_heads, c.n_kv_heads)
+        a["q"], a["k"], a["v"] = rope_forward(self._gemm(a, i, 0, "ln1"), *rope, c.n_heads, c.n_kv_heads)
         a["att"], a["lse"] = self._attention(i, a["q"], a["k"], a["v"])
-        a["h"] = residual_forward(x, self._linear_forward(a["att"], p[pre + "attention.wo.weight"]))
+        a["h"] = residual_forward(x, self._gemm(a, i, 1, "att"))
         a["ln2"], a["rstd2"] = rmsnorm_forward(a["h"], p[pre + "ffn_norm.weight"], c.norm_eps)
-        a["gate_up"] = self._linear_forward(a["ln2"], self._matrix(self.params, L.w13(i)))
+        a["gate_up"] = self._gemm(a, i, 2, "ln2")
         a["ffn"] = swiglu_forward(a["gate_up"])
-        a["out"] = residual_forward(a["h"], self._linear_forward(a["ffn"], p[pre + "feed_forward.w2.weight"]))
+        a["out"] = residual_forward(a["h"], self._gemm(a, i, 3, "ffn"))
         return a
 
 
@@ -98,6 +131,13 @@ class ReferenceModel(ReferenceBlock, Model):
     documents starting at the plan's doc_mask_bos) and every layer's attention, forward and backward, is
     document-masked (a token sees the earlier tokens of its own document only); RoPE positions stay the row's.
 
+    With the plan's lora (a LoraSpec), the model fine-tunes through LoRA adapters: params (or the seed's) are the
+    frozen base (shared with the caller's array, never written; with the plan's qlora each block's seven linear
+    weights replaced by their NF4 round trip, params.quantized_base), the adapters are init_adapters(seed) in their
+    AdapterLayout, and they alone are trained: trainable, grads, the moments, get_params/set_state/download_state
+    are the adapters'. Each targeted linear layer adds scale * (x A^T) B^T to its output (twins.lora); the backward
+    gives dx through the frozen weight and the adapter, dA and dB, never a gradient of the base.
+
     Every model's arguments (llama/model/__init__.py): batch None takes any batch up to max_seq_len, (B, T) batches
     up to it; comm must be None (one process). dtype: float32, or float64 for the oracle's checks."""
 
@@ -114,11 +154,21 @@ class ReferenceModel(ReferenceBlock, Model):
         self.doc_mask_bos = plan.doc_mask_bos
         self.doc_ids = None  # the last forward's document ids with doc_mask_bos
         self.layout = ParameterLayout(config)
-        self.params = model_parameters(self.layout, params, seed).astype(self.dtype, copy=True)
+        if plan.lora is None:
+            self.params = model_parameters(self.layout, params, seed).astype(self.dtype, copy=True)
+            self.trainable_layout, self.trainable = self.layout, self.params
+        else:
+            if plan.in_backward or plan.dtype != "fp32":
+                raise ValueError("the reference trains adapters in fp32 with the optimizer after the backward")
+            base = model_parameters(self.layout, params, seed)
+            self.params = np.asarray(quantized_base(config, base) if plan.qlora else base, self.dtype)
+            adapter_layout = AdapterLayout(config, plan.lora)
+            self._attach_adapters(adapter_layout, init_adapters(adapter_layout, seed).astype(self.dtype))
+            self.trainable_layout, self.trainable = adapter_layout, self.adapters
         self.in_backward = plan.in_backward
-        self.grads = None if self.in_backward else np.zeros_like(self.params)
-        self.optimizer = OPTIMIZER_STATES[plan.optimizer](self.layout.size, self.dtype)
-        self.decay_mask = self.layout.decay_mask()
+        self.grads = None if self.in_backward else np.zeros_like(self.trainable)
+        self.optimizer = OPTIMIZER_STATES[plan.optimizer](self.trainable_layout.size, self.dtype)
+        self.decay_mask = self.trainable_layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.acts = None
         self.groups = self.layout.gradient_groups()
@@ -133,6 +183,30 @@ class ReferenceModel(ReferenceBlock, Model):
             return matmul_backward(dout, x, weight)
         dx, dweight = matmul_fp8_backward(dout, x, weight, self.fp8)
         return dx.astype(self.dtype), dweight.astype(self.dtype)
+
+    def _gemm_backward(self, dout: np.ndarray, a: dict, i: int, g: int, x_key: str) -> np.ndarray:
+        """The backward of _gemm: dx; the weight's gradient added, or with adapters the adapters' (dA, dB: the frozen
+        weight has none)."""
+        tensor, x = self._gemm_weights(i)[g], a[x_key]
+        weight = self._matrix(self.params, tensor)
+        if self.adapters is None:
+            dx, dw = self._linear_backward(dout, x, weight)
+            self._grad(tensor)[...] += dw
+            return dx
+        dx = matmul_input_backward(dout, weight)
+        for t, (rows, lora_a, lora_b) in enumerate(self.adapted[i][g]):
+            a_matrix, b_matrix = self._matrix(self.adapters, lora_a), self._matrix(self.adapters, lora_b)
+            dx_adapter, da, db = adapter_backward(dout[..., rows], x, a[f"xa{g}.{t}"], a_matrix, b_matrix,
+                                                  self.adapter_layout.spec.scale)
+            dx += dx_adapter
+            self._grad(lora_a)[...] += da
+            self._grad(lora_b)[...] += db
+        return dx
+
+    def _base_gradient(self, name: str, dw: np.ndarray) -> None:
+        """Add a base tensor's gradient (none with adapters: the base is frozen)."""
+        if self.adapters is None:
+            self._grad(name)[...] += dw
 
     def _kept(self, a: dict) -> dict:
         """What a layer keeps for the backward under self.recompute."""
@@ -201,36 +275,34 @@ class ReferenceModel(ReferenceBlock, Model):
         """Add the gradient of loss_scale * (mean loss of the last forward) into self.grads."""
         if self.acts is None or "dlogits" not in self.acts:
             raise RuntimeError("backward() needs a forward() with targets first")
-        c, p, L, acts, grad = self.config, self.p, self.layout, self.acts, self._grad
+        c, p, L, acts = self.config, self.p, self.layout, self.acts
         tokens = acts["tokens"]
         B, T = tokens.shape
         dlogits = acts["dlogits"] * self.dtype.type(loss_scale)
-        dlnf, dw = matmul_backward(dlogits, acts["lnf"].reshape(B * T, -1), self._matrix(self.params, L.output()))
-        grad(L.output())[...] += dw
+        head = self._matrix(self.params, L.output())
+        if self.adapters is None:
+            dlnf, dw = matmul_backward(dlogits, acts["lnf"].reshape(B * T, -1), head)
+            self._grad(L.output())[...] += dw
+        else:
+            dlnf = matmul_input_backward(dlogits, head)
         dx, dw = rmsnorm_backward(dlnf.reshape(B, T, -1), acts["x"], p["norm.weight"], acts["rstdf"])
-        grad("norm.weight")[...] += dw
+        self._base_gradient("norm.weight", dw)
         self._gradients_final(self.groups[-1])
         for i in reversed(range(c.n_layers)):
             pre, a = f"layers.{i}.", self._restored(i, acts["layers"][i], acts["rope"])
-            dffn, dw = self._linear_backward(dx, a["ffn"], p[pre + "feed_forward.w2.weight"])
-            grad(pre + "feed_forward.w2.weight")[...] += dw
-            dgate_up = swiglu_backward(dffn, a["gate_up"])
-            dln2, dw = self._linear_backward(dgate_up, a["ln2"], self._matrix(self.params, L.w13(i)))
-            grad(L.w13(i))[...] += dw
+            dgate_up = swiglu_backward(self._gemm_backward(dx, a, i, 3, "ffn"), a["gate_up"])
+            dln2 = self._gemm_backward(dgate_up, a, i, 2, "ln2")
             dh, dw = rmsnorm_backward(dln2, a["h"], p[pre + "ffn_norm.weight"], a["rstd2"])
-            grad(pre + "ffn_norm.weight")[...] += dw
+            self._base_gradient(pre + "ffn_norm.weight", dw)
             dx = dx + dh
-            datt, dw = self._linear_backward(dx, a["att"], p[pre + "attention.wo.weight"])
-            grad(pre + "attention.wo.weight")[...] += dw
-            dq, dk, dv = self._attention_backward(datt, a)
-            dqkv = rope_backward(dq, dk, dv, *acts["rope"])
-            dln1, dw = self._linear_backward(dqkv, a["ln1"], self._matrix(self.params, L.wqkv(i)))
-            grad(L.wqkv(i))[...] += dw
+            dq, dk, dv = self._attention_backward(self._gemm_backward(dx, a, i, 1, "att"), a)
+            dln1 = self._gemm_backward(rope_backward(dq, dk, dv, *acts["rope"]), a, i, 0, "ln1")
             dxn, dw = rmsnorm_backward(dln1, a["x"], p[pre + "attention_norm.weight"], a["rstd1"])
-            grad(pre + "attention_norm.weight")[...] += dw
+            self._base_gradient(pre + "attention_norm.weight", dw)
             dx = dx + dxn
             self._gradients_final(self.groups[i + 1])
-        grad("tok_embeddings.weight")[...] += embedding_backward(dx, tokens, c.vocab_size)
+        if self.adapters is None:
+            self._grad("tok_embeddings.weight")[...] += embedding_backward(dx, tokens, c.vocab_size)
         self._gradients_final(self.groups[0])
 
     def _attention_backward(self, datt: np.ndarray, a: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -306,12 +378,17 @@ class ReferenceModel(ReferenceBlock, Model):
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig) -> float:
         """Clip by global norm and take one AdamW step (step counts from 1); returns the norm."""
         norm = global_norm(self.grads)
-        self.optimizer.update(self.params, self.grads, self.decay_mask, step, lr, opt,
+        self.optimizer.update(self.trainable, self.grads, self.decay_mask, step, lr, opt,
                               grad_scale=clip_scale(norm, opt.grad_clip))
         return norm
 
-    # state for checkpoints (same method names on the GPU model)
+    # state for checkpoints (same method names on the GPU model): the trained weights, the adapters with lora
     def get_params(self) -> np.ndarray:
+        return self.trainable.astype(np.float32, copy=True)
+
+    def base_params(self) -> np.ndarray:
+        """A float32 copy of the weights the block computes with: with adapters the frozen base (QLoRA's NF4 round
+        trip), else the trained weights themselves."""
         return self.params.astype(np.float32, copy=True)
 
     def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray]:
@@ -324,7 +401,7 @@ class ReferenceModel(ReferenceBlock, Model):
         opt = self.optimizer
         moments = ({"m_codes": opt.m_codes, "m_scales": opt.m_scales, "v_codes": opt.v_codes, "v_scales": opt.v_scales}
                    if isinstance(opt, AdamW8bitState) else {"adam_m": opt.m, "adam_v": opt.v})
-        state = {"params": self.params, **moments}
+        state = {"params": self.trainable, **moments}
         into = into or {name: np.empty(a.shape, np.uint8 if a.dtype == np.uint8 else np.float32)
                         for name, a in state.items()}
         for name, array in state.items():
@@ -335,7 +412,7 @@ class ReferenceModel(ReferenceBlock, Model):
         """Weights (None: they stay) and moments from a checkpoint: float32 moments, 8-bit ones (Quantized) or
         None (zeros)."""
         if params is not None:
-            self.params[:] = params
+            self.trainable[:] = params
         self.optimizer.load(adam_m, adam_v)
 
 
@@ -362,10 +439,11 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np
 class ReferenceDecoder(ReferenceBlock, HostSampling):
     """The model on the CPU with a KV cache: the model's block (ReferenceBlock) on the new positions only,
     attending over the cache. params is a flat array in the parameter layout (a ReferenceModel's .params:
-    shared, not copied)."""
+    shared, not copied), and adapters, when given, a flat array of adapter_layout (a ReferenceModel's, shared)."""
     fp8 = None  # the exact linear layers
 
-    def __init__(self, config: LlamaConfig, params: np.ndarray, batch: int = 1, max_len: int | None = None):
+    def __init__(self, config: LlamaConfig, params: np.ndarray, batch: int = 1, max_len: int | None = None,
+                 adapter_layout: AdapterLayout | None = None, adapters: np.ndarray | None = None):
         self.config, self.batch = config, batch
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
         self.layout = ParameterLayout(config)
@@ -373,6 +451,8 @@ class ReferenceDecoder(ReferenceBlock, HostSampling):
             raise ValueError(f"params must be a flat array of {self.layout.size} values, got shape {params.shape}")
         self.params, self.dtype = params, params.dtype
         self.p = self.layout.views(params)
+        if adapters is not None:
+            self._attach_adapters(adapter_layout, adapters)
         self.rope_cos, self.rope_sin = rope_cos_sin(config, self.max_len)
         shape = (batch, config.n_kv_heads, self.max_len, config.head_dim)
         self.k_cache = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]

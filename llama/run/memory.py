@@ -25,34 +25,42 @@ from ..model.shapes import model_buffers
 from .. import ops
 from ..optim import QUANT_BLOCK, AdamW8bitState
 from ..options import RECIPES, zero_stages
-from ..params import AdapterLayout, ParameterLayout, count_parameters
+from ..params import CHUNK, AdapterLayout, LoraSpec, ParameterLayout, count_parameters
 from ..parallel.zero import flat_gather_length, home_lengths, model_shards
 
 FLOAT32 = 4
 
 
 def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: str = "none",
-                               optimizer: str = "adamw", in_backward: bool = False) -> dict[str, int]:
+                               optimizer: str = "adamw", in_backward: bool = False, lora: LoraSpec | None = None,
+                               qlora: bool = False) -> dict[str, int]:
     """What the numpy reference allocates at its peak while it trains on (B, T) batches, by buffer (bytes);
     "largest transient" is the biggest set of temporaries alive at once: AdamW's (20 bytes a parameter,
-    or chunks of blocks in 8 bits, after the global norm's float64 copy of the gradients), or the
+    or in 8 bits 34 bytes a value of a chunk of blocks, after the global norm's float64 copy of the gradients), or the
     backward's (its layer's activations when they were recomputed, the attention probabilities, the logits).
     With the optimizer in the backward the gradients exist a group at a time (the embedding table's stays
-    open all the backward when the head is tied) and AdamW's temporaries are a group's, beside the backward's."""
+    open all the backward when the head is tied) and AdamW's temporaries are a group's, beside the backward's.
+    With LoRA adapters (lora) the base has weights alone, the adapters have gradients, the decay mask and moments,
+    and each layer keeps x A^T (rank values a token) of each target; as the weights are so few, the base's making
+    may be the peak: drawn from the seed, 45 bytes a value of the largest chunk drawn at once (init_parameters'
+    temporaries, measured), or QLoRA's NF4 round trip of a copy of it (the copy and the base at once)."""
     c, P, tokens = config, count_parameters(config), B * T
     C, KVD, F = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden_dim
     every = tokens * (6 * C + 2 * KVD + 3 * F)  # what a layer's backward reads
+    if lora is not None:
+        every += tokens * lora.rank * len(lora.targets)
     kept = {"none": every, "partial": every - tokens * (2 * C + F), "full": tokens * C}[recompute]
     logits = tokens * c.vocab_size
     attention = B * c.n_heads * T * T
     backward = FLOAT32 * (5 * (every + attention) // 2 + 3 * logits + (every - kept if recompute != "none" else 0))
+    base, P = P, P if lora is None else AdapterLayout(c, lora).size  # P: the trained values from here on
     gradients, updated = P, P  # values whose gradients exist at once; values one AdamW update takes
     if in_backward:
         groups = [end - start for start, end in ParameterLayout(c).gradient_groups()]
         updated = max(groups)
         gradients = groups[0] + max(groups[1:]) if c.tie_embeddings else updated
     if optimizer == "adamw8bit":
-        moments, update = 2 * P + 2 * FLOAT32 * -(-P // QUANT_BLOCK), 60 * AdamW8bitState.CHUNK
+        moments, update = 2 * P + 2 * FLOAT32 * -(-P // QUANT_BLOCK), 34 * min(AdamW8bitState.CHUNK, updated)
     else:
         moments, update = 2 * FLOAT32 * P, 20 * updated
     if in_backward:  # a group's update runs beside the backward's own temporaries: the head's scaled dlogits,
@@ -60,10 +68,17 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
         beside = FLOAT32 * max(logits + 2 * tokens * C, tokens * (9 * C + 4 * KVD + 3 * F))
         update = beside + max(FLOAT32 * updated + update, 2 * FLOAT32 * updated)
     update = max(2 * FLOAT32 * updated, update)  # or the norm's float64 copy
-    return {"fp32 weights": FLOAT32 * P, "fp32 gradients" + (" (a group at a time)" if in_backward else ""):
-            FLOAT32 * gradients, "decay mask": P, f"{optimizer} moments": moments,
-            f"activations (recompute {recompute}) x {c.n_layers} layers": FLOAT32 * c.n_layers * kept,
-            "logits and their gradient": 2 * FLOAT32 * logits, "largest transient": max(update, backward)}
+    frozen = f"fp32 base ({'NF4 round trip, ' if qlora else ''}frozen)"
+    weights = ({"fp32 weights": FLOAT32 * P} if lora is None else
+               {frozen: FLOAT32 * base, "fp32 adapters": FLOAT32 * P})
+    trained = "" if lora is None else "adapter "
+    return weights | {
+        f"fp32 {trained}gradients" + (" (a group at a time)" if in_backward else ""): FLOAT32 * gradients,
+        "decay mask": P, f"{trained}{optimizer} moments": moments,
+        f"activations (recompute {recompute}) x {c.n_layers} layers": FLOAT32 * c.n_layers * kept,
+        "logits and their gradient": 2 * FLOAT32 * logits,
+        "largest transient": max(update, backward, 0 if lora is None else FLOAT32 * base if qlora else
+                                 45 * min(4 * CHUNK, max(t.size for t in ParameterLayout(c).tensors.values())))}
 
 
 def zero_buffers(config: LlamaConfig, gpus: int, zero: int, reduce_dtype: str = "fp32",
@@ -128,7 +143,8 @@ def sampling_buffers(config: LlamaConfig, gpus: int) -> dict[str, int]:
 def training_buffers(plan, config: LlamaConfig, B: int, T: int, gpus: int = 1) -> dict[str, int]:
     """What the run that plan (llama/run/plan.py) describes allocates on each device, by buffer."""
     if plan.device == "cpu":
-        return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward)
+        return reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, plan.in_backward, plan.lora,
+                                          plan.qlora)
     return gpu_training_buffers(config, plan, B, T, gpus)
 
 
@@ -172,7 +188,7 @@ def what_would_fit(plan, config: LlamaConfig, B: int, T: int, gpus: int, availab
                 + ["--optimizer-in-backward"] * (in_backward and not plan.in_backward))
 
     recomputes, optimizers, in_backwards = RECIPES[plan.path]
-    if plan.device == "cuda" and gpus > 1:  # the optimizer in the backward runs on one GPU
+    if (plan.device == "cuda" and gpus > 1) or plan.lora:  # the optimizer in the backward runs on one GPU, in full
         in_backwards = (False,)
     now = (plan.recompute, plan.optimizer, plan.in_backward)
     if plan.device == "cuda" and gpus > 1:

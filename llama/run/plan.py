@@ -240,8 +240,8 @@ def document_start(options: RunOptions) -> int | None:
 
 def choose_lora(options: RunOptions, device: str, dtype: str) -> dict:
     """The plan's lora (a LoraSpec, or None for a full fine-tune) and qlora; PlanError for what the adapters do not
-    run with: on the GPU the fp8 linear layers, the fp32 path, ZeRO-3, targets that split a fused GEMM; anywhere the
-    optimizer in the backward and a dropout (not yet)."""
+    run with: on the GPU the fp8 linear layers, the fp32 path, ZeRO-3, targets that split a fused GEMM; on the CPU the
+    fp8 casts; anywhere the optimizer in the backward and a dropout (not yet)."""
     o = options
     if o.lora is None:
         if o.qlora or o.lora_alpha is not None or o.lora_targets is not None or o.lora_dropout:
@@ -257,6 +257,8 @@ def choose_lora(options: RunOptions, device: str, dtype: str) -> dict:
                (o.in_backward, "--optimizer-in-backward with --lora: the adapters' gradients are small; drop it"),
                (device == "cuda" and dtype in ("fp8", "fp32"), f"--dtype {dtype} with --lora: the adapters run on "
                 "the bf16 GPU model"),
+               (device == "cpu" and dtype == "fp8", "--dtype fp8 with --lora: on the CPU the adapters run beside the "
+                "reference's exact fp32 linear layers"),
                (device == "cuda" and o.zero == 3, "--zero 3 with --lora: the frozen base is held whole on each GPU; "
                 "take --zero 1 or 2"),
                (device == "cuda" and (spec.rank % 8 or stacked * spec.rank > LORA_MAX_K),

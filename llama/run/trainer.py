@@ -28,10 +28,11 @@ from ..eval.runner import Evaluation, accuracy_over_ranks
 from ..eval.scoring import metrics, suite_score
 from ..eval.tasks import SUITE, load_tasks
 from ..io.background import SLOW, BackgroundJob
-from ..io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_checkpoint, load_state_into,
-                             newest_usable, save_checkpoint, snapshot_moments)
+from ..io.checkpoint import (CheckpointError, best_checkpoint, checkpoint_ranges, load_state_into, lora_state,
+                             newest_usable, read_data, save_checkpoint, snapshot_moments, trained_layout)
 from ..io.guard import SAVE, SKIP, STOP, CheckpointGuard, rms_of
 from ..io.hf import hf_tokenizer_path, load_hf_folder, load_hf_to_device, read_hf_config
+from ..io.lora_base import base_checkpoint, base_identity, base_init, describe_base, read_base
 from ..io.read_ahead import ReadAhead
 from ..io.run_dir import RunDir
 from ..model import build_model
@@ -153,7 +154,8 @@ class Trainer:
         self._batch_geometry()
         hf_folder = args.init[3:] if args.init and args.init.startswith("hf:") else None
         self.tokenizer = load_tokenizer(args.tokenizer or (hf_folder and hf_tokenizer_path(hf_folder)), fetch=True)
-        on_device = choose_device(args.device) != "cpu" and self.world == 1  # weights go straight to the GPU
+        # weights go straight to the GPU; with --lora the base is read on the host and given to the model
+        on_device = choose_device(args.device) != "cpu" and self.world == 1 and args.lora is None
         # a resume on one GPU streams its checkpoint's data into the model once built (_restore), and its files are
         # read into memory from now on, beside the plan, the kernels and the model's build
         resume = find_resume_checkpoint(self.out, read=not on_device) if args.resume else None
@@ -167,8 +169,11 @@ class Trainer:
     def _set_up(self, resume: dict | None, hf_folder: str | None, on_device: bool, read_ahead: ReadAhead | None):
         """__init__'s rest: the plan, kernels, data, model (restored from resume), guard, evaluation, writer."""
         args, comm = self.args, self.comm
-        checkpoint = resume or (load_checkpoint(args.init) if args.init and hf_folder is None else None)
-        hf_folder = hf_folder if checkpoint is None else None  # a resume reads its checkpoint, not the folder
+        # --init's checkpoint (a full fine-tune's): the weights to start from, or with --lora the frozen base
+        init = base_checkpoint(args.init) if args.init and hf_folder is None else None
+        checkpoint = resume or init
+        if args.lora is None:
+            hf_folder = hf_folder if checkpoint is None else None  # a resume reads its checkpoint, not the folder
         # an HF folder's weights are read once the memory check passed, its config.json alone before
         self.config = self._model_config(checkpoint["config"] if checkpoint is not None else
                                          read_hf_config(hf_folder) if hf_folder else None)
@@ -177,8 +182,15 @@ class Trainer:
         options = RunOptions.from_args(args, self.world, (self.B, self.T), self.tokenizer.bos_id)
         self.plan = make_plan(self.config, options, free_gpu)
         print(self.plan.summary())
+        if resume is not None:
+            self._check_same_adapters(resume)
+        self.sample_every = args.sample_every
+        if self.plan.device == "cuda" and self.plan.lora and self.sample_every:
+            print("note: no samples during a fine-tune through adapters on the GPU (its base is frozen in bf16 or NF4, "
+                  "no decoder reads it): export the run with --merge and generate from the export", file=sys.stderr)
+            self.sample_every = 0
         if self.plan.device == "cuda":  # every kernel the plan launches, compiled now in parallel unless cached
-            build(kernels_for(self.plan, runtime().code, decoder=bool(args.sample_every)))
+            build(kernels_for(self.plan, runtime().code, decoder=bool(self.sample_every)))
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
                             f"--total-batch-size must be B*T*GPUs ({self.B * self.T * self.world}), not "
@@ -188,12 +200,18 @@ class Trainer:
             print(f"note: this run computes {self.flops_per_step / 1e12:,.1f} TFLOP a step, minutes a step on a CPU: "
                   "its model and batch are sized for a GPU (the CPU default: -e {model} -b {batch_size} -t {seq_len})"
                   .format(**DEVICE_DEFAULTS["cpu"]), file=sys.stderr)
-        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu, bool(args.sample_every)))
+        print(check_memory(self.plan, self.config, self.B, self.T, self.world, free_gpu, bool(self.sample_every)))
         self._data()
         self.run_settings = {"batch_size": self.B, "seq_len": self.T, "tokens_per_step": self.tokens_per_step,
                              "seed": args.seed}
-        params = (checkpoint["params"] if checkpoint is not None else None if on_device
-                  else self._load_hf(hf_folder) if hf_folder else self._initialize())
+        if self.plan.lora is None:
+            if init is not None and checkpoint is init:
+                checkpoint = read_data(init)
+            params = (checkpoint["params"] if checkpoint is not None else None if on_device
+                      else self._load_hf(hf_folder) if hf_folder else self._initialize())
+            self.adapters_state = {}
+        else:
+            params = self._lora_base(base_init(args.init), resume)
         self.model = build_model(self.config, self.plan, (self.B, self.T), params, args.seed, comm)
         if hf_folder and on_device:
             self._load_hf_to_device(hf_folder)
@@ -207,8 +225,9 @@ class Trainer:
             resume = self._restore(resume, read_ahead)
         self.last_good = resume["path"] if resume is not None else None
         best = resume["state"].get("best_probe_loss") if resume is not None else None
-        if self.rank == 0:  # rank 0 judges the weights
-            self.guard = CheckpointGuard(rms_of(self.guarded(params)), best)
+        if self.rank == 0:  # rank 0 judges the weights (with --lora the adapters)
+            self.guard = CheckpointGuard(rms_of(self.guarded(self.model.get_params() if self.plan.lora else params)),
+                                         best)
         else:
             self.guard = None
         self.opt = AdamWConfig(weight_decay=args.weight_decay, grad_clip=args.grad_clip)
@@ -216,7 +235,7 @@ class Trainer:
         self._announce("from checkpoint" if checkpoint is not None else f"from {args.init}" if hf_folder
                        else args.model or self.defaults["model"])
         # on several GPUs the decoder reads a snapshot of the weights gathered for each sample
-        self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if args.sample_every and comm is None
+        self.decoder = (decoder_for(self.model, self.plan, max_len=self.T) if self.sample_every and comm is None
                         else None)
         self.evaluations = self._evaluations()
         self.log = None  # main.log, open while run() trains
@@ -282,6 +301,37 @@ class Trainer:
         with phase(f"reading {folder}", total=count_parameters(self.config), unit="param") as progress:
             return load_hf_folder(folder, on_tensor=progress.update)[1]
 
+    def _lora_base(self, init: str | None, resume: dict | None) -> np.ndarray | None:
+        """--lora's frozen base: --init's HF folder or full fine-tune's checkpoint read on the host, or None (the model
+        draws it from --seed); its identity goes into each checkpoint (self.adapters_state), and a resume whose
+        adapters were trained on another base is refused."""
+        config, params = self.config, None
+        if init is not None:
+            total = count_parameters(self.config) if init.startswith("hf:") else None
+            with phase(f"reading {init.removeprefix('hf:')}", total=total, unit="param") as progress:
+                config, params = read_base(init, progress.update)
+        identity = base_identity(config, init, self.args.seed, params)
+        if resume is not None and resume["state"]["base"]["digest"] != identity["digest"]:
+            raise UserError(f"--resume: the checkpoint's adapters were trained on "
+                            f"{describe_base(resume['state']['base'])}, this run's base is {describe_base(identity)}; "
+                            "resume with the --init (and --seed) they were trained on")
+        self.adapters_state = {"lora": lora_state(self.plan.lora), "qlora": self.plan.qlora, "base": identity}
+        return params
+
+    def _check_same_adapters(self, resume: dict) -> None:
+        """A resume trains what its checkpoint trained: the whole model, or adapters of the same LoraSpec on the same
+        kind of base (the base itself is checked once read, _lora_base)."""
+        theirs, state = resume["lora"], resume["state"]
+        if theirs is None and self.plan.lora is None:
+            return
+        if theirs is None:
+            raise UserError("--resume: the checkpoint is a full fine-tune's; resume it without --lora, or start "
+                            "adapters over with --overwrite")
+        if (theirs, state.get("qlora", False)) != (self.plan.lora, self.plan.qlora):
+            raise UserError(f"--resume: the checkpoint holds other adapters; resume with --lora {theirs.rank} "
+                            f"--lora-alpha {theirs.alpha:g} --lora-targets {','.join(theirs.targets)}"
+                            + " --qlora" * state.get("qlora", False))
+
     def _load_hf_to_device(self, folder: str) -> None:
         """The weights of a Hugging Face folder uploaded into the model (one GPU) while they are read."""
         with phase(f"reading {folder}", total=count_parameters(self.config), unit="param") as progress:
@@ -327,8 +377,8 @@ class Trainer:
         self._check_same_run(resume["state"])
         if resume["params"] is None:
             resume = self._stream_into_model(resume, read_ahead)
-        else:
-            self.model.set_state(None, resume["adam_m"], resume["adam_v"])  # the model was built from its weights
+        else:  # the model was built from its weights, or with --lora from the base: the adapters are its weights
+            self.model.set_state(resume["params"] if self.plan.lora else None, resume["adam_m"], resume["adam_v"])
         state = resume["state"]
         try:
             self.train_loader.load_state_dict(state["loader"])
@@ -389,10 +439,12 @@ class Trainer:
 
     def _announce(self, model_name: str) -> None:
         gpus = f" x {self.world} GPUs (ZeRO-{self.plan.zero} over NCCL)" if self.world > 1 else ""
+        adapters = (f" (frozen), {trained_layout(self.config, self.plan.lora).size / 1e6:.3f}M in adapters"
+                    if self.plan.lora else "")
         print(f"device {self.plan.device}{gpus} | model {model_name}: "
-              f"{ParameterLayout(self.config).size / 1e6:.2f}M params, vocab {self.config.vocab_size} | B={self.B} "
-              f"T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | {self.steps} steps, "
-              f"{self.train_loader.batches_per_epoch} steps/epoch")
+              f"{ParameterLayout(self.config).size / 1e6:.2f}M params{adapters}, vocab {self.config.vocab_size} | "
+              f"B={self.B} T={self.T} grad_accum={self.grad_accum} ({self.tokens_per_step} tokens/step) | "
+              f"{self.steps} steps, {self.train_loader.batches_per_epoch} steps/epoch")
 
     # ---- what a run does
 
@@ -489,7 +541,8 @@ class Trainer:
         several GPUs the host copies that get_params and get_optimizer_state make."""
         self.collect_checkpoint(wait=True)
         self.snapshot = self.model.download_state(self.snapshot, wait=False)  # the probe forward runs meanwhile
-        params = (self.snapshot["params"][:ParameterLayout(self.config).size] if self.snapshot is not None
+        trained = trained_layout(self.config, self.plan.lora).size  # with --lora the adapters
+        params = (self.snapshot["params"][:trained] if self.snapshot is not None
                   else self.model.get_params())  # None on ranks other than 0
         probe_loss = self.model.forward(*self.probe_batch)  # the same batch and weights on every rank
         self.model.wait_for_state()
@@ -511,7 +564,7 @@ class Trainer:
         state = {"run": self.run_settings | {"world_size": self.world}, "loader": self.loader_state,
                  "sample_rng": self.sample_rng.bit_generator.state, "probe_loss": probe_loss,
                  "best_probe_loss": self.guard.best, "log_bytes": self.log.synced_size(), "args": dict(vars(self.args)),
-                 "group_norms_squared": self.model.group_norms_squared}
+                 "group_norms_squared": self.model.group_norms_squared, **self.adapters_state}
         out, config, keep = self.out, self.config, self.args.keep_checkpoints
         self.writer.start(lambda: save_checkpoint(out, done_steps, config, params, adam_m, adam_v, state, keep=keep))
 
@@ -559,7 +612,7 @@ class Trainer:
                 self._finish_write_when_failing()
                 raise
             self.collect_checkpoint(wait=True)
-        if args.sample_every and self.done == self.steps and self.done > self.start:
+        if self.sample_every and self.done == self.steps and self.done > self.start:
             self.sample(self.steps)
         self._summary(stop, time.perf_counter() - began)
         return stop.exit_code
@@ -585,7 +638,7 @@ class Trainer:
         every = args.val_every if args.eval_every is None else args.eval_every
         if self.evaluations and ((every and step % every == 0) or last):
             self.run_evaluation(step)
-        if args.sample_every and step > 0 and step % args.sample_every == 0:
+        if self.sample_every and step > 0 and step % self.sample_every == 0:
             self.sample(step)
         t0 = time.perf_counter()
         loss, norm, lr = self.step(step)

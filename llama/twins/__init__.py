@@ -19,7 +19,8 @@ and head-major q, k, v; the merge_heads/split_heads kernels between (B, H, T, D)
 embedding        embedding_forward/backward
 residual         residual_forward
 rmsnorm          rmsnorm_forward/backward, rmsnorm_residual_forward/backward (the add fused with the norm)
-matmul           matmul_forward/backward (the linear layer, fp32 matmul and the bf16 GEMM)
+matmul           matmul_forward/backward (the linear layer, fp32 matmul and the bf16 GEMM), matmul_input_backward
+                 (a frozen weight's: dx only)
 fp8              quantize_fp8/dequantize_fp8 (the FP8 casts) and matmul_fp8_forward/backward
 rope             rope_forward/backward, rotate_pairs, unpack_qkv/pack_qkv
 attention        attention_forward/backward, attention_probabilities; document_attention_forward/backward
@@ -27,7 +28,8 @@ attention        attention_forward/backward, attention_probabilities; document_a
 flash_attention  flash_attention_forward/backward (on the packed projection, inverse RoPE fused)
 swiglu           swiglu_forward/backward
 classifier       fused_classifier (softmax cross-entropy and its gradient)
-lora             lora_forward/backward (the adapter beside a frozen linear layer), lora_init (PEFT's)
+lora             lora_forward/backward (the adapter beside a frozen linear layer), adapter_forward/backward (the
+                 adapter's part alone, beside the frozen product), lora_init (PEFT's)
 nf4              quantize/dequantize: QLoRA's NF4 with double-quantized absmaxes, bitsandbytes' bits
 The optimizer's and the grad norm's twins are llama/optim.py's.
 """

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from .init import WORD, philox4x32_10
-from .matmul import matmul_backward, matmul_forward
+from .matmul import matmul_backward, matmul_forward, matmul_input_backward
 
 LORA_STREAM = 0x6C6F7261  # "lora": the counter's third word, apart from the weights' INIT_STREAM
 
@@ -55,23 +55,37 @@ def lora_init(seed: int, start: int, rank: int, in_features: int, out_features: 
     return a, np.zeros((out_features, rank), np.float32)
 
 
+def adapter_forward(x: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float,
+                    dropout: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The adapter's part of the layer's output, beside the frozen product: (scale * (dropout(x) A^T) B^T (..., OC),
+    xa (..., r)) of x (..., IC)."""
+    xa = matmul_forward(x if dropout is None else x * dropout, a)
+    return scale * matmul_forward(xa, b), xa
+
+
+def adapter_backward(dout: np.ndarray, x: np.ndarray, xa: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float,
+                     dropout: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the adapter's part of dx, dA, dB) from dout (..., OC): dB = scale dout^T xa, d(xa) = scale dout B,
+    dA = d(xa)^T dropout(x), dx's part (d(xa) A) * dropout."""
+    dxa, db = matmul_backward(dout, xa, b)
+    dxa, db = scale * dxa, scale * db
+    dx, da = matmul_backward(dxa, x if dropout is None else x * dropout, a)
+    return (dx if dropout is None else dx * dropout), da, db
+
+
 def lora_forward(x: np.ndarray, weight: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float,
                  dropout: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(out (..., OC), xa (..., r)) of x (..., IC); dropout: dropout_multiplier's array of x's shape, or None."""
-    xa = matmul_forward(x if dropout is None else x * dropout, a)
-    return matmul_forward(x, weight) + scale * matmul_forward(xa, b), xa
+    delta, xa = adapter_forward(x, a, b, scale, dropout)
+    return matmul_forward(x, weight) + delta, xa
 
 
 def lora_backward(dout: np.ndarray, x: np.ndarray, xa: np.ndarray, weight: np.ndarray, a: np.ndarray,
                   b: np.ndarray, scale: float, dropout: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dx, dA, dB) from dout (..., OC): dB = scale dout^T xa, d(xa) = scale dout B, dA = d(xa)^T dropout(x),
-    dx = dout W + (d(xa) A) * dropout. No dW."""
-    dxa, db = matmul_backward(dout, xa, b)
-    dxa, db = scale * dxa, scale * db
-    dx_adapter, da = matmul_backward(dxa, x if dropout is None else x * dropout, a)
-    dx = dout @ weight + (dx_adapter if dropout is None else dx_adapter * dropout)
-    return dx, da, db
+    """(dx, dA, dB) from dout (..., OC): the adapter's (adapter_backward), and dx = dout W + its part. No dW."""
+    dx_adapter, da, db = adapter_backward(dout, x, xa, a, b, scale, dropout)
+    return matmul_input_backward(dout, weight) + dx_adapter, da, db
 
 
 def lora_delta(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:

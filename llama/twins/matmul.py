@@ -10,7 +10,12 @@ def matmul_forward(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return x @ weight.T
 
 
+def matmul_input_backward(dout: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """dx = dout @ weight (..., IC): the whole backward of a frozen weight."""
+    return dout @ weight
+
+
 def matmul_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """dx = dout @ weight (..., IC); dweight = dout^T @ x (OC, IC)."""
     dweight = dout.reshape(-1, dout.shape[-1]).T @ x.reshape(-1, x.shape[-1])
-    return dout @ weight, dweight
+    return matmul_input_backward(dout, weight), dweight

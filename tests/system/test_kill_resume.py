@@ -75,11 +75,11 @@ runpy.run_path(%r, run_name="__main__")
 """.replace("WRITE_STEPS", repr(WRITE_STEPS))
 
 
-def start(tmp_path, corpus, out, log_name, die=("none", 0, 0), device="cpu"):
+def start(tmp_path, corpus, out, log_name, die=("none", 0, 0), device="cpu", args=ARGS):
     """The trainer, its stdout in log_name and its stderr in log_name.err (kept, to say why a run ended)."""
     with open(tmp_path / log_name, "w") as stdout, open(tmp_path / f"{log_name}.err", "w") as stderr:
         return subprocess.Popen([sys.executable, "-c", DIE_INSIDE % (str(REPO), str(REPO / "train_llama.py")),
-                                 *map(str, die), str(tmp_path / f"{log_name}.phase"), *ARGS, *corpus, "-o", out,
+                                 *map(str, die), str(tmp_path / f"{log_name}.phase"), *args, *corpus, "-o", out,
                                  "--resume", "auto", "--device", device], cwd=tmp_path, stdout=stdout, stderr=stderr)
 
 
@@ -139,3 +139,22 @@ def kill_loop(tmp_path, corpus, device: str):
             printed[step] = text
     assert printed == expected_samples and len(expected_samples) == STEPS // 4
     assert sorted(p.name for p in out.iterdir()) == [f"ckpt_{STEPS - 2:08d}", f"ckpt_{STEPS:08d}", "main.log"]
+
+
+def test_kill_9_inside_the_checkpoint_writes_of_a_qlora_run(corpus, tmp_path):
+    """A run with adapters on an NF4 base writes them with the same atomic steps: killed at the start of each write
+    step and at a random moment of a write, it resumes to the uninterrupted run's adapters and moments, bit for bit."""
+    args = [*ARGS, "--lora", "4", "--qlora"]
+    reference = start(tmp_path, corpus, "ref", "ref.out", args=args)
+    kills = [(name, 2, 0) for name in WRITE_STEPS] + [("during", 2, 7)]
+    for i, die in enumerate(kills):
+        trainer = start(tmp_path, corpus, "out", f"{i}.out", die, args=args)
+        assert trainer.wait(timeout=120) == -signal.SIGKILL, (i, die)
+    assert start(tmp_path, corpus, "out", "last.out", args=args).wait(timeout=120) == 0
+    assert reference.wait(timeout=120) == 0
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    assert (out / "main.log").read_bytes() == (ref / "main.log").read_bytes()
+    final, expected = load_checkpoint(out / f"ckpt_{STEPS:08d}"), load_checkpoint(ref / f"ckpt_{STEPS:08d}")
+    assert final["lora"] == expected["lora"] is not None and final["state"]["base"] == expected["state"]["base"]
+    for key in ("params", "adam_m", "adam_v"):
+        assert np.array_equal(final[key], expected[key]), key

@@ -112,7 +112,25 @@ def test_memory_plan_lists_the_buffers_and_names_what_would_fit(capsys):
     assert "fp32 gradients (a group at a time)" in capsys.readouterr().out
 
 
+def test_memory_plan_accounts_for_the_adapters_on_the_cpu(capsys):
+    """--lora: the base without gradient and moments, the adapters with them; the advice leaves out what --lora
+    refuses (the optimizer in the backward)."""
+    memory_plan = script("memory_plan")
+    assert memory_plan(["small", "-b", "1", "-t", "64", "--device", "cpu", "--lora", "16", "--qlora", "--memory",
+                        "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("| adamw | lora r16 on 7 linears, base nf4")
+    names = [line.split("  ")[1] for line in out[1:-2]]
+    assert names[:5] == ["fp32 base (NF4 round trip, frozen)", "fp32 adapters", "fp32 adapter gradients", "decay mask",
+                         "adapter adamw moments"]
+    assert memory_plan(["small", "-b", "64", "-t", "512", "--device", "cpu", "--lora", "16", "--memory", "4"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == ("4 GiB (4.0 GiB): does not fit; -b 3 would fit (-d keeps the "
+                                                         "tokens per step)")
+
+
 @pytest.mark.parametrize("extra, message", [
+    (["--qlora"], "--qlora, --lora-alpha, --lora-dropout and --lora-targets go with --lora RANK"),
+    (["--device", "cpu", "--lora", "8", "--optimizer-in-backward"], "--optimizer-in-backward with --lora"),
     (["--dtype", "fp32", "--recompute", "full"], "--recompute full: the fp32 GPU model runs none"),
     (["-t", "5000"], "-t 5000 exceeds the model's max_seq_len"),
     (["--device", "cpu", "--gpus", "2"], "--gpus needs --device cuda"),

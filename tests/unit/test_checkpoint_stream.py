@@ -18,16 +18,20 @@ STATE = {"run": {"batch_size": 1, "seq_len": 1, "tokens_per_step": 1, "seed": 0}
                     "world_size": 1}}
 
 
-def saved(tmp_path, step: int = 1, quantized: bool = False):
-    """A checkpoint of random weights and moments (8-bit ones quantized from random fp32 ones)."""
-    size = ParameterLayout(CONFIG).size
+def random_state(size: int, step: int, quantized: bool) -> tuple:
+    """Random weights and moments of size values (8-bit ones quantized from random fp32 ones), seeded by step."""
     rng = np.random.default_rng(step)
     params, m, v = (rng.standard_normal(size, dtype=np.float32) for _ in range(3))
     if quantized:
         state = AdamW8bitState(size)
         state.load(m, np.abs(v))
         m, v = state.quantized()
-    return save_checkpoint(tmp_path, step, CONFIG, params, m, v, STATE)
+    return params, m, v
+
+
+def saved(tmp_path, step: int = 1, quantized: bool = False):
+    """A checkpoint of random weights and moments."""
+    return save_checkpoint(tmp_path, step, CONFIG, *random_state(ParameterLayout(CONFIG).size, step, quantized), STATE)
 
 
 def expected_bytes(loaded: dict) -> dict[str, bytes]:

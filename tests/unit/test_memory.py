@@ -15,19 +15,21 @@ from llama.run.memory import gpu_training_buffers, reference_training_buffers, w
 from llama.runtime.machine import NotEnoughMemory, require
 from llama.model.reference import ReferenceModel
 from llama.optim import AdamWConfig
-from llama.params import count_parameters, init_parameters
+from llama.params import LoraSpec, count_parameters
 from llama.run.plan import Plan, cpu_plan
 
 GIB = 2**30
 
 
-def peak_of_two_steps(config, B, T, recompute="none", optimizer="adamw", in_backward=False) -> int:
-    """tracemalloc's peak (numpy's allocations included) over building a model and two steps."""
+def peak_of_two_steps(config, B, T, recompute="none", optimizer="adamw", in_backward=False, **options) -> int:
+    """tracemalloc's peak (numpy's allocations included) over building a model (with the plan's other options, e.g.
+    adapters) and two steps."""
     rng = np.random.default_rng(0)
     batch = [(rng.integers(0, config.vocab_size, (B, T)), rng.integers(0, config.vocab_size, (B, T)))]
     tracemalloc.start()
     try:
-        model = ReferenceModel(config, cpu_plan(recompute=recompute, optimizer=optimizer, in_backward=in_backward))
+        model = ReferenceModel(config, cpu_plan(recompute=recompute, optimizer=optimizer, in_backward=in_backward,
+                                                **options))
         for step in (1, 2):
             model.train_step(batch, 1e-3, step, AdamWConfig())
         return tracemalloc.get_traced_memory()[1]
@@ -51,6 +53,23 @@ def test_reference_estimate_is_what_the_model_allocates(name, vocab, B, T, recom
     measured = peak_of_two_steps(config, B, T, recompute, optimizer, in_backward)
     estimated = sum(reference_training_buffers(config, B, T, recompute, optimizer, in_backward).values())
     assert 0.95 < estimated / measured < 1.2, (estimated, measured)
+
+
+@pytest.mark.parametrize("options", [{"lora": 8}, {"lora": 8, "qlora": True}, {"lora": 8, "recompute": "full"},
+                                     {"lora": 8, "optimizer": "adamw8bit"}, {"lora": 2, "lora_targets": "q,v"}])
+@pytest.mark.parametrize("name, vocab, B, T", [
+    ("small", 264, 1, 8),  # the base (and QLoRA's copy of it while the model is built)
+    ("small", 264, 4, 64),  # activations
+    ("untied", 4096, 1, 8),  # the head
+])
+def test_reference_estimate_with_adapters_is_what_the_model_allocates(name, vocab, B, T, options):
+    config = get_preset("small").replace(tie_embeddings=False) if name == "untied" else get_preset(name)
+    config, plan = config.replace(vocab_size=vocab), cpu_plan(**options)
+    measured = peak_of_two_steps(config, B, T, **options)
+    buffers = reference_training_buffers(config, B, T, plan.recompute, plan.optimizer, lora=plan.lora, qlora=plan.qlora)
+    assert 0.95 < sum(buffers.values()) / measured < 1.2, (buffers, measured)
+    full = reference_training_buffers(config, B, T, plan.recompute, plan.optimizer)
+    assert buffers["fp32 adapter gradients"] < full["fp32 gradients"] / 10 and "fp32 weights" not in buffers
 
 
 def test_require_says_what_is_needed_and_refuses_what_does_not_fit():
@@ -158,3 +177,12 @@ def test_the_advice_never_keeps_more_than_the_runs_own_recipe():
     assert what_would_fit(plan, config, 1, 2048, 1, 140 * GIB) == "--optimizer-in-backward would fit"
     full = replace(plan, recompute="full")
     assert "--recompute" not in what_would_fit(full, config, 1, 2048, 1, 79 * GIB)
+
+
+def test_the_advice_to_a_run_with_adapters_leaves_out_the_optimizer_in_the_backward():
+    """--lora refuses --optimizer-in-backward (llama/run/plan.py choose_lora): the advice names another way."""
+    plan = Plan("cuda", "bf16", "GPU stand-in", recompute="partial")
+    advice = what_would_fit(plan, get_preset("llama3.1-8b"), 1, 2048, 1, 79 * GIB)
+    assert "--optimizer-in-backward" in advice
+    advice = what_would_fit(replace(plan, lora=LoraSpec(16)), get_preset("llama3.1-8b"), 1, 2048, 1, 79 * GIB)
+    assert advice and "--optimizer-in-backward" not in advice

@@ -132,17 +132,24 @@ def masked_batch(rng, B=4, T=10):
     return tokens, targets
 
 
-def test_sft_normalisation_does_not_depend_on_the_accumulation():
-    rng = np.random.default_rng(3)
-    tokens, targets = masked_batch(rng)
+def one_step_whole_and_in_two(make_model, tokens, targets) -> tuple:
+    """Two models of make_model() after the same step on (tokens, targets) normalised by its counted targets, whole
+    and in two micro-batches, their losses and norms checked to agree: (one, two, the loss, the counted targets)."""
     counted = float(np.count_nonzero(targets >= 0))
     opt = AdamWConfig(weight_decay=0.1, grad_clip=1.0)
-    one, two = tiny_model(), tiny_model()
+    one, two = make_model(), make_model()
     loss_one, norm_one = one.train_step([(tokens, targets)], 1e-3, 1, opt, counted=counted)
     loss_two, norm_two = two.train_step([(tokens[:2], targets[:2]), (tokens[2:], targets[2:])], 1e-3, 1, opt,
                                         counted=counted)
     assert loss_one == pytest.approx(loss_two, rel=1e-12) and norm_one == pytest.approx(norm_two, rel=1e-12)
-    np.testing.assert_allclose(one.params, two.params, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(one.get_params(), two.get_params(), rtol=1e-12, atol=1e-15)
+    return one, two, loss_one, counted
+
+
+def test_sft_normalisation_does_not_depend_on_the_accumulation():
+    rng = np.random.default_rng(3)
+    tokens, targets = masked_batch(rng)
+    _, _, loss_one, counted = one_step_whole_and_in_two(tiny_model, tokens, targets)
     plain = tiny_model()
     assert loss_one == pytest.approx(plain.forward(tokens, targets), rel=1e-12)  # the mean over counted targets
     # one micro-batch a step: the optimizer in the backward takes the same step (unclipped: its first step clips
