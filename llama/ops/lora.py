@@ -57,21 +57,21 @@ def lora_add_bf16(out: DeviceArray, xa: DeviceArray, w: DeviceArray, scale: floa
 
 def lora_block_diagonal_bf16(out: DeviceArray, b: DeviceArray, rows: list[int]) -> None:
     """out (OC, m r) bf16: B (OC, r)'s rows spread block-diagonally, target j's at columns j r .. j r + r - 1."""
-    OC, r = b.shape
-    check("b", b, (OC, r), BF16)
-    check("out", out, (OC, len(rows) * r), BF16)
-    if sum(rows) != OC:
-        raise ValueError(f"lora_block_diagonal_bf16: rows {rows} must sum to OC = {OC}")
-    kernel("lora", "lora_block_diagonal_bf16", "PPiiiii")(blocks(out.size), BLOCK, out.ptr, b.ptr, OC, r, len(rows),
-                                                        *segment_starts(rows))
+    _blocks("lora_block_diagonal_bf16", out, BF16, b, BF16, rows, out.size)
 
 
 def lora_take_blocks_f32(db: DeviceArray, c: DeviceArray, rows: list[int]) -> None:
     """db (OC, r) fp32 += the block-diagonal part of c (OC, m r) fp32: row o's columns of its target."""
-    OC, r = db.shape
-    check("db", db, (OC, r), F32)
-    check("c", c, (OC, len(rows) * r), F32)
-    if sum(rows) != OC:
-        raise ValueError(f"lora_take_blocks_f32: rows {rows} must sum to OC = {OC}")
-    kernel("lora", "lora_take_blocks_f32", "PPiiiii")(blocks(db.size), BLOCK, db.ptr, c.ptr, OC, r, len(rows),
-                                                    *segment_starts(rows))
+    _blocks("lora_take_blocks_f32", db, F32, c, F32, rows, db.size)
+
+
+def _blocks(name: str, out: DeviceArray, out_dtype, source: DeviceArray, source_dtype, rows: list[int],
+            threads: int) -> None:
+    """A kernel between an (OC, r) array and its (OC, m r) block-diagonal spread, the narrow one out or in."""
+    narrow, wide = (source, out) if out.shape[1] > source.shape[1] else (out, source)
+    OC, r = narrow.shape
+    check("out", out, (OC, out.shape[1]), out_dtype)
+    check("source", source, (OC, source.shape[1]), source_dtype)
+    if wide.shape != (OC, len(rows) * r) or sum(rows) != OC:
+        raise ValueError(f"{name}: rows {rows} must sum to OC = {OC}, the wide array being (OC, {len(rows)} r)")
+    kernel("lora", name, "PPiiiii")(blocks(threads), BLOCK, out.ptr, source.ptr, OC, r, len(rows), *segment_starts(rows))

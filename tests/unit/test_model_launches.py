@@ -123,3 +123,34 @@ def test_a_model_and_its_decoder_are_freed_with_their_last_reference(options):
             assert [r() for r in refs] == [None, None]
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("qlora", [False, True])
+def test_a_fine_tune_through_adapters_trains_nothing_of_the_base(qlora):
+    """With --lora the step launches no embedding backward and no GEMM into a base weight's gradient; the adapters'
+    updates run beside each adapted GEMM (and QLoRA dequantizes before each use)."""
+    rng = np.random.default_rng(2)
+    with recording_gpu() as recording:
+        model = build_model(CONFIG, make_plan(CONFIG, RunOptions("cuda", lora=8, qlora=qlora)), (2, 64))
+        start = len(recording.events)
+        model.train_step([batch(rng)], 1e-3, 1, AdamWConfig())
+        kernels = launched(recording.events, start)
+        del model
+    assert "embedding_backward_bf16" not in kernels
+    # the forward and dx of 4 GEMMs a layer, twice: the first step runs eagerly, then again while it is captured
+    assert kernels.count("lora_add_bf16") == 2 * 2 * CONFIG.n_layers * 4
+    assert ("nf4_dequantize_bf16" in kernels) == qlora
+
+
+def test_the_lora_launchers_refuse_what_does_not_fit():
+    from llama import ops
+    from llama.runtime.cuda import BF16, DeviceArray
+    fake = lambda shape, dtype=BF16: DeviceArray(0x10000, shape, dtype, None)  # noqa: E731
+    with pytest.raises(ValueError, match="rows"):
+        ops.lora_add_bf16(fake((4, 64)), fake((4, 16)), fake((64, 8)), 1.0, [32, 16], 8)
+    with pytest.raises(ValueError, match="at most"):
+        ops.lora_add_bf16(fake((4, 64)), fake((4, 256)), fake((64, 256)), 1.0, [64], 256)
+    with pytest.raises(ValueError, match="xa: expected"):
+        ops.lora_add_bf16(fake((4, 64)), fake((4, 8)), fake((64, 8)), 1.0, [32, 32], 8)
+    with pytest.raises(ValueError, match="must sum to OC"):
+        ops.lora_block_diagonal_bf16(fake((64, 16)), fake((64, 8)), [32, 16])
