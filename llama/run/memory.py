@@ -6,7 +6,7 @@ What a run needs comes from what the models allocate, buffer by buffer, for the 
 measured with tracemalloc (tests/unit/test_memory.py): 9 bytes a parameter (weights, gradients, the
 decay mask) and the moments (8, or 2 in 8 bits); the activations each layer keeps for the backward and
 two copies of the logits; and the largest transient: AdamW's temporaries, or the backward's (two and a
-half times a layer's activations and attention probabilities, three times the logits). The last step's
+quarter times a layer's activations and attention probabilities, three times the logits). The last step's
 activations are dropped before the next forward. The GPU models: the buffers they allocate, to the byte
 (llama/model/shapes.py's model_buffers and ZeRO's, llama/parallel/zero.py; the decay mask a bit a weight; checked
 against the models' allocations by tests/unit/test_model_launches.py and tests/gpu/test_model_bf16.py), which came
@@ -52,7 +52,7 @@ def reference_training_buffers(config: LlamaConfig, B: int, T: int, recompute: s
     kept = {"none": every, "partial": every - tokens * (2 * C + F), "full": tokens * C}[recompute]
     logits = tokens * c.vocab_size
     attention = B * c.n_heads * T * T
-    backward = FLOAT32 * (5 * (every + attention) // 2 + 3 * logits + (every - kept if recompute != "none" else 0))
+    backward = FLOAT32 * (9 * (every + attention) // 4 + 3 * logits + (every - kept if recompute != "none" else 0))
     base, P = P, P if lora is None else AdapterLayout(c, lora).size  # P: the trained values from here on
     gradients, updated = P, P  # values whose gradients exist at once; values one AdamW update takes
     if in_backward:
