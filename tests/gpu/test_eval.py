@@ -33,9 +33,9 @@ ITEMS = [Item("The cat sat on the", ("mat.", "moon and the stars.", "a"), 0),
 def gpu_model(dtype: str, params: np.ndarray, B: int, T: int):
     if dtype == "fp32":
         from llama.model.gpu_fp32 import GPUModelFP32
-        return GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (make_plan(CONFIG, RunOptions("cuda", "fp32")), (B, T)), params=params)
+        return GPUModelFP32(CONFIG, make_plan(CONFIG, RunOptions("cuda", "fp32")), (B, T), params=params)
     from llama.model.gpu_bf16 import GPUModelBF16
-    return GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (make_plan(CONFIG, RunOptions("cuda", "bf16")), (B, T)), params=params)
+    return GPUModelBF16(CONFIG, make_plan(CONFIG, RunOptions("cuda", "bf16")), (B, T), params=params)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("fp32", 1e-4), ("bf16", 0.05)])
