@@ -92,8 +92,7 @@ class _Table:
         self.table = table
         self.drv = self
 
-    def module(self, name, directory, entry):
-        assert entry.startswith("flash_attention_forward_d")  # a unit that every use of the file loads
+    def module(self, name, directory):
         return self
 
     def get_global(self, name):
