@@ -58,8 +58,8 @@ __device__ __forceinline__ void store_rows(bf16* dst, long long stride, const fl
 // ---- backward
 
 // delta (B, H, T) = rowsum(dout * out) over each head's D values; one warp per (b, t, h), rows = B * T * H
-extern "C" __global__ void flash_attention_backward_delta(float* delta, const bf16* dout, const bf16* out, int rows,
-                                                          int T, int H, int D) {
+__device__ __forceinline__ void flash_backward_delta(float* delta, const bf16* dout, const bf16* out, int rows, int T,
+                                                     int H, int D) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const long long base = (long long)row * D;
@@ -73,4 +73,14 @@ extern "C" __global__ void flash_attention_backward_delta(float* delta, const bf
     const int h = row % H, t = (row / H) % T, b = row / (H * T);
     if (lane == 0) delta[((long long)b * H + h) * T + t] = sum;
 }
+#define FLASH_DELTA_ENTRY                                                                                          \
+    extern "C" __global__ void flash_attention_backward_delta(float* delta, const bf16* dout, const bf16* out,    \
+                                                              int rows, int T, int H, int D) {                     \
+        flash_backward_delta(delta, dout, out, rows, T, H, D);                                                     \
+    }
+// the entry point here, unless the including file defines it itself (flash_attention_wgmma.cu: under its build
+// unit's guard, llama/runtime/kernel_build.py)
+#ifndef FLASH_DELTA_ENTRY_GUARDED
+FLASH_DELTA_ENTRY
+#endif
 

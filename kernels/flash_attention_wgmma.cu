@@ -42,6 +42,7 @@
 // before the document start of a warpgroup's last row (dK/dV: before the largest start of the query tile, copied
 // into the ring with lse and delta), keys before each row's start are masked like those after the diagonal. A
 // forward row may see no key of its first tiles: its running max stays -inf and its P and rescale are 0 there.
+#define FLASH_DELTA_ENTRY_GUARDED  // defined below, under its guard
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
@@ -886,13 +887,37 @@ __device__ __forceinline__ void masked_or_causal(const int* doc_start, Body body
         const int* doc_start, const int* doc_end) {                                                               \
         FLASH_MASKED_BODY(call)                                                                                   \
     }
-#define FLASH_ENTRIES(D)                                                                                          \
-    FLASH_FORWARD_ENTRY(D)                                                                                        \
+#define FLASH_DKDV_ENTRY(D)                                                                                       \
     FLASH_BACKWARD_ENTRY(dkdv, D, (flash_backward_dkdv_wgmma<D, DqMode::SEPARATE, MASKED>(                        \
                                       maps, dqkv, lse, delta, cos_table, sin_table, T, H, KV, nullptr, nullptr,   \
-                                      doc_start, doc_end)))                                                       \
+                                      doc_start, doc_end)))
+#define FLASH_DQ_ENTRY(D)                                                                                         \
     FLASH_BACKWARD_ENTRY(dq, D, (flash_backward_dq_wgmma<D, MASKED>(maps, dqkv, lse, delta, cos_table, sin_table, \
                                                                     T, H, KV, doc_start)))
 
-FLASH_ENTRIES(64)
-FLASH_ENTRIES(128)
+// Each entry point is guarded by KERNEL_ENTRY(name), so that a build unit compiles one alone and the seven compile in
+// parallel (llama/runtime/kernel_build.py defines KERNEL_ENTRY on nvcc's command line); by default, every one.
+#ifndef KERNEL_ENTRY
+#define KERNEL_ENTRY(name) 1
+#endif
+#if KERNEL_ENTRY(flash_attention_backward_delta)
+FLASH_DELTA_ENTRY
+#endif
+#if KERNEL_ENTRY(flash_attention_forward_d64)
+FLASH_FORWARD_ENTRY(64)
+#endif
+#if KERNEL_ENTRY(flash_attention_backward_dkdv_d64)
+FLASH_DKDV_ENTRY(64)
+#endif
+#if KERNEL_ENTRY(flash_attention_backward_dq_d64)
+FLASH_DQ_ENTRY(64)
+#endif
+#if KERNEL_ENTRY(flash_attention_forward_d128)
+FLASH_FORWARD_ENTRY(128)
+#endif
+#if KERNEL_ENTRY(flash_attention_backward_dkdv_d128)
+FLASH_DKDV_ENTRY(128)
+#endif
+#if KERNEL_ENTRY(flash_attention_backward_dq_d128)
+FLASH_DQ_ENTRY(128)
+#endif

@@ -54,7 +54,9 @@ def flash_config(source: FlashSource, D: int, which: str) -> _FlashLaunch:
     table, so that tile sizes are defined once, in the .cu file."""
     if source not in _FLASH_CONFIGS:
         rt = runtime()
-        pointer, nbytes = rt.module(source.module, source.directory).get_global("flash_attention_config")
+        # every build unit of the file holds the table; it is read from the forward's, which a run loads first
+        module = rt.module(source.module, source.directory, f"flash_attention_forward_d{D}")
+        pointer, nbytes = module.get_global("flash_attention_config")
         table = np.empty((2, nbytes // 8), dtype=np.int32)
         rt.drv.memcpy_dtoh(table, pointer)
         _FLASH_CONFIGS[source] = table

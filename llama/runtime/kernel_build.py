@@ -1,10 +1,10 @@
 """Kernels built ahead, in parallel, cached: nvcc compiles build units of kernels/*.cu to cubins on every core.
 
 A build unit is one .cu file, or one entry point of a file that guards each of its entry points with
-`#if KERNEL_ENTRY(name)` (the GEMMs': each takes seconds to compile alone). Cubins live in a persistent cache
-(cache_dir()) under a key of the unit's source and every header it includes, nvcc's options (the architecture
-among them) and nvcc's version; each entry carries a checksum and is written atomically, so that a corrupt or
-partial one is rebuilt, never loaded. kernels_for(plan) names the units a training plan launches, so that
+`#if KERNEL_ENTRY(name)` (the GEMMs' and the Hopper flash attention's: each takes a second or more to compile
+alone, the whole file many). Cubins live in a persistent cache (cache_dir()) under a key of the unit's source and
+every header it includes, nvcc's options (the architecture among them) and nvcc's version; each entry carries a
+checksum and is written atomically, so that a corrupt or partial one is rebuilt, never loaded. kernels_for(plan) names the units a training plan launches, so that
 the trainer builds them all before its first step (build(): one process at a time per cache, so that a run's
 ranks compile each unit once); anything else builds on first use (cubin_of()).
 """
@@ -255,7 +255,7 @@ def kernels_for(plan, code: str, decoder: bool = False) -> list[Unit]:
                   else ()))
     units = [unit_of(kernel_dir() / f"{module}.cu", code) for module in dict.fromkeys(modules)]
     if plan.path != "fp32" or decoder:
-        units += gemm_units(plan.gemm, code) + [unit_of(kernel_dir() / f"{plan.attention.module}.cu", code)]
+        units += gemm_units(plan.gemm, code) + units_of(kernel_dir() / f"{plan.attention.module}.cu", code)
     if plan.fp8_gemm is not None:
         units += gemm_units(plan.fp8_gemm, code)
     if decoder:
