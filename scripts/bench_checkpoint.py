@@ -166,7 +166,7 @@ def bench_gpu(config, args) -> None:
     options = RunOptions(device="cuda", dtype="bf16", recompute=args.recompute, optimizer=args.optimizer,
                          in_backward=args.optimizer_in_backward, batch=(args.batch_size, args.seq_len))
     plan = make_plan(config, options)
-    build(kernels_for(plan, runtime().code))
+    build(kernels_for(plan, runtime().code, head_dim=config.head_dim))
     model = GPUModelBF16(config, plan, (args.batch_size, args.seq_len))  # weights drawn on the GPU
     rng = np.random.default_rng(0)
     probe = [rng.integers(0, config.vocab_size, (args.batch_size, args.seq_len)) for _ in range(2)]

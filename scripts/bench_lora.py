@@ -149,7 +149,7 @@ def bench_ours(args, config: str) -> dict:
     c = get_preset(args.preset)
     plan = make_plan(c, RunOptions("cuda", "bf16", recompute="full", lora=args.rank, lora_alpha=args.alpha,
                                    qlora=config == "ours-qlora"))
-    build(kernels_for(plan, runtime().code))
+    build(kernels_for(plan, runtime().code, head_dim=c.head_dim))
     free_before = runtime().drv.mem_get_info()[0]
     model = build_model(c, plan, (args.batch, args.seq_len), None, seed=args.seed)
     rng = np.random.default_rng(args.seed)

@@ -36,7 +36,8 @@ def make_decoder(plan: Plan, config, params: np.ndarray, max_len: int):
         return ReferenceDecoder(config, params, max_len=max_len)
     from llama.runtime.cuda import runtime, to_device
     from llama.model.gpu_decoder import GPUDecoder
-    build(kernels_for(plan, runtime().code, decoder=True))  # in parallel, one line on screen unless cached
+    # in parallel, one line on screen unless cached
+    build(kernels_for(plan, runtime().code, decoder=True, head_dim=config.head_dim))
     decoder = GPUDecoder(config, plan, to_device(params), max_len=max_len)
     decoder.forward(np.zeros((1, 2), dtype=np.int64))  # loads the kernels, so that the timings leave that out
     decoder.forward(np.zeros((1, 1), dtype=np.int64))

@@ -190,7 +190,8 @@ class Trainer:
                   "no decoder reads it): export the run with --merge and generate from the export", file=sys.stderr)
             self.sample_every = 0
         if self.plan.device == "cuda":  # every kernel the plan launches, compiled now in parallel unless cached
-            build(kernels_for(self.plan, runtime().code, decoder=bool(self.sample_every)))
+            build(kernels_for(self.plan, runtime().code, decoder=bool(self.sample_every),
+                              head_dim=self.config.head_dim))
         if self.plan.in_backward and self.grad_accum > 1:
             raise UserError(f"--optimizer-in-backward updates the weights in each backward, so a step is one micro-batch: "
                             f"--total-batch-size must be B*T*GPUs ({self.B * self.T * self.world}), not "

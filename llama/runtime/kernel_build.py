@@ -4,9 +4,10 @@ A build unit is one .cu file, or one entry point of a file that guards each of i
 `#if KERNEL_ENTRY(name)` (the GEMMs' and the Hopper flash attention's: each takes a second or more to compile
 alone, the whole file many). Cubins live in a persistent cache (cache_dir()) under a key of the unit's source and
 every header it includes, nvcc's options (the architecture among them) and nvcc's version; each entry carries a
-checksum and is written atomically, so that a corrupt or partial one is rebuilt, never loaded. kernels_for(plan) names the units a training plan launches, so that
-the trainer builds them all before its first step (build(): one process at a time per cache, so that a run's
-ranks compile each unit once); anything else builds on first use (cubin_of()).
+checksum and is written atomically, so that a corrupt or partial one is rebuilt, never loaded. kernels_for(plan)
+names the units a training plan launches (the attention's of the model's head dim), so that the trainer builds
+them all before its first step (build(): one process at a time per cache, so that a run's ranks compile each unit
+once); anything else builds on first use (cubin_of()).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ DECODER_MODULES = ("decode", "sample")
 LORA_MODULES = {"lora": ("lora",), "qlora": ("lora", "nf4")}  # the adapters' updates, and QLoRA's NF4 base
 DOC_MASK_MODULE = "document_mask"  # the document bounds of a batch, launched by a model with the document mask
 DECODER_GEMV = r"gemv_\w+_b8"  # the training run's sampler decodes one sequence: gemv.cu's entries for B <= 8
+HEAD_DIM_ENTRY = re.compile(r"_d\d+$")  # an attention entry point built for one head dim
 GEMM_MMA_MODULE, SPLITK_REDUCE = "gemm_mma", "gemm_splitk_reduce"  # version 1, and every version's split-K reduce
 
 
@@ -245,8 +247,16 @@ def gemm_units(chooser, code: str) -> list[Unit]:
     return units
 
 
-def kernels_for(plan, code: str, decoder: bool = False) -> list[Unit]:
-    """The units a plan (llama/run/plan.py) launches on a GPU of this code; decoder: also the sampler's."""
+def attention_units(source: Path, code: str, head_dim: int | None) -> list[Unit]:
+    """The flash attention file's units: of its entry points built apart, those of head_dim (named `_d<head_dim>`)
+    and those of every head dim (None: all of them)."""
+    return [unit for unit in units_of(source, code) if head_dim is None or unit.entry is None
+            or HEAD_DIM_ENTRY.search(unit.entry) is None or unit.entry.endswith(f"_d{head_dim}")]
+
+
+def kernels_for(plan, code: str, decoder: bool = False, head_dim: int | None = None) -> list[Unit]:
+    """The units a plan (llama/run/plan.py) launches on a GPU of this code; decoder: also the sampler's; head_dim:
+    the model's, whose attention entry points alone are built where the file builds each apart (None: all)."""
     if plan.path == "cpu":
         return []
     modules = (PATH_MODULES[plan.path] + (PATH_MODULES["bf16"] + DECODER_MODULES if decoder else ())
@@ -255,7 +265,8 @@ def kernels_for(plan, code: str, decoder: bool = False) -> list[Unit]:
                   else ()))
     units = [unit_of(kernel_dir() / f"{module}.cu", code) for module in dict.fromkeys(modules)]
     if plan.path != "fp32" or decoder:
-        units += gemm_units(plan.gemm, code) + units_of(kernel_dir() / f"{plan.attention.module}.cu", code)
+        units += gemm_units(plan.gemm, code) + attention_units(kernel_dir() / f"{plan.attention.module}.cu", code,
+                                                               head_dim)
     if plan.fp8_gemm is not None:
         units += gemm_units(plan.fp8_gemm, code)
     if decoder:

@@ -1,5 +1,5 @@
-"""kernels_for(plan) names every unit a training step and the sampler load: once build() ran, a step and a sample
-load only those units, and compile nothing."""
+"""kernels_for(plan) names every unit a training step and the sampler load (of the attention, the model's head dim's
+alone): once build() ran, a step and a sample load only those units, and compile nothing."""
 
 from dataclasses import replace
 
@@ -37,7 +37,7 @@ def test_a_step_and_a_sample_load_only_the_plans_units(monkeypatch, dtype, dynam
     plan = make_plan(CONFIG, RunOptions("cuda", dtype))
     if dynamic:  # the GEMM versions of several GPUs, on this one
         plan = replace(plan, gemm=gemm_chooser(dynamic=True))
-    units = kernels_for(plan, rt.code, decoder=True)
+    units = kernels_for(plan, rt.code, decoder=True, head_dim=CONFIG.head_dim)  # the attention of its head dim only
     build(units)
     monkeypatch.setattr(kernel_build, "compile_unit", no_compiling)
     for loaded in ("modules", "cubins", "driver_modules"):  # this process's loads forgotten: all from the cache now

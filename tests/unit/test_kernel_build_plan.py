@@ -155,3 +155,18 @@ def test_every_plan_unit_exists_and_the_cpu_plan_needs_none():
         adapted = {u.source.stem for u in kernels_for(replace(plan(dtype), lora=LoraSpec(8), qlora=True), "sm_90a")}
         assert adapted - {u.source.stem for u in kernels_for(plan(dtype), "sm_90a")} == {"lora", "nf4"}
         assert masked - {u.source.stem for u in kernels_for(plan(dtype), "sm_90a")} == {DOC_MASK_MODULE}
+
+
+def test_the_attention_units_are_the_model_head_dims_entry_points():
+    launcher = (LLAMA / "ops" / "flash_attention.py").read_text()  # its kernels' names, less the head dim
+    launched = set(re.findall(r'"(flash_attention_(?:forward|backward)\w*?)(?:_d\{D\})?"', launcher))
+    hopper_file = kernel_dir() / f"{ATTENTION_HOPPER[0].module}.cu"
+    every = {u.entry for u in kernels_for(plan("bf16"), "sm_90a") if u.source == hopper_file}
+    assert every == set(entries_of(hopper_file)) and len(every) == 7  # no head dim named: all of them
+    for head_dim in (64, 128):
+        units = kernels_for(plan("bf16"), "sm_90a", decoder=True, head_dim=head_dim)
+        entries = {u.entry for u in units if u.source == hopper_file}
+        assert entries == {"flash_attention_backward_delta"} | {
+            f"{name}_d{head_dim}" for name in launched - {"flash_attention_backward_delta"}}
+    older = kernels_for(plan("bf16", hopper=False), "sm_80", head_dim=64)
+    assert [u.entry for u in older if u.source.stem == "flash_attention"] == [None]  # a file built whole stays whole
