@@ -20,6 +20,7 @@ Exit 1 with one line naming the first difference; 0 when every task agrees.
     python3 scripts/check_eval_lmeval.py --requests-only                 # part 1, on any machine
     python3 scripts/check_eval_lmeval.py --items 500                     # both parts, the random 2-layer model
     python3 scripts/check_eval_lmeval.py --items 500 --model out/d12_hf  # a trained d12 exported to HF
+    python3 scripts/check_eval_lmeval.py --items 500 --scored-only       # part 1 on part 2's items only (GPU time)
 
 What comes from lm-eval's code, imported from the installed package: each task's YAML, read by lm-eval's own
 loader (lm_eval/tasks/_yaml_loader.py: its include and !function, which imports the task's utils module:
@@ -50,6 +51,7 @@ import dataclasses
 import importlib.util
 import sys
 import tempfile
+import time
 import types
 from contextlib import contextmanager
 from importlib.metadata import version
@@ -234,9 +236,11 @@ def lm_eval_documents(lm: LmEval, benchmark: Benchmark, documents: Documents) ->
     return [(task, doc) for doc in docs]
 
 
-def check_requests(lm: LmEval, benchmark: Benchmark, documents: Documents, task: Task) -> str | None:
-    """Part 1: every item's requests, label and choice lengths against lm-eval's; what differs, or None."""
-    for i, ((lm_task, doc), item) in enumerate(zip(lm_eval_documents(lm, benchmark, documents), task.items)):
+def check_requests(lm_docs: list, task: Task, chosen: list[int] | None = None) -> str | None:
+    """Part 1: each item's requests, label and choice lengths against lm-eval's (lm_docs: lm_eval_documents' pairs,
+    an item's at its index); every item, or those chosen; what differs, or None."""
+    for i in range(len(task.items)) if chosen is None else chosen:
+        (lm_task, doc), item = lm_docs[i], task.items[i]
         theirs = lm_task.requests(doc, task.num_fewshot)
         if theirs != item.requests():
             for c, (a, b) in enumerate(zip(item.requests(), theirs)):
@@ -322,15 +326,18 @@ def check_scores(lm_model, prepared: list, folder: Path, args) -> list[str]:
         lm_requests = [lm_docs[i][0].requests(lm_docs[i][1], task.num_fewshot) for i in chosen]
         golds = [lm_docs[i][0].gold_and_lengths(lm_docs[i][1]) if task.kind != LOGLIKELIHOOD else (0, (0,))
                  for i in chosen]
+        start = time.perf_counter()
         results = lm_model.loglikelihood(instances(lm_requests, task.name, Instance), disable_tqdm=True)
-        theirs = scores_from_results(small, golds, results)
+        theirs, their_seconds = scores_from_results(small, golds, results), time.perf_counter() - start
         for dtype in ("fp32", *args.also_dtype):
+            start = time.perf_counter()
             ours, _ = our_scores(folder, small, dtype, args.rows, args.device)
+            our_seconds = time.perf_counter() - start
             worst = max(abs(a - b) for o, t in zip(ours, theirs) for a, b in zip(o.loglikelihoods, t.loglikelihoods))
             ours_m, theirs_m = metrics(ours, task.metrics), metrics(theirs, task.metrics)
             shown = ", ".join(f"{m} {ours_m[m]:.4f} vs {theirs_m[m]:.4f}" for m in task.metrics)
             print(f"  {task.name}: {len(chosen)} items, ours {dtype} vs lm-eval's HFLM fp32: largest log-likelihood "
-                  f"difference {worst:.2e}; {shown}", flush=True)
+                  f"difference {worst:.2e}; {shown} (HFLM {their_seconds:.1f} s, ours {our_seconds:.1f} s)", flush=True)
             failure = mismatch(ours, theirs, task.metrics) if dtype == "fp32" else None
             if failure:
                 print(f"  FAIL {task.name}: {failure}", flush=True)
@@ -344,6 +351,9 @@ def main(argv=None) -> int:
                    help="a folder of the tasks' files (default: ../shared/evaldata where it is, else the downloads)")
     p.add_argument("--tasks", default=",".join(BENCHMARKS), help="comma-separated task names (default: all)")
     p.add_argument("--requests-only", action="store_true", help="part 1 only (no torch needed)")
+    p.add_argument("--scored-only", action="store_true",
+                   help="part 1 on the items part 2 scores only: every item's requests need no GPU (--requests-only "
+                        "checks them on any machine), and take MMLU's 5-shot prompts a minute or more")
     p.add_argument("--model", default=None, help="a Hugging Face folder (default: a random d12 of 2 layers)")
     p.add_argument("--tokenizer", default="data/tokenizer/tokenizer.model",
                    help="the Llama 3 tokenizer.model of the random folder")
@@ -354,6 +364,9 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=positive_int, default=64, help="our rows a forward pass")
     p.add_argument("--also-dtype", nargs="*", default=[], choices=("bf16",), help="also report ours in these")
     args = p.parse_args(argv)
+    if args.scored_only and args.requests_only:
+        print("error: --scored-only limits part 1 to part 2's items; --requests-only runs no part 2", file=sys.stderr)
+        return 2
     try:
         lm = LmEval()
     except ImportError as e:
@@ -373,12 +386,15 @@ def main(argv=None) -> int:
         except TaskError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        task = benchmark_task(benchmark, documents)
-        failure = check_requests(lm, benchmark, documents, task)
-        print(f"{name} ({documents.format.name}, {documents.path}): {len(task.items)} items: "
+        task, lm_docs = benchmark_task(benchmark, documents), lm_eval_documents(lm, benchmark, documents)
+        chosen = picks(task, args.items) if args.scored_only else None
+        failure = check_requests(lm_docs, task, chosen)
+        checked = (f"the {len(chosen)} of {len(task.items)} items part 2 scores" if chosen is not None
+                   else f"{len(task.items)} items")
+        print(f"{name} ({documents.format.name}, {documents.path}): {checked}: "
               + (f"FAIL: {failure}" if failure else "every request, label and choice length as lm-eval's"), flush=True)
         failed |= failure is not None
-        prepared.append((benchmark, documents, task, lm_eval_documents(lm, benchmark, documents)))
+        prepared.append((benchmark, documents, task, lm_docs))
     if failed or args.requests_only:
         print("FAIL: requests differ" if failed else "PASS: every request as lm-eval builds it")
         return 1 if failed else 0

@@ -55,6 +55,36 @@ def test_results_become_item_scores_with_lm_evals_gold_and_lengths():
     assert [s.greedy for s in scores] == [True, False] and [s.correct for s in scores] == [True, False]
 
 
+class StubLmTask:
+    """lm_eval_documents' task side: the requests, gold and lengths lm-eval would give each document (here: a
+    document is the item itself, or a changed copy)."""
+
+    def requests(self, doc, shots=0):
+        return doc.requests()
+
+    def gold_and_lengths(self, doc):
+        return doc.label, tuple(map(len, doc.choices))
+
+
+def test_part_one_checks_every_item_or_those_part_two_scores():
+    task, lm_task = Task("arc_easy", ITEMS * 3), StubLmTask()
+    agreeing = [(lm_task, item) for item in task.items]
+    assert SCRIPT["check_requests"](agreeing, task) is None
+    changed = list(agreeing)
+    changed[3] = (lm_task, Item("A dog ", ITEMS[1].choices, 0))  # their context lost a space
+    assert SCRIPT["check_requests"](changed, task) == ("item 3, request 0: ours ('A dog  ', ' barked') vs lm-eval's "
+                                                       "('A dog ', ' barked')")
+    assert SCRIPT["check_requests"](changed, task, [0, 1, 2]) is None  # item 3 is not part 2's
+    changed[4] = (lm_task, Item("The cat", ITEMS[0].choices, 0))
+    assert SCRIPT["check_requests"](changed, task, [4]) == ("item 4: label 1, lengths (4, 9) (ours) vs 0, (4, 9) "
+                                                            "(lm-eval's)")
+
+
+def test_scored_only_and_requests_only_exclude_each_other(capsys):
+    assert SCRIPT["main"](["--scored-only", "--requests-only"]) == 2
+    assert "--requests-only runs no part 2" in capsys.readouterr().err
+
+
 def scores(*loglikelihoods, lengths=(4, 4), label=0) -> list[ItemScore]:
     return [ItemScore(i, label, tuple(values), lengths) for i, values in enumerate(loglikelihoods)]
 
