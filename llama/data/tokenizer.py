@@ -107,6 +107,10 @@ def load_ranks(path: Path) -> dict[bytes, int]:
 class Llama3Tokenizer:
     """Meta's Llama 3 tokenizer. encode() treats special-token text in the input as plain text."""
 
+    # encode(a + b) == encode(a) + encode(b) where b begins a line with a non-space character (a ends in a line
+    # break): the split pattern ends a piece there (llama/eval/scoring.py LINE_START says why)
+    splits_at_line_starts = True
+
     def __init__(self, model_path: str | Path):
         import tiktoken
 
@@ -216,6 +220,7 @@ class ByteTokenizer:
     eos_id = 257
     special_tokens = {BEGIN_OF_TEXT: 256, END_OF_TEXT: 257}
     stop_ids = (257,)
+    splits_at_line_starts = True  # as Llama3Tokenizer's: a byte a token
 
     def encode(self, text: str, bos: bool = False) -> list[int]:
         ids = list(text.encode("utf-8", errors="surrogateescape"))

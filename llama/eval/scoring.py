@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,19 +30,45 @@ import numpy as np
 from .items import Item, Task
 
 
+# where a line begins with a non-space character: the Llama 3 split pattern (llama/data/tokenizer.py) ends a piece
+# there whatever follows, since none of its alternatives matches a line break followed by a non-space (its letters
+# and digits take no line break, its punctuation ends with the breaks, its spaces take no non-space) and none looks
+# past the character after its match; so a text's tokens are its lines' tokens one after the other (Python's \S:
+# not str.isspace, which holds for every character the pattern's \s takes)
+LINE_START = re.compile(r"(?<=[\r\n])(?=\S)")
+
+
+class LineTokens:
+    """A tokenizer's encode() of many texts that share lines (MMLU's few shots), each line encoded once."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.lines, self.contexts = tokenizer, {}, {}
+
+    def line(self, line: str) -> list[int]:
+        if (ids := self.lines.get(line)) is None:
+            ids = self.lines[line] = self.tokenizer.encode(line)
+        return ids
+
+    def context(self, context: str) -> tuple[list[int], str]:
+        """The context's ids and its last line."""
+        if (known := self.contexts.get(context)) is None:
+            lines = LINE_START.split(context)
+            known = self.contexts[context] = ([i for line in lines for i in self.line(line)], lines[-1])
+        return known
+
+
 def encode_pair(tokenizer, context: str, continuation: str,
-                memo: dict | None = None) -> tuple[list[int], list[int]]:
-    """lm-eval's HFLM._encode_pair: (context ids, continuation ids) split at the context's tokens; memo (a dict)
-    keeps each context's ids for the next request of the same context."""
+                lines: LineTokens | None = None) -> tuple[list[int], list[int]]:
+    """lm-eval's HFLM._encode_pair: (context ids, continuation ids), those of encode(context + continuation) past
+    the context's; with lines, the same ids from the context's lines and its last line with the continuation."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tokenizer.encode(context + continuation)
-    if memo is None:
+    if lines is None:
         context_ids = tokenizer.encode(context)
-    elif (context_ids := memo.get(context)) is None:
-        context_ids = memo[context] = tokenizer.encode(context)
-    return context_ids, whole[len(context_ids):]
+        return context_ids, tokenizer.encode(context + continuation)[len(context_ids):]
+    context_ids, last = lines.context(context)
+    return context_ids, tokenizer.encode(last + continuation)[len(lines.line(last)):]
 
 
 @dataclass(frozen=True)
@@ -55,8 +82,8 @@ class Request:
     start: int
 
 
-def make_request(tokenizer, item: Item, index: int, choice: int, T: int, memo: dict | None = None) -> Request:
-    context, continuation = encode_pair(tokenizer, *item.requests()[choice], memo)
+def make_request(tokenizer, item: Item, index: int, choice: int, T: int, lines: LineTokens | None = None) -> Request:
+    context, continuation = encode_pair(tokenizer, *item.requests()[choice], lines)
     if not continuation or len(continuation) > T:
         raise ValueError(f"item {index}, choice {choice}: its continuation has {len(continuation)} tokens; "
                          f"it must have 1 to {T} (the window)")
@@ -65,9 +92,10 @@ def make_request(tokenizer, item: Item, index: int, choice: int, T: int, memo: d
 
 
 def item_requests(tokenizer, items: list[Item], T: int, first_index: int = 0, step: int = 1) -> list[Request]:
-    """Every choice of every item (numbered first_index, first_index + step, ...)."""
-    memo = {}
-    return [make_request(tokenizer, item, first_index + i * step, c, T, memo)
+    """Every choice of every item (numbered first_index, first_index + step, ...); the contexts encoded line by
+    line where the tokenizer's pieces end at line starts (LineTokens), else each request's whole text."""
+    lines = LineTokens(tokenizer) if getattr(tokenizer, "splits_at_line_starts", False) else None
+    return [make_request(tokenizer, item, first_index + i * step, c, T, lines)
             for i, item in enumerate(items) for c in range(len(item.choices))]
 
 

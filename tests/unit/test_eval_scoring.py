@@ -4,6 +4,7 @@ against acc_norm, the standard error, HellaSwag's preprocessing, the ranks' shar
 logits (shared one-token continuations, greedy matches and perplexity), passes of fewer rows where rows are long,
 the suite's centered accuracy, and --limit on a task of parts."""
 
+import base64
 import math
 import re
 
@@ -11,15 +12,17 @@ import numpy as np
 import pytest
 
 from llama.config import get_preset
-from llama.data.tokenizer import ByteTokenizer
+from llama.data.tokenizer import ByteTokenizer, Llama3Tokenizer, default_tokenizer_path
 from llama.eval.benchmarks import hellaswag_item, hellaswag_process
 from llama.eval.items import LOGLIKELIHOOD, Item, Task, TaskError
 from llama.eval.runner import Evaluation, accuracy_over_ranks
-from llama.eval.scoring import (ItemScore, centered, encode_pair, item_requests, make_passes, make_request,
+from llama.eval.scoring import (ItemScore, LineTokens, centered, encode_pair, item_requests, make_passes, make_request,
                                 mean_and_stderr, metrics, suite_score)
+from llama.eval.benchmarks import BENCHMARKS
+from llama.eval.tasks import benchmark_task, load_documents
 from llama.model.reference import ReferenceModel
 from llama.run.plan import cpu_plan, evaluation_plan
-from tests.eval_files import LetterTokenizer
+from tests.eval_files import EVALDATA, LetterTokenizer, needs_evaldata
 
 
 class WordTokenizer:
@@ -44,6 +47,53 @@ def test_a_contexts_trailing_space_moves_to_the_continuation():
     context, continuation = encode_pair(tok, "A man ", " sat")  # lm-eval's rule: "A man" | "  sat"
     assert context == tok.encode("A man")
     assert continuation == [tok.ids[" "], tok.ids[" sat"]]
+
+
+def line_tokenizer(tmp_path) -> Llama3Tokenizer:
+    """The Llama 3 split pattern over bytes and merges across line breaks and spaces, so that a text split where
+    the pattern would not split it gets other tokens."""
+    pieces = [bytes([i]) for i in range(256)] + [b"\n ", b"\n \n", b"\r\n", b"\n\n", b"  ", b"\nA", b" A", b":\n"]
+    (tmp_path / "tokenizer.model").write_bytes(b"".join(base64.b64encode(p) + b" %d\n" % i
+                                                         for i, p in enumerate(pieces)))
+    return Llama3Tokenizer(tmp_path / "tokenizer.model")
+
+
+LINES = ["Q1\nA. a\nAnswer: A\n\nQ2\nAnswer:", "a\n \nb\n  c\n\td", "x:\n\n y\r\nz\r\n\r\nw", "1\n2\n345\n's\n'S",
+         "\u3000\n\u3000a\n\xa0b\nc\u2028d\n\x85e\n\x1cf", "one line", "\n\nA", "ends\n", "q\n!?\n\n...\n-x"]
+
+
+def test_a_context_encoded_line_by_line_gives_the_tokens_of_the_whole(tmp_path):
+    tok, lines = line_tokenizer(tmp_path), LineTokens(line_tokenizer(tmp_path))
+    for context in LINES:
+        for continuation in (" A", "A", "\nA", " B.", "\n", "  x"):
+            assert encode_pair(tok, context, continuation, lines) == encode_pair(tok, context, continuation), (
+                context, continuation)
+    # the test can fail: split after every line break, the tokens differ
+    naive = lambda text: [i for line in re.split(r"(?<=\n)", text) for i in tok.encode(line)]  # noqa: E731
+    assert any(naive(context) != tok.encode(context) for context in LINES)
+
+
+def test_a_tokenizer_whose_pieces_cross_lines_encodes_whole_texts():
+    words = WordTokenizer()  # "a\nb" is one word: line by line it would be two
+    (request,) = item_requests(words, [Item("x a\nb", ("c",), 0)], T=64)
+    assert request.inputs + request.targets[-1:] == words.encode("x a\nb c")
+
+
+REAL_TOKENIZER = default_tokenizer_path()  # read at collection, before the tests' own caches: the user's
+
+
+@needs_evaldata
+@pytest.mark.skipif(not REAL_TOKENIZER.exists(), reason="Meta's tokenizer.model is not in the user's cache")
+def test_the_real_tasks_requests_line_by_line_are_those_of_the_whole_texts():
+    tok = Llama3Tokenizer(REAL_TOKENIZER)
+    for name, benchmark in BENCHMARKS.items():
+        task = benchmark_task(benchmark, load_documents(benchmark, None, str(EVALDATA)))
+        items = [task.items[i] for i in range(0, len(task.items), max(1, len(task.items) // 300))]  # every subject's
+        lines = LineTokens(tok)
+        for item in items:
+            for context, continuation in item.requests():
+                assert encode_pair(tok, context, continuation, lines) == encode_pair(tok, context, continuation), (
+                    name, context[-200:], continuation)
 
 
 def test_a_request_reads_context_then_continuation_and_predicts_the_continuation_at_its_end():
