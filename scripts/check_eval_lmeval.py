@@ -412,7 +412,8 @@ def main(argv=None) -> int:
     if failures:
         print(f"FAIL: {len(failures)} of {len(prepared)} tasks differ; the first: {failures[0]}")
         return 1
-    print(f"PASS: every task's requests as lm-eval's; every log-likelihood within {TOLERANCE:.0e} of HFLM's, the same "
+    checked = "the scored items'" if args.scored_only else "every task's"
+    print(f"PASS: {checked} requests as lm-eval's; every log-likelihood within {TOLERANCE:.0e} of HFLM's, the same "
           "acc, acc_norm and greedy matches, perplexity to 1e-3")
     return 0
 
