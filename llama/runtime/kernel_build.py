@@ -44,7 +44,7 @@ DECODER_MODULES = ("decode", "sample")
 LORA_MODULES = {"lora": ("lora",), "qlora": ("lora", "nf4")}  # the adapters' updates, and QLoRA's NF4 base
 DOC_MASK_MODULE = "document_mask"  # the document bounds of a batch, launched by a model with the document mask
 DECODER_GEMV = r"gemv_\w+_b8"  # the training run's sampler decodes one sequence: gemv.cu's entries for B <= 8
-HEAD_DIM_ENTRY = re.compile(r"_d\d+$")  # an attention entry point built for one head dim
+HEAD_DIM_ENTRY = re.compile(r"_d(\d+)$")  # an attention entry point built for one head dim, and that dim
 GEMM_MMA_MODULE, SPLITK_REDUCE = "gemm_mma", "gemm_splitk_reduce"  # version 1, and every version's split-K reduce
 
 
@@ -250,8 +250,10 @@ def gemm_units(chooser, code: str) -> list[Unit]:
 def attention_units(source: Path, code: str, head_dim: int | None) -> list[Unit]:
     """The flash attention file's units: of its entry points built apart, those of head_dim (named `_d<head_dim>`)
     and those of every head dim (None: all of them)."""
-    return [unit for unit in units_of(source, code) if head_dim is None or unit.entry is None
-            or HEAD_DIM_ENTRY.search(unit.entry) is None or unit.entry.endswith(f"_d{head_dim}")]
+    def wanted(entry: str | None) -> bool:
+        built_for = HEAD_DIM_ENTRY.search(entry or "")
+        return head_dim is None or built_for is None or int(built_for.group(1)) == head_dim
+    return [unit for unit in units_of(source, code) if wanted(unit.entry)]
 
 
 def kernels_for(plan, code: str, decoder: bool = False, head_dim: int | None = None) -> list[Unit]:
