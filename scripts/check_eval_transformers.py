@@ -27,6 +27,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from llama.runtime.cli import positive_int
@@ -126,9 +127,9 @@ def scores_of(task: Task, values: dict) -> list[ItemScore]:
 
 
 def transformers_scores(folder: Path, tasks: list[Task], dtype, rows: int,
-                        tokens: int = 8192) -> list[tuple[list[ItemScore], float]]:
+                        tokens: int = 8192) -> Iterator[tuple[list[ItemScore], float]]:
     """transformers' scores of each task (lm-eval's rules) and the seconds they took (the model loaded and the
-    requests tokenized first)."""
+    requests tokenized first), task by task as each is scored."""
     import torch
     import transformers
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -136,7 +137,6 @@ def transformers_scores(folder: Path, tasks: list[Task], dtype, rows: int,
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, attn_implementation="sdpa")
     model = model.cuda().eval()
     max_length = model.config.max_position_embeddings
-    out = []
     for task in tasks:
         requests = lm_eval_requests(hf_tokenizer, task)
         transformers_loglikelihoods(model, requests[:rows], max_length, rows, tokens)  # warm up
@@ -144,10 +144,9 @@ def transformers_scores(folder: Path, tasks: list[Task], dtype, rows: int,
         began = time.perf_counter()
         values = transformers_loglikelihoods(model, requests, max_length, rows, tokens)
         torch.cuda.synchronize()
-        out.append((scores_of(task, values), time.perf_counter() - began))
+        yield scores_of(task, values), time.perf_counter() - began
     del model
     torch.cuda.empty_cache()
-    return out
 
 
 def our_scores(folder: Path, task: Task, dtype: str, rows: int, device: str = "cuda",
@@ -202,23 +201,30 @@ def our_runs(folder: Path, tasks: list[Task]) -> tuple[list[TaskRun], float]:
 
 
 def time_tasks(tasks: list[Task], tokenizer, preset: str, workdir: Path, args) -> None:
-    """Part 2: each task on the preset's model, ours against transformers, both bf16, and the totals."""
+    """Part 2: each task on the preset's model, ours against transformers, both bf16, and the totals; ours printed
+    before transformers starts, each task's comparison as transformers finishes it."""
     import torch
     folder = random_hf_folder(workdir / preset, get_preset(preset), tokenizer, torch.bfloat16, 0.02)
     runs, ours_total = our_runs(folder, tasks)
-    gc.collect()  # our last model's GPU memory goes before transformers loads its own
-    theirs = transformers_scores(folder, tasks, torch.bfloat16, args.transformers_rows, args.transformers_tokens)
-    for run, (their_scores, their_seconds) in zip(runs, theirs):
+    scoring = sum(run.scoring for run in runs)
+    parts = {part: sum(getattr(run, part) for run in runs) for part in ("tokenizing", "building")}
+    for run in runs:
         n = len(run.scores)
         print(f"{preset} bf16 {run.task.name}, {n:,} items: ours {run.scoring:.1f} s ({n / run.scoring:,.0f} "
-              f"examples/s; tokenizing {run.tokenizing:.1f} s), transformers {their_seconds:.1f} s "
-              f"({n / their_seconds:,.0f} examples/s), {their_seconds / run.scoring:.2f}x; acc "
-              f"{metrics(run.scores)['acc']:.4f} vs {metrics(their_scores)['acc']:.4f}", flush=True)
-    scoring, theirs_total = sum(run.scoring for run in runs), sum(seconds for _, seconds in theirs)
-    parts = {part: sum(getattr(run, part) for run in runs) for part in ("tokenizing", "building")}
+              f"examples/s; tokenizing {run.tokenizing:.1f} s)", flush=True)
     print(f"{preset} bf16, {len(tasks)} tasks, {sum(len(run.scores) for run in runs):,} items: ours {ours_total:.1f} s "
           f"in all (tokenizing {parts['tokenizing']:.1f} s, building {parts['building']:.1f} s, scoring {scoring:.1f} "
-          f"s), transformers scoring {theirs_total:.1f} s; scoring {theirs_total / scoring:.2f}x", flush=True)
+          f"s)", flush=True)
+    gc.collect()  # our last model's GPU memory goes before transformers loads its own
+    theirs_total = 0.0
+    theirs = transformers_scores(folder, tasks, torch.bfloat16, args.transformers_rows, args.transformers_tokens)
+    for run, (their_scores, their_seconds) in zip(runs, theirs):
+        n, theirs_total = len(run.scores), theirs_total + their_seconds
+        print(f"{preset} bf16 {run.task.name}: transformers {their_seconds:.1f} s ({n / their_seconds:,.0f} "
+              f"examples/s), ours {their_seconds / run.scoring:.2f}x; acc {metrics(run.scores)['acc']:.4f} (ours) vs "
+              f"{metrics(their_scores)['acc']:.4f}", flush=True)
+    print(f"{preset} bf16: transformers scoring {theirs_total:.1f} s, ours {scoring:.1f} s: {theirs_total / scoring:.2f}x",
+          flush=True)
 
 
 def main(argv=None) -> int:
