@@ -320,10 +320,46 @@ def check_driver(result: int, call: str) -> None:
         raise RuntimeError(f"{call} failed with CUresult {result}")
 
 
-# Held while a stream is captured. The page-locking thread (llama/io/pinned.py) registers host memory only
-# outside it: cuMemHostRegister while another thread captures may fail (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) or
-# invalidate the capture, and the first step's capture runs while the checkpoint's snapshot is being page-locked.
-CAPTURE_LOCK = threading.RLock()
+class CaptureGate:
+    """Keeps stream captures and host memory registrations apart: cuMemHostRegister while another thread captures
+    may fail (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) or invalidate the capture, and the first step's capture runs
+    while the page-locking thread (llama/runtime/pinned.py) registers the checkpoint's snapshot piece by piece.
+    A capture goes first: it waits for the piece in flight only, and the next piece waits for the capture (a lock
+    alone lets the thread that releases it take it again at once, so a capture could wait for every piece). The
+    capturing thread's own registrations pass."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.changed = threading.Condition()
+        self.captures = 0  # captures waiting for the lock or holding it
+        self.capturing_thread = None
+
+    @contextlib.contextmanager
+    def capture(self):
+        with self.changed:
+            self.captures += 1
+        try:
+            with self.lock:
+                self.capturing_thread = threading.get_ident()
+                try:
+                    yield
+                finally:
+                    self.capturing_thread = None
+        finally:
+            with self.changed:
+                self.captures -= 1
+                self.changed.notify_all()
+
+    @contextlib.contextmanager
+    def registration(self):
+        if self.capturing_thread != threading.get_ident():
+            with self.changed:
+                self.changed.wait_for(lambda: self.captures == 0)
+        with self.lock:
+            yield
+
+
+CAPTURE_GATE = CaptureGate()
 
 
 class Graph:
@@ -341,7 +377,7 @@ class Graph:
         gc.collect()
         gc.disable()
         graph = ctypes.c_void_p()
-        with CAPTURE_LOCK:  # no page-locking meanwhile: it waits for the end of the capture
+        with CAPTURE_GATE.capture():  # no page-locking meanwhile: it waits for the end of the capture
             check_driver(lib.cuStreamBeginCapture_v2(stream, self.CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
             try:
                 fn()

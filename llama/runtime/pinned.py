@@ -5,7 +5,7 @@ Page-locking is slow (about 2 GB/s: the kernel faults in and pins every page), s
 at once and registers it with the driver (cuMemHostRegister, through ctypes, which lets go of the GIL during
 the call) in PIN_PIECE pieces on a thread of its own, with the caller's CUDA context made current there:
 training steps run meanwhile, and wait() blocks only for what is not pinned yet. A piece is never registered
-while a CUDA graph is being captured (llama/runtime/cuda.py's CAPTURE_LOCK): the first step's capture waits for the
+while a CUDA graph is being captured (llama/runtime/cuda.py's CAPTURE_GATE): the first step's capture waits for the
 piece in flight, and the pinning for the capture. A copy to or from the
 arrays goes piece by piece (pieces()), each within one registration. The registrations end when the object
 is collected (the memory itself when the last array on it goes).
@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cuda import CAPTURE_LOCK, check_driver, driver
+from .cuda import CAPTURE_GATE, check_driver, driver
 from .progress import phase
 
 PIN_PIECE = 1 << 26  # bytes registered at once: the longest the driver may hold its lock for one call is short
@@ -42,13 +42,13 @@ class DriverPinning:
         check_driver(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def pin(self, address: int, nbytes: int) -> None:
-        with CAPTURE_LOCK:  # never while a CUDA graph is being captured (llama/runtime/cuda.py)
+        with CAPTURE_GATE.registration():  # never while a CUDA graph is being captured (runtime/cuda.py)
             self._in_context()
             check_driver(self.lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes),
                                                        ctypes.c_uint(CU_MEMHOSTREGISTER_PORTABLE)), "cuMemHostRegister")
 
     def unpin(self, address: int) -> None:
-        with CAPTURE_LOCK:
+        with CAPTURE_GATE.registration():
             self._in_context()
             check_driver(self.lib.cuMemHostUnregister(ctypes.c_void_p(address)), "cuMemHostUnregister")
 
