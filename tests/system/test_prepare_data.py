@@ -63,12 +63,28 @@ def test_val_every_1_is_a_usage_error(tmp_path, monkeypatch, capsys):
     assert stop.value.code == 2 and "--val-every 1 would put every document in validation" in capsys.readouterr().err
 
 
+# prepare_data.py's main, held after its first shard (more to come) until the test's signal: the signal comes mid-run
+# however slowly the test's poll is scheduled (without the hold, a busy machine let the run finish first)
+HELD_AFTER_FIRST_SHARD = """
+import runpy, sys, time
+from llama.data import prepare
+flush = prepare.ShardWriter._flush
+def held(self, count):
+    flush(self, count)
+    while True:
+        time.sleep(0.01)
+prepare.ShardWriter._flush = held
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def test_ctrl_c_is_one_line_exit_130_and_no_shards(tmp_path):
-    (tmp_path / "big.jsonl").write_text((json.dumps({"text": "many words " * 500}) + "\n") * 20000)  # 110 MB
+    (tmp_path / "big.jsonl").write_text((json.dumps({"text": "many words " * 500}) + "\n") * 1000)  # 5.5 MB
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "big.jsonl", "--name", "big", "--shard-tokens", "100000",
-                             "--workers", "2", "--tokenizer", str(tokenizer_file(tmp_path))], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", HELD_AFTER_FIRST_SHARD, str(SCRIPT), "big.jsonl", "--name", "big",
+                             "--shard-tokens", "100000", "--workers", "2", "--tokenizer", str(tokenizer_file(tmp_path))],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")) and time.time() < deadline:
         time.sleep(0.05)
@@ -99,10 +115,11 @@ def test_tinystories_unpacks_its_tarball_and_prepares_the_stories(tmp_path, monk
 
 def test_a_preparation_killed_halfway_leaves_no_dataset_to_train_on(tmp_path, monkeypatch):
     """Issue 63 item 3: kill -9 left 3 of 65 shards, and train_llama.py -i trained on them without a word."""
-    (tmp_path / "big.jsonl").write_text((json.dumps({"text": "many words " * 500}) + "\n") * 4000)  # 22 MB
+    (tmp_path / "big.jsonl").write_text((json.dumps({"text": "many words " * 500}) + "\n") * 1000)  # 5.5 MB
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "big.jsonl", "--name", "big", "--shard-tokens", "100000",
-                             "--workers", "1", "--tokenizer", str(tokenizer_file(tmp_path))], cwd=tmp_path, env=env,
+    arguments = [str(SCRIPT), "big.jsonl", "--name", "big", "--shard-tokens", "100000", "--workers", "1",
+                 "--tokenizer", str(tokenizer_file(tmp_path))]
+    proc = subprocess.Popen([sys.executable, "-c", HELD_AFTER_FIRST_SHARD, *arguments], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     partial = tmp_path / "data" / "big" / ".big.partial"
     deadline = time.time() + 60
@@ -116,7 +133,8 @@ def test_a_preparation_killed_halfway_leaves_no_dataset_to_train_on(tmp_path, mo
                                          r"holds a preparation that did not finish"):
         DataLoader("data/big/big_train_*.bin", B=1, T=8)
     (tmp_path / "big.jsonl").write_text((json.dumps({"text": "few words " * 50}) + "\n") * 2)
-    assert subprocess.run(proc.args, cwd=tmp_path, env=env, capture_output=True).returncode == 0  # no --overwrite
+    assert subprocess.run([sys.executable, *arguments], cwd=tmp_path, env=env,
+                          capture_output=True).returncode == 0  # no --overwrite
     assert sorted(p.name for p in (tmp_path / "data" / "big").iterdir()) == [
         "big.manifest.json", "big_train_000000.bin", "big_val_000000.bin"]  # nothing of the killed one
 
