@@ -63,8 +63,8 @@ def test_val_every_1_is_a_usage_error(tmp_path, monkeypatch, capsys):
     assert stop.value.code == 2 and "--val-every 1 would put every document in validation" in capsys.readouterr().err
 
 
-# prepare_data.py's main, held after its first shard (more to come) until the test's signal: the signal comes mid-run
-# however slowly the test's poll is scheduled (without the hold, a busy machine let the run finish first)
+# prepare_data.py's main, held after its first shard (more to come) until the test's signal, which so comes mid-run
+# whenever the test's poll sees the shard
 HELD_AFTER_FIRST_SHARD = """
 import runpy, sys, time
 from llama.data import prepare
@@ -79,18 +79,28 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def with_ctrl_c() -> None:
+    """In the child before it runs: SIGINT's default, whatever the tests inherited. A shell without job control starts
+    its background commands with SIGINT ignored, and a Python started so keeps ignoring it (no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_exit_130_and_no_shards(tmp_path):
     (tmp_path / "big.jsonl").write_text((json.dumps({"text": "many words " * 500}) + "\n") * 1000)  # 5.5 MB
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", HELD_AFTER_FIRST_SHARD, str(SCRIPT), "big.jsonl", "--name", "big",
                              "--shard-tokens", "100000", "--workers", "2", "--tokenizer", str(tokenizer_file(tmp_path))],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")) and time.time() < deadline:
-        time.sleep(0.05)
-    assert list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")), "no shard written within 60 s"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=with_ctrl_c)
+    try:
+        deadline = time.time() + 60
+        while not list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")) and time.time() < deadline:
+            time.sleep(0.05)
+        assert list((tmp_path / "data" / "big").glob(".big.partial/big_train_*.bin")), "no shard written within 60 s"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # held for ever where the signal did not stop it
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "interrupted: data/big is as it was"
     assert not (tmp_path / "data").exists()  # the folders made for the dataset are gone
