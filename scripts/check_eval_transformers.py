@@ -175,7 +175,8 @@ def check_scores(tasks: list[Task], tokenizer, args, workdir: Path) -> bool:
     small = [task.limited(args.check_items) for task in tasks]
     folder = random_hf_folder(workdir / "check", CHECK_CONFIG, tokenizer, torch.float32, 0.1)
     ok = True
-    for task, (theirs, _) in zip(small, transformers_scores(folder, small, torch.float32, 32)):
+    theirs_all = list(transformers_scores(folder, small, torch.float32, 32))  # its model gone before ours load
+    for task, (theirs, _) in zip(small, theirs_all):
         for dtype in ("fp32", "bf16"):
             ours, _ = our_scores(folder, task, dtype, 64)
             worst, acc_diff, norm_diff = compare(ours, theirs)
@@ -218,13 +219,13 @@ def time_tasks(tasks: list[Task], tokenizer, preset: str, workdir: Path, args) -
     gc.collect()  # our last model's GPU memory goes before transformers loads its own
     theirs_total = 0.0
     theirs = transformers_scores(folder, tasks, torch.bfloat16, args.transformers_rows, args.transformers_tokens)
-    for run, (their_scores, their_seconds) in zip(runs, theirs):
+    for run, (their_scores, their_seconds) in zip(runs, theirs, strict=True):  # strict: the generator runs to its end
         n, theirs_total = len(run.scores), theirs_total + their_seconds
         print(f"{preset} bf16 {run.task.name}: transformers {their_seconds:.1f} s ({n / their_seconds:,.0f} "
               f"examples/s), ours {their_seconds / run.scoring:.2f}x; acc {metrics(run.scores)['acc']:.4f} (ours) vs "
               f"{metrics(their_scores)['acc']:.4f}", flush=True)
-    print(f"{preset} bf16: transformers scoring {theirs_total:.1f} s, ours {scoring:.1f} s: {theirs_total / scoring:.2f}x",
-          flush=True)
+    print(f"{preset} bf16: transformers scoring {theirs_total:.1f} s, ours {scoring:.1f} s: "
+          f"{theirs_total / scoring:.2f}x", flush=True)
 
 
 def main(argv=None) -> int:
