@@ -110,6 +110,13 @@ def step_share(targets: np.ndarray, counted: float) -> float:
 # ---- the training step
 
 
+def check_trains(plan) -> None:
+    """A model planned to score only (llama/run/plan.py evaluation_plan) has no gradients or optimizer to step."""
+    if plan.optimizer is None:
+        raise ValueError("this model only scores: its plan (evaluation_plan's) has no optimizer; a model that "
+                         "trains is built from make_plan's")
+
+
 class Model:
     """The training step every model takes: zero the gradients, a forward and backward per
     micro-batch, then clip, AdamW and read the loss and norm. The three parts below run eagerly (the
@@ -127,6 +134,7 @@ class Model:
         the number of ranks (whose gradients are averaged); this rank's loss is the sum of its counted losses
         / counted, and the mean over ranks the mean over every counted target of the step, whatever the
         accumulation and the number of GPUs (0 when none is counted)."""
+        check_trains(self.plan)
         self.counted = counted
         self.start_step(batches, opt)
         for i, (tokens, targets) in enumerate(batches):

@@ -27,7 +27,8 @@ class GPUModelBase(Model):
         """The shared part of a GPU model's __init__, from every model's arguments (llama/model/__init__.py):
         activations are sized for batches of up to batch (B, T); weight_dtype is that of the weights the forward
         reads (fp32, or the bf16 copy); gradients False: no full gradient buffer (the model keeps them a group at a
-        time). From the plan: the moments' format (llama/optim.py OPTIMIZER_STATES), ZeRO's stage on several GPUs
+        time; so too when the plan has no optimizer: a model that only scores, with no moments either). From the
+        plan: the moments' format (llama/optim.py OPTIMIZER_STATES), ZeRO's stage on several GPUs
         and its gradients' reduce-scatter dtype, the document mask's BOS (each forward then computes its batch's
         document bounds on the GPU: _document_bounds). params None: each GPU draws its part of a fresh
         initialization from seed (llama/ops/init.py; on several GPUs its shard of the master weights,
@@ -48,8 +49,8 @@ class GPUModelBase(Model):
             params = model_parameters(self.layout, params, seed)
         reduce_dtype = BF16 if plan.reduce_dtype == "bf16" else np.float32
         # fp32 master weights, AdamW moments and the grads' shard: this rank's shard (all of it on one GPU)
-        self.zero = Zero.for_model(self.trained, comm, params, weight_dtype, plan.optimizer, gradients, plan.zero,
-                                   reduce_dtype)
+        self.zero = Zero.for_model(self.trained, comm, params, weight_dtype, plan.optimizer,
+                                   gradients and plan.optimizer is not None, plan.zero, reduce_dtype)
         if params is None:
             drawn = sum(end - start for _, start, end, _ in self.zero.layout.owned_flat(self.zero.rank))
             with phase("initializing the weights on the GPU", total=drawn, unit="param") as progress:

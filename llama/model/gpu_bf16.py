@@ -45,7 +45,7 @@ from ..optim import AdamWConfig
 from ..params import AdapterLayout, init_adapters
 from ..parallel.zero import MasterReplica
 from ..runtime.cuda import BF16, DeviceArray, allocate
-from .base import check_batch, counted_targets, weakly
+from .base import check_batch, check_trains, counted_targets, weakly
 from .bf16_block import BF16Block
 from .bf16_in_backward import InBackwardStep
 from .bf16_inputs import PinnedInputs
@@ -159,10 +159,12 @@ class GPUModelBF16(GPUModelBase):
 
     def train_step(self, batches: list, lr: float, step: int, opt: AdamWConfig, upcoming: tuple | None = None,
                    counted: float | None = None) -> tuple[float, float]:
+        check_trains(self.plan)
         return self.step.train_step(batches, lr, step, opt, upcoming, counted)
 
     def eager_step(self, batches: list, lr: float, step: int, opt: AdamWConfig,
                    counted: float | None = None) -> tuple[float, float]:
+        check_trains(self.plan)
         return self.step.eager_step(batches, lr, step, opt, counted)
 
     def optimizer_step(self, lr: float, step: int, opt: AdamWConfig, return_norm: bool = True) -> float | None:
@@ -244,7 +246,7 @@ class GPUModelBF16(GPUModelBase):
         device scalar loss_scale (set per step: a replayed graph reads the new value)."""
         C, V = self.config.dim, self.config.vocab_size
         w_out = self.weight(self.layout.output())
-        dw_out = None if self.base else self.grad(self.layout.output())
+        dw_out = None if self.base or loss_scale is None else self.grad(self.layout.output())
         targets = self.inputs.batch["targets"]
         if self.plan.sft:
             dloss, weight, scale = loss_scale or 0.0, loss_weight, self.inputs.loss_scale

@@ -25,7 +25,7 @@ from ..twins.residual import residual_forward
 from ..twins.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from ..twins.rope import rope_backward, rope_forward
 from ..twins.swiglu import swiglu_backward, swiglu_forward
-from .base import Model, check_batch, counted_targets, mean_counted_loss, rope_cos_sin, step_share
+from .base import Model, check_batch, check_trains, counted_targets, mean_counted_loss, rope_cos_sin, step_share
 from .sampling import HostSampling
 
 # ----------------------------------------------------------------------------------------------
@@ -166,9 +166,10 @@ class ReferenceModel(ReferenceBlock, Model):
             self._attach_adapters(adapter_layout, init_adapters(adapter_layout, seed).astype(self.dtype))
             self.trainable_layout, self.trainable = adapter_layout, self.adapters
         self.in_backward = plan.in_backward
-        self.grads = None if self.in_backward else np.zeros_like(self.trainable)
-        self.optimizer = OPTIMIZER_STATES[plan.optimizer](self.trainable_layout.size, self.dtype)
-        self.decay_mask = self.trainable_layout.decay_mask()
+        scores_only = plan.optimizer is None  # evaluation_plan's: no gradients, no moments
+        self.grads = None if self.in_backward or scores_only else np.zeros_like(self.trainable)
+        self.optimizer = None if scores_only else OPTIMIZER_STATES[plan.optimizer](self.trainable_layout.size, self.dtype)
+        self.decay_mask = None if scores_only else self.trainable_layout.decay_mask()
         self.p = self.layout.views(self.params)
         self.acts = None
         self.groups = self.layout.gradient_groups()
@@ -348,6 +349,7 @@ class ReferenceModel(ReferenceBlock, Model):
         """Model.train_step (nothing to stage: upcoming is ignored); with in_backward one forward and a backward
         that updates the weights as it goes, each update clipped by the norm estimated from the groups' norms so
         far and the last step's."""
+        check_trains(self.plan)
         if not self.in_backward:
             return super().train_step(batches, lr, step, opt, upcoming, counted)
         if len(batches) != 1:

@@ -222,11 +222,12 @@ class Zero:
     several GPUs those of this rank's shard, whose pieces are whole blocks (model_shards).
     gradients False (one GPU, the optimizer in the backward): no full gradient buffer; the model keeps
     its gradients a group at a time.
+    optimizer None (one GPU, a model that only scores): the weights alone, no gradients, moments or decay mask.
     """
 
     def __init__(self, layout: ShardLayout, comm, params: np.ndarray | None, decay_mask: np.ndarray, weight_dtype,
                  optimizer: str = "adamw", gradients: bool = True, stage: int = 1, reduce_dtype=np.float32):
-        if optimizer not in OPTIMIZERS:
+        if optimizer is not None and optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if stage not in ZERO_STAGES:
             raise ValueError(f"ZeRO stage {stage}: choose from {', '.join(map(str, ZERO_STAGES))}")
@@ -235,6 +236,8 @@ class Zero:
                              "(model_shards)")
         if not gradients and comm is not None:
             raise ValueError("the gradients live outside ZeRO (the optimizer in the backward) on one GPU only")
+        if optimizer is None and gradients:
+            raise ValueError("a model that only scores (no optimizer) has no gradients")
         if stage > 1 and comm is None:
             raise ValueError(f"ZeRO-{stage} shards over several GPUs; on one GPU stage 1 holds everything once")
         if np.dtype(reduce_dtype) not in (np.float32, BF16):
@@ -270,10 +273,11 @@ class Zero:
             self.m_codes, self.v_codes = empty(layout.shard_size, np.uint8), empty(layout.shard_size, np.uint8)
             self.m_scales, self.v_scales = empty(blocks), empty(blocks)
             self.maps = to_device(ops.quantization_maps())
-        else:
+        elif optimizer is not None:
             self.m, self.v = empty(layout.shard_size), empty(layout.shard_size)
         self.set_moments(None, None)
-        self.decay_mask = to_device(ops.pack_decay_mask(layout.shard(decay_mask, self.rank)))
+        self.decay_mask = (None if optimizer is None else
+                           to_device(ops.pack_decay_mask(layout.shard(decay_mask, self.rank))))
         self.stale = False  # the weights the forward reads are older than the master (gather them first)
         self._step_first = True
         self._start_region()
@@ -336,7 +340,11 @@ class Zero:
     def set_moments(self, m, v) -> None:
         """The full moments from a checkpoint (None: zeros): 8-bit ones (Quantized) uploaded as they are for
         8 bits on one GPU and dequantized otherwise, fp32 ones quantized on the host for 8 bits (on several
-        GPUs this rank's shard, whose blocks are whole pieces' blocks)."""
+        GPUs this rank's shard, whose blocks are whole pieces' blocks). A model that only scores takes none."""
+        if self.optimizer is None:
+            if m is not None or v is not None:
+                raise ValueError("a model that only scores (no optimizer) holds no moments")
+            return
         if self.optimizer == "adamw8bit" and self.comm is None and isinstance(m, Quantized) and isinstance(v, Quantized):
             for buffer, host in ((self.m_codes, m.codes), (self.m_scales, m.scales), (self.v_codes, v.codes),
                                  (self.v_scales, v.scales)):

@@ -108,6 +108,10 @@ def gpu_training_buffers(config: LlamaConfig, plan, B: int, T: int, gpus: int = 
     weights, gradients, shard, scratch, bucket = zero_buffers(config, gpus, plan.zero, plan.reduce_dtype,
                                                               plan.optimizer, trained)
     stage = f" (ZeRO-{plan.zero})" if gpus > 1 else ""
+    if plan.optimizer is None:  # a model that only scores (evaluation_plan, one GPU): its weights alone
+        weights_only = ({"fp32 weights": FLOAT32 * weights} if plan.dtype == "fp32" else
+                        {"bf16 weights": 2 * weights, "fp32 master weights": FLOAT32 * shard})
+        return weights_only | model_buffers(config, plan, B, T)
     if plan.dtype == "fp32":  # on several GPUs the master and gradient shards apart from the full buffers
         return {"fp32 weights" + stage: FLOAT32 * weights, "fp32 gradients" + stage: FLOAT32 * (gradients + scratch),
                 **({"fp32 master and gradient shards": 2 * FLOAT32 * shard} if gpus > 1 else {}),

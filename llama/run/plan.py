@@ -87,7 +87,8 @@ class Plan:
     peak_flops: float | None = None  # datasheet peak of dtype on this GPU, for MFU; None when unknown
     note: str = ""  # why not bf16, or why the CPU
     recompute: str = "none"  # what the backward recomputes (RECOMPUTE)
-    optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw8bit" (llama/optim.py)
+    optimizer: str | None = "adamw"  # "adamw" (fp32 moments) or "adamw8bit" (llama/optim.py); None: a model that
+    # only scores (evaluation_plan), with no gradients and no optimizer state
     in_backward: bool = False  # the optimizer steps inside the backward, a group of gradients at a time
     fp8_scaling: str = "row"  # dtype fp8: one scale per row along each GEMM's K, or "tensor" (the comparison)
     fp8_gemm: GemmChooser | None = None  # dtype fp8 (GPU): the FP8 GEMM version per problem shape
@@ -133,7 +134,7 @@ class Plan:
             runs = f"gemm {self.gemm.name}{fp8}, attention {self.attention_name}, CUDA graphs"
         else:
             runs = "fp32 kernels (the exact path)"
-        return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer}"
+        return (f"{self.hardware} | dtype {self.dtype} | {runs} | recompute {self.recompute} | {self.optimizer or 'scoring only'}"
                 + (" in the backward" if self.in_backward else "") + (f" | ZeRO-{self.zero}" if self.zero > 1 else "")
                 + (" | bf16 reduce-scatter" if self.reduce_dtype == "bf16" else "")
                 + (" | document mask" if self.doc_mask else "") + (" | SFT loss mask" if self.sft else "")
@@ -335,7 +336,10 @@ def make_plan(config, options: RunOptions = RunOptions(), free_memory: int | Non
 
 
 def evaluation_plan(config, device: str | None = None, dtype: str | None = None) -> Plan:
-    """The plan of a model that only scores: each layer keeps only its input (recompute full) where the path
+    """The plan of a model that only scores: no optimizer, so no gradients and no moments (an 8B model's weights
+    fit where its training state would not), and each layer keeps only its input (recompute full) where the path
     runs that, since no backward follows (the forward computes the same either way)."""
     plan = make_plan(config, RunOptions(device, dtype))
-    return make_plan(config, RunOptions(device, plan.dtype, "full")) if "full" in RECIPES[plan.path][0] else plan
+    if "full" in RECIPES[plan.path][0]:
+        plan = make_plan(config, RunOptions(device, plan.dtype, "full"))
+    return replace(plan, optimizer=None)

@@ -21,6 +21,7 @@ from llama.eval.scoring import (ItemScore, LineTokens, centered, encode_pair, it
 from llama.eval.benchmarks import BENCHMARKS
 from llama.eval.tasks import benchmark_task, load_documents
 from llama.model.reference import ReferenceModel
+from llama.optim import AdamWConfig
 from llama.run.plan import cpu_plan, evaluation_plan
 from tests.eval_files import EVALDATA, LetterTokenizer, needs_evaldata
 
@@ -205,9 +206,17 @@ def test_token_losses_are_each_targets_cross_entropy_and_average_to_the_loss():
     assert losses == pytest.approx(-np.take_along_axis(logp, targets[..., None], -1)[..., 0], abs=1e-5)
 
 
-def test_a_model_that_only_scores_keeps_only_each_layers_input():
-    plan = evaluation_plan(get_preset("tiny"), "cpu")
-    assert plan.device == "cpu" and plan.recompute == "full"
+def test_a_model_that_only_scores_keeps_only_each_layers_input_and_no_training_state():
+    config = get_preset("tiny")
+    plan = evaluation_plan(config, "cpu")
+    assert plan.device == "cpu" and plan.recompute == "full" and plan.optimizer is None
+    assert "scoring only" in plan.summary()
+    scoring, training = ReferenceModel(config, plan, seed=1), ReferenceModel(config, cpu_plan(), seed=1)
+    assert scoring.grads is scoring.optimizer is scoring.decay_mask is None
+    tokens, targets = np.random.default_rng(0).integers(0, config.vocab_size, (2, 1, 16))
+    assert scoring.forward(tokens, targets) == training.forward(tokens, targets)
+    with pytest.raises(ValueError, match="only scores"):
+        scoring.train_step([(tokens, targets)], 1e-3, 1, AdamWConfig())
 
 
 SHARED = [Item("Question: which letter?\nAnswer:", ("A", "B", "C", "D"), 2),

@@ -10,7 +10,7 @@ from llama.model import build_model
 from llama.optim import AdamWConfig
 from llama.options import RunOptions
 from llama.params import init_parameters
-from llama.run.plan import make_plan
+from llama.run.plan import evaluation_plan, make_plan
 from tests.launch_recorder import RECORDED_RUNS, record_run, recording_gpu
 
 CONFIG = get_preset("d6").replace(n_layers=2, vocab_size=512, max_seq_len=128)
@@ -104,6 +104,34 @@ def test_the_memory_accounting_is_what_a_model_allocates(options):
             allocated = sum(end - start for start, end in recording.allocations)
             assert allocated == sum(training_buffers(plan, config, 3, 40).values()), (options, untied)
             del model
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_model_that_only_scores_holds_its_weights_alone_and_forwards_as_a_trained_one(dtype):
+    """evaluation_plan's model has no gradients, moments or decay mask (an 8B model's weights fit where its training
+    state would not); the memory accounting says so to the byte; its forward launches a training model's; it
+    refuses a step."""
+    from llama.run.memory import training_buffers
+    tokens, targets = batch(np.random.default_rng(2))
+    forwards = {}
+    for scores_only in (True, False):
+        with recording_gpu() as recording:
+            plan = evaluation_plan(CONFIG, "cuda", dtype)
+            if not scores_only:
+                plan = make_plan(CONFIG, RunOptions("cuda", dtype, plan.recompute))
+            model = build_model(CONFIG, plan, (3, 64))
+            allocated = sum(end - start for start, end in recording.allocations)
+            assert allocated == sum(training_buffers(plan, CONFIG, 3, 64).values()), scores_only
+            start = len(recording.events)
+            model.forward(tokens, targets)
+            forwards[scores_only] = launched(recording.events, start), allocated
+            if scores_only:
+                assert model.zero.grads is None and model.zero.decay_mask is None and not hasattr(model.zero, "m")
+                with pytest.raises(ValueError, match="only scores"):
+                    model.train_step([(tokens, targets)], 1e-3, 1, AdamWConfig())
+            del model
+    assert forwards[True][0] == forwards[False][0]
+    assert forwards[True][1] < forwards[False][1] - 3 * 4 * CONFIG.vocab_size * CONFIG.dim  # gradients and moments
 
 
 @pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="fp8"), dict(dtype="bf16", in_backward=True)])
