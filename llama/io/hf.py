@@ -192,6 +192,12 @@ def config_from_hf(values: dict, where: str = "config.json") -> LlamaConfig:
         raise HFError(f"{where}: {'missing ' if isinstance(e, KeyError) else ''}{e}") from None
 
 
+# The transformers release whose layout config_to_hf writes (Meta's Llama 3.2 configs say 4.45). transformers 5
+# reads a local folder whose config.json names no version as a possible Mistral tokenizer, and warns that our
+# tokenizer's split pattern is wrong; following its advice (fix_mistral_regex=True) would break the tokens.
+WRITTEN_AS = "4.45.0"
+
+
 def config_to_hf(config: LlamaConfig, torch_dtype: str, bos_id: int | None = None,
                  eos_id: int | None = None) -> dict:
     """config.json of the same model for transformers (4.x reads rope_scaling, 5.x rope_parameters)."""
@@ -205,7 +211,7 @@ def config_to_hf(config: LlamaConfig, torch_dtype: str, bos_id: int | None = Non
               "rope_parameters": {**(rope or {"rope_type": "default"}), "rope_theta": config.rope_theta},
               "tie_word_embeddings": config.tie_embeddings, "attention_bias": False, "attention_dropout": 0.0,
               "mlp_bias": False, "initializer_range": 0.02, "pretraining_tp": 1, "use_cache": True,
-              "torch_dtype": torch_dtype, "dtype": torch_dtype}
+              "torch_dtype": torch_dtype, "dtype": torch_dtype, "transformers_version": WRITTEN_AS}
     if bos_id is not None:
         values.update(bos_token_id=bos_id, eos_token_id=eos_id)
     return values

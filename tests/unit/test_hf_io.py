@@ -170,6 +170,13 @@ def test_preset_configs_survive_export(name):
     assert config_from_hf(config_to_hf(config, "bfloat16")) == config
 
 
+def test_config_json_names_the_transformers_layout_it_is_written_in():
+    """transformers 5 reads a local config.json without transformers_version as a possible Mistral one and warns
+    about the tokenizer (tests/unit/test_hf_transformers.py loads one); ours is 4.x's layout, both rope keys."""
+    values = config_to_hf(get_preset("d12"), "bfloat16")
+    assert values["model_type"] == "llama" and values["transformers_version"].startswith("4.")
+
+
 @pytest.mark.parametrize("name", ["d12", "small", "tiny"])
 def test_exported_rope_context_is_below_the_model_context_with_the_same_frequencies(name):
     """transformers warns when original_max_position_embeddings >= max_position_embeddings (8192 against

@@ -4,12 +4,14 @@ with save_pretrained imports with the same logits, and our export loads with fro
 AutoTokenizer with the same logits and token ids."""
 
 import copy
+import logging
 
 import numpy as np
 import pytest
 
 from llama.io.hf import load_hf_folder, save_hf_folder
-from llama.data.tokenizer import Llama3Tokenizer
+from llama.data.tokenizer import Llama3Tokenizer, default_tokenizer_path
+from llama.params import ParameterLayout
 from llama.model.reference import ReferenceModel
 from llama.run.plan import cpu_plan
 from tests.gradcheck import rel_error
@@ -18,6 +20,7 @@ from tests.sample_files import ranks_file_bytes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+REAL_TOKENIZER = default_tokenizer_path()  # read at collection, as tests/unit/test_tokenizer.py does
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -57,3 +60,23 @@ def test_export_loads_in_transformers(tmp_path, tied):
     chat = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     chat = chat["input_ids"] if not isinstance(chat, list) else chat
     assert chat == tokenizer.encode_chat(messages)
+
+
+@pytest.mark.skipif(not REAL_TOKENIZER.exists(), reason="Meta's tokenizer.model is not in the user's cache")
+def test_the_exported_llama3_tokenizer_loads_without_the_mistral_warning(tmp_path):
+    """transformers 5 takes a local folder's tokenizer of over 100k tokens for a possible Mistral one, and warns
+    that its split pattern is wrong, unless config.json names the transformers that wrote it; the warning's
+    advice (fix_mistral_regex=True) would change our tokens."""
+    tokenizer = Llama3Tokenizer(REAL_TOKENIZER)
+    config = CONFIG.replace(vocab_size=128256)
+    save_hf_folder(tmp_path / "out", config, np.zeros(ParameterLayout(config).size, np.float32), "bf16", tokenizer)
+    warnings, handler = [], logging.Handler()
+    handler.emit = warnings.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [w.getMessage() for w in warnings if "mistral" in w.getMessage().lower()]
+    text = "the thin line: ünïcödé 日本語 🦙\r\n  tabs\tand 12345 HTTPServer's"
+    assert hf_tokenizer(text)["input_ids"] == tokenizer.encode(text, bos=True)
