@@ -178,23 +178,24 @@ def logsumexp(logits: np.ndarray) -> np.ndarray:
 
 
 def pass_logit_scores(passed: Pass, read_logits) -> list[tuple[Request, float, bool]]:
-    """(request, log-likelihood, greedy match) of every request the pass answers, from read_logits(positions),
-    the (b, V) logits at one position of each row (a row whose continuation is done reads its last again)."""
+    """(request, log-likelihood, greedy match) of every request the pass answers, from read_logits(positions, rows),
+    the logits at one position of each row whose continuation (or a shared one's) reaches that far."""
     rows = passed.requests
-    ends = np.array([len(r.inputs) - 1 for r in rows])
-    longest = max(len(r.inputs) - r.start for r in rows)
     answers = [[r, *others] for r, others in zip(rows, passed.shared or [[] for _ in rows])]
+    reach = np.array([max(len(r.inputs) - r.start for r in answer) for answer in answers])
     loglikelihood = {id(r): 0.0 for answer in answers for r in answer}
     greedy = {id(r): True for answer in answers for r in answer}
-    for k in range(longest):
-        logits = read_logits(np.minimum(np.array([r.start + k for r in rows]), ends)).astype(np.float32, copy=False)
+    for k in range(int(reach.max())):
+        active = np.flatnonzero(reach > k)
+        positions = np.array([min(rows[row].start + k, len(rows[row].inputs) - 1) for row in active])
+        logits = read_logits(positions, rows=active).astype(np.float32, copy=False)
         lse, best = logsumexp(logits), np.argmax(logits, axis=-1)
-        for row, answer in enumerate(answers):
-            for r in answer:
+        for i, row in enumerate(active):
+            for r in answers[row]:
                 if r.start + k < len(r.inputs):
                     target = r.targets[r.start + k]
-                    loglikelihood[id(r)] += float(logits[row, target]) - float(lse[row])
-                    greedy[id(r)] &= bool(best[row] == target)
+                    loglikelihood[id(r)] += float(logits[i, target]) - float(lse[i])
+                    greedy[id(r)] &= bool(best[i] == target)
     return [(r, loglikelihood[id(r)], greedy[id(r)]) for answer in answers for r in answer]
 
 

@@ -4,8 +4,9 @@ interface the trainer drives, with the training step driven here, once, for ever
 A model (llama/model/reference.py, gpu_fp32.py, gpu_bf16.py) has:
   forward(tokens, targets=None)   the mean loss with targets (over the counted ones: a target < 0 is not
                                   counted, its loss and gradient 0); keeps what read_logits() needs without
-  read_logits(position=None)      (b, t, V) logits of the last forward, or (b, V) at one position (an int, or
-                                  one per row)
+  read_logits(position=None, rows=None)
+                                  (b, t, V) logits of the last forward, or (len(rows), V) at one position of
+                                  each of the rows (default all b; an int, or one per row)
   token_losses()                  (b, t) float32 cross-entropy of each target of the last forward with
                                   targets (what the mean loss averages; the evaluation's log-probs)
   train_step(batches, lr, step, opt, counted=None) -> (mean loss, grad norm), below

@@ -104,8 +104,9 @@ class GPUModelBF16(GPUModelBase):
         self.layer_buffers = [allocate(layer) for _ in range(self.config.n_layers)]
         self.buffers = allocate(shared)
         N = self.B * self.T
-        scratch = allocate(bf16_scratch(self.config, N), zeroed=True)
+        scratch = allocate(bf16_scratch(self.config, self.B, self.T), zeroed=True)
         self.buffers["rms_scratch"], self.embedding_scratch = scratch["rms_scratch"], scratch["embedding_scratch"]
+        self.logit_rows = scratch["logit_rows"]
         self.norm_scratch, self.norm_squared, self.loss_total = (scratch[k] for k in ("norm_scratch", "norm_squared",
                                                                                      "loss_total"))
         self.inputs = PinnedInputs(N)
@@ -311,20 +312,31 @@ class GPUModelBF16(GPUModelBase):
         b, t = self.shape
         return self.buffers["losses"].prefix(b * t).download().reshape(b, t)
 
-    def read_logits(self, position: int | np.ndarray | None = None) -> np.ndarray:
-        """(b, t, V) logits of the last forward, or (b, V) at one position (an int, or one per row), as float32,
-        from the final norm's output, which every forward keeps."""
+    def read_logits(self, position: int | np.ndarray | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+        """(b, t, V) logits of the last forward, or (len(rows), V) at one position of each of the rows (default
+        all b; position an int, or one per row), as float32, from the final norm's output, which every forward
+        keeps: a GEMM for a chunk of tokens (the logits buffer's), or for the rows' tokens gathered (logit_rows)."""
         if self.shape is None:
             raise RuntimeError("read_logits() needs a forward() first")
         (b, t), C, V = self.shape, self.config.dim, self.config.vocab_size
-        rows = range(b * t) if position is None else [
-            row * t + int(p) % t for row, p in enumerate(np.broadcast_to(position, (b,)))]
         w_out, lnf, logits = self.weight(self.layout.output()), self.buffers["lnf"], self.buffers["logits"]
+        if position is None:
+            out, chunk = np.empty((b * t, V), np.float32), logits.shape[0]
+            for start in range(0, b * t, chunk):
+                n = min(chunk, b * t - start)
+                self.gemm(logits.prefix(n, V), lnf.view(start * C, (n, C)), w_out, trans_b=True)
+                out[start:start + n] = logits.prefix(n, V).download()
+            return out.reshape(b, t, V)
+        rows = np.arange(b) if rows is None else np.asarray(rows)
+        tokens = rows * t + np.broadcast_to(position, rows.shape) % t
         out = np.empty((len(rows), V), np.float32)
-        for i, row in enumerate(rows):  # one row at a time: generation needs one position
-            self.gemm(logits.prefix(1, V), lnf.view(row * C, (1, C)), w_out, trans_b=True)
-            out[i] = logits.prefix(1, V).download().astype(np.float32)[0]
-        return out.reshape(b, t, V) if position is None else out
+        for start in range(0, len(rows), self.B):
+            n = min(self.B, len(rows) - start)
+            for i, token in enumerate(tokens[start:start + n]):
+                self.logit_rows.view(i * C, (C,)).copy_from(lnf.view(int(token) * C, (C,)))
+            self.gemm(logits.prefix(n, V), self.logit_rows.prefix(n, C), w_out, trans_b=True)
+            out[start:start + n] = logits.prefix(n, V).download()
+        return out
 
     # ---- state for checkpoints: GPUModelBase's, and the norms' fp32 replica
 

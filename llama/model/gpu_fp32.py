@@ -122,17 +122,18 @@ class GPUModelFP32(GPUModelBase):
         b, t = self.shape
         return self.buffers["losses"].prefix(b * t).download().reshape(b, t)
 
-    def read_logits(self, position: int | np.ndarray | None = None) -> np.ndarray:
-        """(b, t, V) logits of the last forward without targets, or (b, V) at one position: an int, or one per
-        row."""
+    def read_logits(self, position: int | np.ndarray | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+        """(b, t, V) logits of the last forward without targets, or (len(rows), V) at one position of each of the
+        rows (default all b): an int, or one per row."""
         if self.shape is None or self.has_dlogits:
             raise RuntimeError("read_logits() needs a forward() without targets first")
         (b, t), V = self.shape, self.config.vocab_size
         logits = self.buffers["logits"]
         if position is None:
             return logits.prefix(b, t, V).download()
-        positions = np.broadcast_to(position, (b,))
-        return np.stack([logits.view((row * t + int(positions[row]) % t) * V, (V,)).download() for row in range(b)])
+        rows = np.arange(b) if rows is None else np.asarray(rows)
+        positions = np.broadcast_to(position, rows.shape)
+        return np.stack([logits.view((int(row) * t + int(p) % t) * V, (V,)).download() for row, p in zip(rows, positions)])
 
     def backward(self, loss_scale: float = 1.0) -> None:
         """Add the gradient of loss_scale * (mean loss of the last forward) into the gradients (ZeRO-2 and 3:

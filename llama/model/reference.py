@@ -261,12 +261,14 @@ class ReferenceModel(ReferenceBlock, Model):
             raise RuntimeError("token_losses() needs a forward() with targets first")
         return self.acts["losses"].astype(np.float32)
 
-    def read_logits(self, position: int | np.ndarray | None = None) -> np.ndarray:
-        """(B, T, V) logits of the last forward, or (B, V) at one position: an int, or one per row."""
+    def read_logits(self, position: int | np.ndarray | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+        """(B, T, V) logits of the last forward, or (len(rows), V) at one position of each of the rows (default
+        all B): an int, or one per row."""
         logits = self.acts["logits"].reshape(*self.acts["tokens"].shape, -1)
         if position is None:
             return logits
-        return logits[np.arange(logits.shape[0]), np.broadcast_to(position, logits.shape[:1])]
+        rows = np.arange(logits.shape[0]) if rows is None else np.asarray(rows)
+        return logits[rows, np.broadcast_to(position, rows.shape)]
 
     def zero_grad(self) -> None:
         if self.grads is not None:

@@ -81,10 +81,12 @@ def bf16_activations(config: LlamaConfig, b: int, t: int, recompute: str, attent
     return typed(layer), typed(shared)
 
 
-def bf16_scratch(config: LlamaConfig, N: int) -> dict:
-    """The bf16 model's scratch for N tokens: the RMSNorms' and the embedding's backward partials, the global
-    norm's partials, the squared norm and the loss."""
-    return {"rms_scratch": ((ops.rmsnorm_bf16_scratch_size(config.dim),), F32),
+def bf16_scratch(config: LlamaConfig, B: int, T: int) -> dict:
+    """The bf16 model's scratch for (B, T) batches: the RMSNorms' and the embedding's backward partials, the global
+    norm's partials, the squared norm and the loss, and the final norm's rows that read_logits reads at one position
+    of each row, gathered for one GEMM."""
+    N = B * T
+    return {"rms_scratch": ((ops.rmsnorm_bf16_scratch_size(config.dim),), F32), "logit_rows": ((B, config.dim), BF16),
             "embedding_scratch": ((ops.embedding_bf16_scratch_size(N, config.dim),), F32),
             "norm_scratch": ((ops.NORM_BLOCKS + 1,), F64), "norm_squared": ((1,), F32), "loss_total": ((1,), F32)}
 
@@ -212,7 +214,7 @@ def model_buffers(config: LlamaConfig, plan, B: int, T: int) -> dict[str, int]:
                 "shared activations, the logits, scratch": nbytes(shared),
                 "inputs, RoPE tables": nbytes(small | fp32_inputs(N))}
     layer, shared = bf16_activations(config, B, T, plan.recompute, plan.attention or HOPPER_ATTENTION)
-    small |= bf16_scratch(config, N) | step_inputs(N)
+    small |= bf16_scratch(config, B, T) | step_inputs(N)
     buffers = {f"activations (recompute {plan.recompute}) x {config.n_layers} layers": config.n_layers * nbytes(layer),
                "shared activations, a logits chunk": nbytes(shared), "scratch, inputs, RoPE tables": nbytes(small)}
     if plan.in_backward:

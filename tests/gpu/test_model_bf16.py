@@ -73,7 +73,12 @@ def test_logits_without_targets():
     err = rel_error(gpu.read_logits(position=32), cpu.read_logits(position=32))
     ERRORS.append(("bf16_model_logits", err))
     assert err < 2e-2
-    assert gpu.read_logits().shape == (2, 33, CONFIG.vocab_size)
+    full = gpu.read_logits()
+    assert full.shape == (2, 33, CONFIG.vocab_size)
+    rows, positions = np.array([0, 1, 1, 0, 1, 0]), np.array([32, 5, 0, 17, 32, 1])  # more rows than B: two gathers
+    err = rel_error(gpu.read_logits(positions, rows=rows), full[rows, positions])
+    ERRORS.append(("bf16_model_logits_of_rows", err))
+    assert err < 1e-2
 
 
 BATCHES = [batch(100 + i) for i in range(2)]  # two micro-batches per step, the same every step

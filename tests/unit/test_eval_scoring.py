@@ -17,7 +17,7 @@ from llama.eval.benchmarks import hellaswag_item, hellaswag_process
 from llama.eval.items import LOGLIKELIHOOD, Item, Task, TaskError
 from llama.eval.runner import Evaluation, accuracy_over_ranks
 from llama.eval.scoring import (ItemScore, LineTokens, centered, encode_pair, item_requests, make_passes, make_request,
-                                mean_and_stderr, metrics, suite_score)
+                                mean_and_stderr, metrics, pass_logit_scores, suite_score)
 from llama.eval.benchmarks import BENCHMARKS
 from llama.eval.tasks import benchmark_task, load_documents
 from llama.model.reference import ReferenceModel
@@ -280,6 +280,33 @@ def test_read_logits_takes_a_position_for_each_row():
     full = model.read_logits()
     assert np.array_equal(model.read_logits(np.array([4, 0, 9])), full[[0, 1, 2], [4, 0, 9]])
     assert np.array_equal(model.read_logits(position=2), full[:, 2])
+    assert np.array_equal(model.read_logits(np.array([7, 3]), rows=np.array([2, 0])), full[[2, 0], [7, 3]])
+
+
+def test_rows_scored_from_the_logits_read_only_the_rows_still_continuing():
+    """A pass reads the logits one position at a time, each time of only the rows whose continuation reaches it
+    (a LAMBADA pass's rows mostly end after one token): as many rows in all as continuation tokens."""
+    tok, config = ByteTokenizer(), get_preset("tiny").replace(vocab_size=ByteTokenizer.vocab_size)
+    model = ReferenceModel(config, cpu_plan(), seed=2)
+    items = [Item("one two", ("three",), 0), Item("four", ("f",), 0), Item("six seven", ("eight nine",), 0)]
+    task = Task("lambada-like", items, LOGLIKELIHOOD, ("perplexity", "acc"))
+    evaluation = Evaluation(task, tok, B=4, T=64)
+    reads = []
+
+    def read_logits(position, rows):
+        reads.append(len(rows))
+        return model.read_logits(position, rows)
+
+    model.forward(evaluation.passes[0].tokens)
+    scores = pass_logit_scores(evaluation.passes[0], read_logits)
+    continuations = sorted(len(r.inputs) - r.start for r in evaluation.passes[0].requests)  # the delimiter's space too
+    assert continuations == [2, 6, 11] and reads == [3] * 2 + [2] * 4 + [1] * 5
+    full = log_softmax(model.read_logits())
+    for request, value, _ in scores:
+        positions = np.arange(request.start, len(request.inputs))
+        row = evaluation.passes[0].requests.index(request)
+        expected = full[row, positions, request.targets[request.start:]].sum()
+        assert value == pytest.approx(expected, abs=1e-4)
 
 
 def test_fewer_rows_a_pass_where_rows_are_long():
