@@ -60,6 +60,8 @@ def random_hf_folder(folder: Path, config: LlamaConfig, tokenizer: Llama3Tokeniz
     with torch.device(device):
         model = transformers.LlamaForCausalLM(hf_config).to(dtype)
     model.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()  # torch's cache of it goes before ours allocate (8B: 16 GB of 80)
     for name, content in hf_tokenizer_files(tokenizer, config.max_seq_len).items():
         (folder / name).write_text(json.dumps(content))
     return folder
