@@ -329,9 +329,9 @@ class GPUModelBF16(GPUModelBase):
             return out.reshape(b, t, V)
         rows = np.arange(b) if rows is None else np.asarray(rows)
         tokens = rows * t + np.broadcast_to(position, rows.shape) % t
-        out = np.empty((len(rows), V), np.float32)
-        for start in range(0, len(rows), self.B):
-            n = min(self.B, len(rows) - start)
+        out, chunk = np.empty((len(rows), V), np.float32), min(self.B, logits.shape[0])
+        for start in range(0, len(rows), chunk):
+            n = min(chunk, len(rows) - start)
             for i, token in enumerate(tokens[start:start + n]):
                 self.logit_rows.view(i * C, (C,)).copy_from(lnf.view(int(token) * C, (C,)))
             self.gemm(logits.prefix(n, V), self.logit_rows.prefix(n, C), w_out, trans_b=True)

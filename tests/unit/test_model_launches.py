@@ -134,6 +134,21 @@ def test_a_model_that_only_scores_holds_its_weights_alone_and_forwards_as_a_trai
     assert forwards[True][1] < forwards[False][1] - 3 * 4 * CONFIG.vocab_size * CONFIG.dim  # gradients and moments
 
 
+def test_the_logits_of_a_position_of_each_row_take_a_gemm_for_each_chunk_the_logits_buffer_holds():
+    """read_logits(positions) gathers the rows' final norms and runs one GEMM for as many rows as the logits buffer
+    has (CLASSIFIER_CHUNK tokens), so more rows than that take two."""
+    from llama.model.shapes import CLASSIFIER_CHUNK
+    B = CLASSIFIER_CHUNK + 5
+    with recording_gpu() as recording:
+        model = build_model(CONFIG, evaluation_plan(CONFIG, "cuda", "bf16"), (B, 1))
+        model.forward(np.zeros((B, 1), np.int32))
+        start = len(recording.events)
+        assert model.read_logits(0).shape == (B, CONFIG.vocab_size)
+        assert sum(k.startswith("gemm") for k in launched(recording.events, start)) == 2
+        assert sum(e[0] == "copy on device" for e in recording.events[start:]) == B
+        del model
+
+
 @pytest.mark.parametrize("options", [dict(dtype="bf16"), dict(dtype="fp8"), dict(dtype="bf16", in_backward=True)])
 def test_a_model_and_its_decoder_are_freed_with_their_last_reference(options):
     """The parts hold no strong reference back to their model: no cycle keeps a model's device memory alive
