@@ -15,6 +15,11 @@ weights is enough, speed and memory do not depend on the values):
   torch.cuda.max_memory_allocated and max_memory_reserved, one line a config (and --json). --compile also
   wraps the model in torch.compile; a config that fails is reported as such, the others still run.
 
+Ours, the same steps on our GPU model (random weights from a seed; no torch), and with --breakdown the milliseconds of
+each launcher in one eager step (the GEMMs by layout, the adapters' kernels, the NF4 dequantization):
+
+    python3 scripts/bench_lora.py --configs ours-qlora ours-lora -b 2 -t 2048 --rank 16 --alpha 32 --breakdown
+
 Loss parity (a small random Llama, 200 steps, the same start and batches as our trainer):
 
     python3 scripts/bench_lora.py --make-parity-inputs /tmp/parity --model d6 --vocab 8192 -b 4 -t 256 --steps 200
@@ -164,12 +169,16 @@ def bench_ours(args, config: str) -> dict:
     runtime().synchronize()
     seconds = time.perf_counter() - start
     used = free_before - runtime().drv.mem_get_info()[0]
+    breakdown = {}
+    if args.breakdown:  # one eager step, CUDA events around every launcher call (scripts/bench_step.py's)
+        from scripts.bench_step import kernel_breakdown
+        breakdown = kernel_breakdown(model, [(tokens[0, :, :-1], tokens[0, :, 1:])], opt).totals()
     row = {"config": config, "compile": False, "batch": args.batch, "seq_len": args.seq_len, "rank": args.rank,
            "alpha": args.alpha, "trainable": model.trained.size, "steps": args.steps,
            "tokens_per_s": args.batch * args.seq_len * args.steps / seconds, "step_ms": 1000 * seconds / args.steps,
            "max_allocated_gb": allocated_bytes() / 1e9, "max_reserved_gb": used / 1e9,
            "accounted_gb": sum(training_buffers(plan, c, args.batch, args.seq_len).values()) / 1e9,
-           "last_loss": float(loss), "plan": plan.summary()}
+           "last_loss": float(loss), "plan": plan.summary(), "breakdown_ms": breakdown}
     del model
     return row
 
@@ -245,6 +254,8 @@ def parse(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10, help="timed steps (with --make-parity-inputs: batches)")
     p.add_argument("--compile", action="store_true", help="also torch.compile the model")
+    p.add_argument("--breakdown", action="store_true",
+                   help="ours-*: also the milliseconds of each launcher in one eager step")
     p.add_argument("--json", type=Path, help="write the rows (or the losses) here")
     p.add_argument("--loss-parity", type=Path, metavar="DIR", help="train from --make-parity-inputs' DIR")
     p.add_argument("--lr", type=float, default=1e-3, help="--loss-parity's constant learning rate")
@@ -267,6 +278,16 @@ def parse(argv=None):
     if args.hf_folder is not None and not args.make_hf_folder and not (args.hf_folder / "config.json").is_file():
         p.error(f"{args.hf_folder} is not an HF model folder (no config.json); --make-hf-folder writes one")
     return args
+
+
+def print_breakdown(config: str, breakdown: dict | None, step_ms: float) -> None:
+    """The launchers' milliseconds in one eager step, largest first, and what they leave of a timed (replayed) step."""
+    if not breakdown:
+        return
+    print(f"{config}: one eager step, ms per launcher (of {sum(breakdown.values()):.1f} ms timed around launches; "
+          f"a replayed step {step_ms:.1f} ms)")
+    for label, ms in sorted(breakdown.items(), key=lambda item: -item[1]):
+        print(f"  {label:<32} {ms:9.2f}")
 
 
 def main(argv=None) -> int:
@@ -294,6 +315,7 @@ def main(argv=None) -> int:
                 print(f"{config}{' compiled' if args.compile else ''} | B {args.batch} x T {args.seq_len} | "
                       f"{row['tokens_per_s']:.0f} tokens/s | {row['step_ms']:.1f} ms/step | max allocated "
                       f"{row['max_allocated_gb']:.2f} GB | max reserved {row['max_reserved_gb']:.2f} GB", flush=True)
+                print_breakdown(config, row.get("breakdown_ms"), row["step_ms"])
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1) + "\n")
         return 1 if all("failed" in row for row in rows) else 0

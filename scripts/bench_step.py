@@ -71,6 +71,8 @@ LAUNCHERS = ["gemm", "gemm_fp8", "cast_fp8", "flash_attention_forward", "flash_a
              "rmsnorm_residual_forward_bf16", "rmsnorm_forward_bf16", "rmsnorm_backward_bf16", "swiglu_forward_bf16",
              "swiglu_backward_bf16", "embedding_forward_bf16", "embedding_backward_bf16", "fused_classifier_bf16",
              "loss_accumulate_bf16", "global_norm_squared_bf16", "adamw_update_bf16", "adamw8bit_update_bf16",
+             # the adapters' and the NF4 base's (--lora, --qlora; scripts/bench_lora.py --breakdown):
+             "lora_add_bf16", "lora_block_diagonal_bf16", "lora_take_blocks_f32", "nf4_dequantize_bf16",
              # the fp32 model's launchers:
              "matmul_forward", "matmul_backward", "attention_forward", "attention_backward", "rope_forward",
              "rope_backward", "residual_forward", "rmsnorm_forward", "rmsnorm_backward", "swiglu_forward",

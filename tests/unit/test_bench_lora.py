@@ -38,3 +38,28 @@ def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         bench.main(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("qlora", [False, True])
+def test_the_breakdown_times_the_adapters_and_the_nf4_base(qlora, capsys):
+    """--breakdown's step (scripts/bench_step.py kernel_breakdown, on the launch recorder's stand-in for the GPU):
+    the adapters' launchers and the NF4 dequantization are timed beside the GEMMs, and printed largest first."""
+    from llama.model import build_model
+    from llama.optim import AdamWConfig
+    from llama.options import RunOptions
+    from llama.run.plan import make_plan
+    from scripts.bench_step import kernel_breakdown
+    from tests.launch_recorder import recording_gpu
+    config = get_preset("d6").replace(n_layers=2, vocab_size=512, max_seq_len=128)
+    tokens = np.random.default_rng(0).integers(0, 512, (2, 65)).astype(np.int32)
+    with recording_gpu():
+        model = build_model(config, make_plan(config, RunOptions("cuda", "bf16", recompute="full", lora=8,
+                                                                 qlora=qlora)), (2, 64))
+        totals = kernel_breakdown(model, [(tokens[:, :-1], tokens[:, 1:])], AdamWConfig()).totals()
+        del model
+    adapters = {"lora_add_bf16", "lora_block_diagonal_bf16", "lora_take_blocks_f32"}
+    assert adapters <= set(totals) and ("nf4_dequantize_bf16" in totals) == qlora
+    bench.print_breakdown("ours-qlora", {"gemm fwd (nt)": 2.0, "lora_add_bf16": 3.5}, 4.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert "of 5.5 ms timed around launches; a replayed step 4.0 ms" in lines[0]
+    assert lines[1].split() == ["lora_add_bf16", "3.50"] and lines[2].split()[-1] == "2.00"
