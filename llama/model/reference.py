@@ -351,9 +351,9 @@ class ReferenceModel(ReferenceBlock, Model):
         """Model.train_step (nothing to stage: upcoming is ignored); with in_backward one forward and a backward
         that updates the weights as it goes, each update clipped by the norm estimated from the groups' norms so
         far and the last step's."""
-        check_trains(self.plan)
         if not self.in_backward:
             return super().train_step(batches, lr, step, opt, upcoming, counted)
+        check_trains(self.plan)
         if len(batches) != 1:
             raise ValueError(f"optimizer-in-backward takes one micro-batch a step, got {len(batches)}")
         share = 1.0 if counted is None else step_share(batches[0][1], counted)
